@@ -1,0 +1,107 @@
+"""Building blocks shared by the models: embeddings, positions, feed-forward.
+
+Axis names as in `models/attention.py` (B batch, T length, D model dim, V vocab).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Array = jax.Array
+
+
+class Embed(nnx.Module):
+    """Token embedding, optionally scaled by `sqrt(D)` (Vaswani et al. 2017, section 3.4).
+
+    `attend` reuses the same matrix as the pre-softmax projection, for models
+    that share the embedding with the output layer (section 3.4 too).
+    """
+
+    def __init__(self, vocab_size: int, features: int, *, scale: bool = True, dtype=None, rngs: nnx.Rngs):
+        # Unit-variance rows: with the sqrt(D) scale the inputs have the size of
+        # the sinusoidal positions, and as output weights the logits start O(1).
+        init = nnx.initializers.normal(stddev=features**-0.5)
+        self.embedding = nnx.Embed(vocab_size, features, embedding_init=init, dtype=dtype, rngs=rngs)
+        self.multiplier = math.sqrt(features) if scale else 1.0
+
+    def __call__(self, tokens: Array) -> Array:
+        """`[B, T] int -> [B, T, D]`."""
+        return self.embedding(tokens) * self.multiplier
+
+    def attend(self, x: Array) -> Array:
+        """Logits against every embedding row: `[B, T, D] -> [B, T, V]`."""
+        return self.embedding.attend(x)
+
+
+def sinusoidal_encoding(positions: Array, features: int, max_timescale: float = 10_000.0) -> Array:
+    """Vaswani et al. (2017) section 3.5.
+
+    `PE(pos, 2i) = sin(pos / 10000^(2i/D))`, `PE(pos, 2i+1) = cos(pos / 10000^(2i/D))`,
+    the sines and cosines interleaved as in the paper's formula.
+
+    Args:
+      positions: `[..., T]` integer positions (restarting per packed segment).
+    Returns:
+      float32 `[..., T, D]`.
+    """
+    if features % 2:
+        raise ValueError(f"sinusoidal encoding needs an even model dim, got {features}")
+    even_dims = jnp.arange(0, features, 2, dtype=jnp.float32)  # the 2i of the formula
+    inverse_wavelengths = max_timescale ** (-even_dims / features)  # [D/2]
+    angles = positions.astype(jnp.float32)[..., None] * inverse_wavelengths  # [..., T, D/2]
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*angles.shape[:-1], features)
+
+
+class LearnedPositions(nnx.Module):
+    """Learned absolute position embeddings (the alternative of Vaswani et al. table 3, row E)."""
+
+    def __init__(self, max_length: int, features: int, *, dtype=None, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(stddev=0.02)
+        self.embedding = nnx.Embed(max_length, features, embedding_init=init, dtype=dtype, rngs=rngs)
+        self.max_length = max_length
+
+    def __call__(self, positions: Array) -> Array:
+        """`[..., T] int -> [..., T, D]`."""
+        return self.embedding(positions)
+
+
+class FeedForward(nnx.Module):
+    """Position-wise feed-forward network, Vaswani et al. (2017) eq. (2).
+
+    `FFN(x) = max(0, x W1 + b1) W2 + b2`, with optional dropout on the ReLU output.
+    """
+
+    def __init__(self, features: int, hidden: int, *, dropout_rate: float = 0.0, dtype=None, rngs: nnx.Rngs):
+        self.inner = nnx.Linear(features, hidden, dtype=dtype, rngs=rngs)
+        self.outer = nnx.Linear(hidden, features, dtype=dtype, rngs=rngs)
+        self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+
+    def __call__(self, x: Array, *, deterministic: bool = True) -> Array:
+        """`[B, T, D] -> [B, T, D]`."""
+        hidden = self.dropout(jax.nn.relu(self.inner(x)), deterministic=deterministic)
+        return self.outer(hidden)
+
+
+def layer_norm(features: int, *, dtype=None, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    """LayerNorm (Ba et al. 2016) with float32 statistics and parameters."""
+    return nnx.LayerNorm(features, epsilon=1e-6, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+
+
+def shift_right(targets: Array, bos_id: int, segment_ids: Array | None = None) -> Array:
+    """Teacher-forcing decoder inputs: `[bos, y_1, ..., y_{T-1}]` per row (or per packed segment).
+
+    Args:
+      targets: `[B, T]` int.
+      segment_ids: `[B, T]`, packed-segment ids; each segment starts with bos.
+    Returns:
+      `[B, T]` int.
+    """
+    shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=bos_id)[:, :-1]  # [B, T]
+    if segment_ids is None:
+        return shifted
+    previous_segment = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]  # [B, T]
+    return jnp.where(segment_ids != previous_segment, bos_id, shifted)

@@ -1,0 +1,18 @@
+"""Test set-up shared by every test module.
+
+Eight host devices are forced before JAX is imported anywhere, so multi-device
+tests (data parallelism over a Mesh) run on this CPU-only machine.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402  (after XLA_FLAGS on purpose)
+
+# The NumPy references are float64; JAX code under test stays float32 unless a
+# test asks otherwise.
+jax.config.update("jax_default_matmul_precision", "highest")
