@@ -6,8 +6,8 @@ Each sub-layer is wrapped as `LayerNorm(x + Dropout(Sublayer(x)))` (sections
 3.1 and 5.4), or pre-LN `x + Dropout(Sublayer(LayerNorm(x)))` as an option.
 
 Batches are dicts of `[B, S]` / `[B, T]` int arrays: `inputs`, `targets`, and
-for packed rows `inputs_segmentation`, `inputs_position`,
-`targets_segmentation`, `targets_position` (segment ids 1, 2, ...; 0 = padding).
+for packed rows `inputs_segment_ids`, `inputs_positions`,
+`targets_segment_ids`, `targets_positions` (segment ids 1, 2, ...; 0 = padding).
 Axis names as in `models/attention.py`.
 """
 
@@ -276,16 +276,16 @@ class Transformer(nnx.Module):
         """Teacher-forced logits `[B, T, V]` for `batch['targets']` given `batch['inputs']`."""
         memory = self.encode(
             batch["inputs"],
-            segment_ids=batch.get("inputs_segmentation"),
-            positions=batch.get("inputs_position"),
+            segment_ids=batch.get("inputs_segment_ids"),
+            positions=batch.get("inputs_positions"),
             deterministic=deterministic,
         )
         return self.decode(
             batch["targets"],
             memory,
-            segment_ids=batch.get("targets_segmentation"),
-            positions=batch.get("targets_position"),
-            memory_segment_ids=batch.get("inputs_segmentation"),
+            segment_ids=batch.get("targets_segment_ids"),
+            positions=batch.get("targets_positions"),
+            memory_segment_ids=batch.get("inputs_segment_ids"),
             deterministic=deterministic,
         )
 

@@ -64,11 +64,11 @@ def test_packed_row_equals_its_segments_run_separately(pre_layer_norm):
     tgt_a, tgt_b = random_tokens(6, (1, 3), [3]), random_tokens(7, (1, 5), [5])
     packed = {
         "inputs": jnp.concatenate([src_a, src_b, jnp.zeros((1, 2), int)], axis=1),
-        "inputs_segmentation": jnp.array([[1, 1, 1, 1, 2, 2, 2, 0, 0]]),
-        "inputs_position": jnp.array([[0, 1, 2, 3, 0, 1, 2, 0, 0]]),
+        "inputs_segment_ids": jnp.array([[1, 1, 1, 1, 2, 2, 2, 0, 0]]),
+        "inputs_positions": jnp.array([[0, 1, 2, 3, 0, 1, 2, 0, 0]]),
         "targets": jnp.concatenate([tgt_a, tgt_b, jnp.zeros((1, 1), int)], axis=1),
-        "targets_segmentation": jnp.array([[1, 1, 1, 2, 2, 2, 2, 2, 0]]),
-        "targets_position": jnp.array([[0, 1, 2, 0, 1, 2, 3, 4, 0]]),
+        "targets_segment_ids": jnp.array([[1, 1, 1, 2, 2, 2, 2, 2, 0]]),
+        "targets_positions": jnp.array([[0, 1, 2, 0, 1, 2, 3, 4, 0]]),
     }
     logits = forward(model, packed)
     np.testing.assert_allclose(logits[:, :3], forward(model, {"inputs": src_a, "targets": tgt_a}), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,174 @@
+"""`parallel_text`: a local parallel corpus.
+
+Each of `train`, `dev`, `test` is either a `.tsv` file (`source<TAB>target` per
+line) or a path prefix of two line-aligned files `PREFIX.<source_suffix>` and
+`PREFIX.<target_suffix>` (the Moses convention: `train.de`, `train.en`). When
+`dev` or `test` is empty, it is split off `train` deterministically by a hash
+of the line (`dev_fraction`, `test_fraction`).
+
+Malformed lines (wrong field count, an empty side, invalid UTF-8) are skipped,
+counted by reason, and reported with `file:line` examples at build time and
+whenever the data is loaded. A missing file or an empty split stops the build
+with a message naming it. The files' contents are part of the config's
+identity: editing a file rebuilds the data.
+
+Relative paths are looked up from the working directory, then from the
+project root (so the shipped `data/kjv_web` works from anywhere).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import tensorflow_datasets as tfds
+
+from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+MAX_REPORTED_LINES = 5  # per reason
+
+
+@dataclasses.dataclass(eq=False)
+class ParallelTextConfig(TaskConfig):
+    train: str = "data/kjv_web/train.tsv"
+    dev: str = "data/kjv_web/dev.tsv"
+    test: str = "data/kjv_web/test.tsv"
+    source_suffix: str = ""
+    target_suffix: str = ""
+    dev_fraction: float = 0.02
+    test_fraction: float = 0.02
+    files_digest: str = ""  # filled in by `with_digest`: content hash of every file read
+
+
+def resolve(path: str) -> Path:
+    """`path` from the working directory, else from the project root; a clear error if neither."""
+    candidates = [Path(path)] if Path(path).is_absolute() else [Path.cwd() / path, PROJECT_ROOT / path]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"parallel_text: file not found: {path} (looked in {', '.join(map(str, candidates))})")
+
+
+def files_of(config: ParallelTextConfig, split: str) -> list[Path]:
+    """The one `.tsv` or the two line-aligned files of a split (empty if it is split off train)."""
+    spec = getattr(config, split)
+    if not spec:
+        if split == "train":
+            raise ValueError("parallel_text: task.train is empty; give a .tsv file or a path prefix")
+        return []
+    if spec.endswith(".tsv"):
+        return [resolve(spec)]
+    if not (config.source_suffix and config.target_suffix):
+        raise ValueError(
+            f"parallel_text: {split} file {spec!r} is not a .tsv; for line-aligned files set "
+            "task.source_suffix and task.target_suffix"
+        )
+    return [resolve(f"{spec}.{config.source_suffix}"), resolve(f"{spec}.{config.target_suffix}")]
+
+
+def with_digest(config: ParallelTextConfig) -> dict:
+    """The config's parameters plus a digest of the files' contents (so edits trigger a rebuild)."""
+    digest = hashlib.sha256()
+    for split in SPLITS:
+        for path in files_of(config, split):
+            digest.update(str(path).encode())
+            digest.update(path.read_bytes())
+    params = config.parameters()
+    params["files_digest"] = digest.hexdigest()[:16]
+    return params
+
+
+class Skipped:
+    """Counts of skipped lines by reason, with the first few `file:line` of each."""
+
+    def __init__(self):
+        self.counts: collections.Counter = collections.Counter()
+        self.examples: dict[str, list[str]] = collections.defaultdict(list)
+
+    def add(self, reason: str, path: Path, line_number: int) -> None:
+        self.counts[reason] += 1
+        if len(self.examples[reason]) < MAX_REPORTED_LINES:
+            self.examples[reason].append(f"{path}:{line_number}")
+
+    def messages(self) -> list[str]:
+        return [
+            f"skipped {count} line(s) with {reason}, e.g. {', '.join(self.examples[reason])}"
+            for reason, count in sorted(self.counts.items())
+        ]
+
+
+def read_pairs(paths: list[Path], skipped: Skipped) -> list[dict]:
+    """Valid `{'source', 'target', 'origin'}` pairs of one `.tsv` or two line-aligned files."""
+    if len(paths) == 1:
+        rows = [(n, line) for n, line in enumerate(paths[0].read_bytes().splitlines(), start=1)]
+        fields_of = lambda line: line.split(b"\t")
+    else:
+        source_lines, target_lines = (p.read_bytes().splitlines() for p in paths)
+        if len(source_lines) != len(target_lines):
+            raise ValueError(
+                f"parallel_text: {paths[0]} has {len(source_lines)} lines but {paths[1]} has {len(target_lines)}"
+            )
+        rows = [(n, pair) for n, pair in enumerate(zip(source_lines, target_lines), start=1)]
+        fields_of = list
+    pairs = []
+    for line_number, row in rows:
+        try:
+            fields = [field.decode("utf-8") for field in fields_of(row)]
+        except UnicodeDecodeError:
+            skipped.add("invalid UTF-8", paths[0], line_number)
+            continue
+        if len(fields) != 2:
+            skipped.add(f"{len(fields)} tab-separated fields instead of 2", paths[0], line_number)
+            continue
+        source, target = (field.strip() for field in fields)
+        if not source or not target:
+            skipped.add("an empty side", paths[0], line_number)
+            continue
+        pairs.append({"source": source, "target": target, "origin": f"{paths[0].name}:{line_number}"})
+    return pairs
+
+
+def held_out_split(pair: dict, dev_fraction: float, test_fraction: float) -> str:
+    """Deterministic split of a pair by a hash of its text."""
+    bucket = int(hashlib.sha256(f"{pair['source']}\t{pair['target']}".encode()).hexdigest()[:8], 16) / 2**32
+    if bucket < test_fraction:
+        return "test"
+    return "dev" if bucket < test_fraction + dev_fraction else "train"
+
+
+def read_splits(config: ParallelTextConfig, skipped: Skipped) -> dict[str, list[dict]]:
+    splits = {split: read_pairs(files_of(config, split), skipped) if getattr(config, split) else [] for split in SPLITS}
+    derived = [split for split in ("dev", "test") if not getattr(config, split)]
+    if derived:
+        kept = []
+        for pair in splits["train"]:
+            split = held_out_split(pair, config.dev_fraction, config.test_fraction)
+            (splits[split] if split in derived else kept).append(pair)
+        splits["train"] = kept
+    for split, pairs in splits.items():
+        if not pairs:
+            origin = getattr(config, split) or f"the {split}_fraction of {config.train}"
+            raise ValueError(f"parallel_text: the {split} split is empty (from {origin})")
+    return splits
+
+
+class ParallelText(TextPairBuilder):
+    """A local parallel corpus (TSV or line-aligned files)."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    BUILDER_CONFIG_CLASS = ParallelTextConfig
+    EXTRA_FEATURES = {"origin": tfds.features.Text()}  # file:line, for error reports and analysis
+
+    def _split_examples(self):
+        skipped = Skipped()
+        splits = read_splits(self.builder_config, skipped)
+        self.build_report = {"skipped": dict(skipped.counts), "messages": skipped.messages()}
+        return splits
+
+
+def prepare_parallel_text(data_dir: str, **params):
+    """Builds (or reuses) the corpus; the file digest makes a changed file a new build."""
+    return prepare(ParallelText, data_dir, **with_digest(ParallelTextConfig.create(**params)))

@@ -1,0 +1,195 @@
+"""The input pipeline: packing, bucketing, sharding, length limits, eval batches, exact restore."""
+
+import collections
+import itertools
+
+import grain
+import numpy as np
+import pytest
+
+import input_pipeline as ip
+import tasks
+import tokenizers as tk
+from tasks import Task
+
+
+@pytest.fixture(scope="module")
+def copy_task(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("data"))
+    # copy of 40-symbol strings over 30 symbols: every source is unique, so examples are identifiable
+    return tasks.load_task("copy", data_dir, min_length=3, max_length=40, vocab_size=30, train_size=96, dev_size=21, test_size=5)
+
+
+@pytest.fixture(scope="module")
+def char_tokenizers(copy_task):
+    chars = tk.CharTokenizer.train((t for r in copy_task.splits["train"] for t in copy_task.pair(r)), 10**6)
+    return tk.Tokenizers(chars, chars)
+
+
+def settings(**overrides):
+    fields = dict(batch_size=4, max_source_length=24, max_target_length=24, seed=1, num_threads=1)
+    fields.update(overrides)
+    return ip.PipelineSettings(**fields)
+
+
+def decoded_rows(batch, tokenizers, key="inputs"):
+    return [tokenizers.source.decode(row) for row in batch[key]]
+
+
+def take(dataset, n):
+    iterator = iter(dataset)
+    return [next(iterator) for _ in range(n)]
+
+
+# ---------------------------------------------------------------- pure steps
+
+
+def test_pack_loses_and_duplicates_nothing():
+    rng = np.random.default_rng(0)
+    examples = [
+        {"inputs": rng.integers(3, 50, size=n).astype(np.int32), "targets": rng.integers(3, 50, size=m).astype(np.int32)}
+        for n, m in rng.integers(1, 9, size=(60, 2))
+    ]
+    packed = ip.pack(grain.MapDataset.source(examples).to_iter_dataset(), settings(max_source_length=10, max_target_length=10), rows=3)
+    segments = collections.Counter()
+    for batch in packed:
+        for row in range(3):
+            for key in ("inputs", "targets"):
+                ids, positions = batch[f"{key}_segment_ids"][row], batch[f"{key}_positions"][row]
+                assert np.all(batch[key][row][ids == 0] == 0)  # padding is zero
+                for segment in np.unique(ids[ids > 0]):
+                    where = ids == segment
+                    np.testing.assert_array_equal(positions[where], np.arange(where.sum()))
+            pairs = zip(*(
+                [tuple(batch[key][row][batch[f"{key}_segment_ids"][row] == s]) for s in range(1, 1 + batch[f"{key}_segment_ids"][row].max())]
+                for key in ("inputs", "targets")
+            ))  # fmt: skip
+            segments.update(pairs)
+    # drop_remainder may leave out the examples of the last, partial batch: none is duplicated
+    expected = collections.Counter((tuple(e["inputs"]), tuple(e["targets"])) for e in examples)
+    assert not segments - expected
+    assert sum(segments.values()) >= len(examples) - 3 * 3
+
+
+def test_shard_is_disjoint_and_covering():
+    indices = np.arange(11)
+    shards = [ip.shard(indices, p, 3) for p in range(3)]
+    assert sorted(np.concatenate(shards).tolist()) == list(range(11))
+    assert all(not set(a) & set(b) for a, b in itertools.combinations(map(set, shards), 2))
+
+
+def test_bucketed_batches_keep_buckets_and_cover_each_epoch():
+    lengths = np.array([[n, n] for n in [3, 5, 9, 12, 20, 7, 30, 31, 2, 15, 16, 17]])
+    indices = np.arange(len(lengths))
+    plan = ip.BucketedBatches(indices, lengths, 2, (8, 16, 32), seed=0)
+    per_epoch = len(lengths) // 2  # buckets of 4, 4 and 4 examples
+    epochs = [[plan[e * per_epoch + i] for i in range(per_epoch)] for e in range(2)]
+    for batches in epochs:
+        assert sorted(np.concatenate([members for _, members in batches]).tolist()) == indices.tolist()
+        for length, members in batches:
+            assert np.all(lengths[members].max(1) <= length)
+            assert np.all(lengths[members].max(1) > {8: 0, 16: 8, 32: 16}[length])
+    assert [m.tolist() for _, m in epochs[0]] != [m.tolist() for _, m in epochs[1]]  # reshuffled
+
+
+# ------------------------------------------------------------- train batches
+
+
+@pytest.mark.parametrize("batching", ["pack", "bucket"])
+def test_iterator_state_restores_exactly(copy_task, char_tokenizers, batching):
+    dataset, _ = ip.train_dataset(copy_task, char_tokenizers, settings(batching=batching))
+    iterator = iter(dataset)
+    for _ in range(7):
+        next(iterator)
+    state = iterator.get_state()
+    expected = [next(iterator) for _ in range(30)]  # several epochs: reshuffling must restore too
+    resumed = iter(dataset)
+    resumed.set_state(state)
+    for want, got in zip(expected, (next(resumed) for _ in range(30))):
+        assert want.keys() == got.keys()
+        for key in want:
+            np.testing.assert_array_equal(want[key], got[key])
+
+
+def test_same_seed_same_batches_other_seed_other_batches(copy_task, char_tokenizers):
+    first = take(ip.train_dataset(copy_task, char_tokenizers, settings())[0], 3)
+    again = take(ip.train_dataset(copy_task, char_tokenizers, settings())[0], 3)
+    other = take(ip.train_dataset(copy_task, char_tokenizers, settings(seed=2))[0], 3)
+    assert all(np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(first, again))
+    assert not all(np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(first, other))
+
+
+def test_two_processes_see_disjoint_examples_covering_the_split(copy_task, char_tokenizers):
+    limits = dict(max_source_length=41, max_target_length=41, batching="bucket", bucket_boundaries=(64,))
+    kept = len(copy_task.splits["train"])
+    seen = []
+    for process in range(2):
+        dataset, _ = ip.train_dataset(copy_task, char_tokenizers, settings(batch_size=2, **limits), process_index=process, process_count=2)
+        rows = [row for batch in take(dataset, kept // 2) for row in decoded_rows(batch, char_tokenizers)]
+        assert len(set(rows)) == kept // 2  # one epoch of this process: each of its examples once
+        seen.append(set(rows))
+    assert not seen[0] & seen[1]
+    assert seen[0] | seen[1] == {copy_task.pair(r)[0] for r in copy_task.splits["train"]}
+
+
+def test_length_limits_drop_or_trim_and_report(copy_task, char_tokenizers):
+    lengths = ip.example_lengths(copy_task, "train", char_tokenizers)
+    over = int(((lengths[:, 0] > 24) | (lengths[:, 1] > 24)).sum())
+    assert over > 0
+    _, report = ip.train_dataset(copy_task, char_tokenizers, settings())
+    assert report == {"examples": 96, "over_length": over, "policy": "drop"}
+    dataset, report = ip.train_dataset(copy_task, char_tokenizers, settings(length_policy="trim", batching="bucket"))
+    assert report["policy"] == "trim"
+    rows = [row for batch in take(dataset, 30) for row in batch["inputs"]]
+    assert max(int((row > 0).sum()) for row in rows) == 24  # trimmed, eos kept
+    assert all(row[(row > 0).sum() - 1] == tk.EOS_ID for row in rows)
+    dropped_rows = [row for batch in take(ip.train_dataset(copy_task, char_tokenizers, settings(batching="bucket"))[0], 30) for row in batch["inputs"]]
+    assert max(int((row > 0).sum()) for row in dropped_rows) <= 24
+
+
+def test_nothing_within_limits_and_empty_split_are_named(copy_task, char_tokenizers):
+    with pytest.raises(ValueError, match="no train example fits max_source_length=2"):
+        ip.train_dataset(copy_task, char_tokenizers, settings(max_source_length=2))
+    empty = Task("empty", {"train": [], "dev": [], "test": []}, "exact_match")
+    with pytest.raises(ValueError, match="task empty: the train split is empty"):
+        ip.train_dataset(empty, char_tokenizers, settings())
+    with pytest.raises(ValueError, match="task empty: the dev split is empty"):
+        ip.eval_batches(empty, char_tokenizers, "dev", settings())
+
+
+# -------------------------------------------------------------- eval batches
+
+
+def test_eval_batches_hold_every_example_once_in_order(copy_task, char_tokenizers):
+    records = copy_task.splits["dev"]
+    dataset, _ = ip.eval_batches(copy_task, char_tokenizers, "dev", settings(batch_size=4, max_source_length=41, max_target_length=41))
+    batches = list(dataset)
+    assert len(batches) == 6  # ceil(21 / 4)
+    index = np.concatenate([b["index"] for b in batches])
+    np.testing.assert_array_equal(index, list(range(21)) + [-1, -1, -1])
+    rows = [row for b in batches for row in decoded_rows(b, char_tokenizers)]
+    assert rows[:21] == [copy_task.pair(r)[0] for r in records]
+    assert rows[21:] == ["", "", ""]
+
+
+def test_eval_batches_of_two_processes_align(copy_task, char_tokenizers):
+    per_process = [
+        list(ip.eval_batches(copy_task, char_tokenizers, "dev", settings(batch_size=4), process_index=p, process_count=2)[0])
+        for p in range(2)
+    ]
+    assert len(per_process[0]) == len(per_process[1]) == 6
+    seen = [i for batches in per_process for b in batches for i in b["index"] if i >= 0]
+    assert sorted(seen) == list(range(21))
+
+
+def test_eval_batches_carry_the_dates_alignment(tmp_path):
+    task = tasks.load_task("dates", str(tmp_path), train_size=50, dev_size=10, test_size=10)
+    chars = tk.CharTokenizer.train((t for r in task.splits["train"] for t in task.pair(r)), 10**6)
+    dataset, _ = ip.eval_batches(task, tk.Tokenizers(chars, chars), "test", settings(batch_size=4, max_source_length=48, max_target_length=12))
+    batch = next(iter(dataset))
+    assert batch["alignment"].shape == (4, 3, 2)
+    for row in range(4):
+        source, target = task.pair(task.splits["test"][row])
+        np.testing.assert_array_equal(batch["alignment"][row], task.splits["test"][row]["alignment"])
+        (start, end) = batch["alignment"][row][0]  # the year's span
+        assert source[start:end] in (target[:4], target[2:4])

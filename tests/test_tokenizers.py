@@ -1,0 +1,65 @@
+"""Tokenizers: fixed special ids, round trips, training limits, save and reload."""
+
+import numpy as np
+import pytest
+
+import tokenizers as tk
+
+CORPUS = [
+    ("the cat sat on the mat", "die Katze sass auf der Matte"),
+    ("the dog ran to the tree", "der Hund lief zum Baum"),
+    ("a bird sang in the morning", "ein Vogel sang am Morgen"),
+] * 20
+
+
+def test_char_tokenizer_round_trip_and_special_ids():
+    tokenizer = tk.CharTokenizer.train(["ab c", "cba"], max_corpus_chars=100)
+    assert tokenizer.chars == " abc"
+    assert tokenizer.vocab_size == 8
+    ids = tokenizer.encode("cab a")
+    np.testing.assert_array_equal(ids, [7, 5, 6, 4, 5])  # ' '=4, a=5, b=6, c=7
+    assert tokenizer.decode([tk.BOS_ID, *ids, tk.EOS_ID, 5, tk.PAD_ID]) == "cab a"  # stops at eos
+    np.testing.assert_array_equal(tokenizer.encode("ax"), [5, tk.UNK_ID])
+    assert tokenizer.pieces([0, 1, 2, 3, 5]) == ["<pad>", "<s>", "</s>", "<unk>", "a"]
+
+
+def test_char_tokenizer_reads_at_most_max_corpus_chars():
+    tokenizer = tk.CharTokenizer.train(["abc", "def", "xyz"], max_corpus_chars=4)
+    assert tokenizer.chars == "abcdef"  # the second text starts below the budget; the third does not
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_sentencepiece_round_trip_and_special_ids(model_type):
+    texts = [text for pair in CORPUS for text in pair]
+    tokenizer = tk.SentencePieceTokenizer.train(texts, vocab_size=60, model_type=model_type, max_corpus_chars=10**6)
+    assert tokenizer.pieces([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
+    for text in ("the cat sat on the mat", "der Hund lief zum Baum"):
+        ids = tokenizer.encode(text)
+        assert ids.dtype == np.int32 and ids.min() > tk.UNK_ID
+        assert tokenizer.decode([*ids, tk.EOS_ID, *ids]) == text
+
+
+def test_tokenizers_are_saved_reloaded_and_checked(tmp_path):
+    settings = tk.TokenizerSettings(kind="sentencepiece", vocab_size=50, shared=False)
+    trained = tk.load_or_train(tmp_path, settings, CORPUS)
+    assert trained.source is not trained.target
+    assert "Katze" not in "".join(trained.source.pieces(range(trained.source.vocab_size)))
+    reloaded = tk.load_or_train(tmp_path, settings)  # no text needed: read from the directory
+    for text in ("the cat sat", "die Katze"):
+        np.testing.assert_array_equal(reloaded.source.encode(text), trained.source.encode(text))
+        np.testing.assert_array_equal(reloaded.target.encode(text), trained.target.encode(text))
+    with pytest.raises(ValueError, match="trained with"):
+        tk.load_or_train(tmp_path, tk.TokenizerSettings(kind="char"))
+
+
+def test_shared_vocabulary_is_one_tokenizer(tmp_path):
+    shared = tk.load_or_train(tmp_path, tk.TokenizerSettings(kind="char", shared=True), CORPUS)
+    assert shared.source is shared.target
+    assert set("KzH") <= set(shared.source.chars)
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="tokenizer.kind"):
+        tk.TokenizerSettings(kind="words")
+    with pytest.raises(FileNotFoundError, match="no tokenizer"):
+        tk.load_or_train("/nonexistent/tokenizer", tk.TokenizerSettings())

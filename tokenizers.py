@@ -1,0 +1,197 @@
+"""Character and SentencePiece tokenizers with fixed special ids.
+
+Ids 0-3 are the same for every tokenizer: pad 0, bos 1, eos 2, unk 3. A
+tokenizer is trained on the train split (up to `max_corpus_chars` characters),
+saved in the workdir, and loaded from there on resume, eval and predict, so a
+run always decodes with the vocabulary it was trained with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from pathlib import Path
+from typing import Iterable, Iterator, Protocol
+
+import numpy as np
+import sentencepiece as spm
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+SPECIAL_PIECES = ("<pad>", "<s>", "</s>", "<unk>")
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+
+    def encode(self, text: str) -> np.ndarray: ...  # int32 ids, no bos/eos
+    def decode(self, ids: Iterable[int]) -> str: ...  # stops at eos, skips pad and bos
+    def pieces(self, ids: Iterable[int]) -> list[str]: ...  # one readable string per id, for pictures
+    def save(self, path: Path) -> None: ...
+
+
+def _until_eos(ids: Iterable[int]) -> list[int]:
+    """The ids before the first eos, without pad and bos."""
+    kept = []
+    for i in ids:
+        i = int(i)
+        if i == EOS_ID:
+            break
+        if i not in (PAD_ID, BOS_ID):
+            kept.append(i)
+    return kept
+
+
+def _limited(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+    """The texts in order until `max_chars` characters have been given."""
+    total = 0
+    for text in texts:
+        if total >= max_chars:
+            return
+        total += len(text)
+        yield text
+
+
+class CharTokenizer:
+    """One id per character seen in training (sorted), after the four special ids."""
+
+    kind = "char"
+
+    def __init__(self, chars: str):
+        self.chars = chars
+        self._ids = {c: i + len(SPECIAL_PIECES) for i, c in enumerate(chars)}
+        self.vocab_size = len(SPECIAL_PIECES) + len(chars)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], max_corpus_chars: int) -> "CharTokenizer":
+        return cls("".join(sorted(set("".join(_limited(texts, max_corpus_chars))))))
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array([self._ids.get(c, UNK_ID) for c in text], np.int32)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.pieces(_until_eos(ids)))
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        n = len(SPECIAL_PIECES)
+        return [self.chars[i - n] if n <= i < self.vocab_size else SPECIAL_PIECES[min(i, UNK_ID)] for i in map(int, ids)]
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"kind": self.kind, "chars": self.chars}, ensure_ascii=False))
+
+    @classmethod
+    def load(cls, path: Path) -> "CharTokenizer":
+        return cls(json.loads(path.read_text())["chars"])
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model (unigram or BPE) with the fixed special ids."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, model_proto: bytes):
+        self.model_proto = model_proto
+        self.processor = spm.SentencePieceProcessor(model_proto=model_proto)
+        self.vocab_size = self.processor.get_piece_size()
+
+    @classmethod
+    def train(
+        cls, texts: Iterable[str], vocab_size: int, model_type: str, max_corpus_chars: int
+    ) -> "SentencePieceTokenizer":
+        model = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_limited(texts, max_corpus_chars),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            unk_id=UNK_ID,
+            character_coverage=1.0,
+            hard_vocab_limit=False,  # a small corpus gets a smaller vocabulary instead of an error
+            num_threads=2,
+            minloglevel=2,
+        )
+        return cls(model.getvalue())
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array(self.processor.encode(text), np.int32)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.processor.decode(_until_eos(ids))
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.processor.id_to_piece(int(i)) for i in ids]
+
+    def save(self, path: Path) -> None:
+        path.write_bytes(self.model_proto)
+
+    @classmethod
+    def load(cls, path: Path) -> "SentencePieceTokenizer":
+        return cls(path.read_bytes())
+
+
+KINDS = {"char": CharTokenizer, "sentencepiece": SentencePieceTokenizer}
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings:
+    kind: str = "char"  # "char" or "sentencepiece"
+    vocab_size: int = 8000  # sentencepiece only
+    model_type: str = "unigram"  # sentencepiece only: "unigram" or "bpe"
+    shared: bool = True  # one vocabulary for source and target
+    max_corpus_chars: int = 10_000_000
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"tokenizer.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.model_type not in ("unigram", "bpe"):
+            raise ValueError(f"tokenizer.model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizers:
+    source: Tokenizer
+    target: Tokenizer
+
+
+def _train(settings: TokenizerSettings, texts: Iterable[str]) -> Tokenizer:
+    if settings.kind == "char":
+        return CharTokenizer.train(texts, settings.max_corpus_chars)
+    return SentencePieceTokenizer.train(texts, settings.vocab_size, settings.model_type, settings.max_corpus_chars)
+
+
+def load_or_train(
+    directory: Path, settings: TokenizerSettings, train_pairs: Iterable[tuple[str, str]] | None = None
+) -> Tokenizers:
+    """The tokenizers saved in `directory`, or new ones trained on `train_pairs` and saved there.
+
+    Raises:
+      ValueError: the saved tokenizers were made with other settings than `settings`.
+    """
+    directory = Path(directory)
+    settings_file = directory / "settings.json"
+    names = ("shared",) if settings.shared else ("source", "target")
+    suffix = ".json" if settings.kind == "char" else ".model"
+    if settings_file.exists():
+        saved = json.loads(settings_file.read_text())
+        if saved != dataclasses.asdict(settings):
+            raise ValueError(
+                f"the tokenizer in {directory} was trained with {saved}, but the config asks for "
+                f"{dataclasses.asdict(settings)}; use a fresh workdir or the original tokenizer settings"
+            )
+        loaded = [KINDS[settings.kind].load(directory / f"{name}{suffix}") for name in names]
+    else:
+        if train_pairs is None:
+            raise FileNotFoundError(f"no tokenizer in {directory} and no training text to make one")
+        pairs = list(train_pairs)
+        if settings.shared:
+            loaded = [_train(settings, (text for pair in pairs for text in pair))]
+        else:
+            loaded = [_train(settings, (s for s, _ in pairs)), _train(settings, (t for _, t in pairs))]
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, tokenizer in zip(names, loaded):
+            tokenizer.save(directory / f"{name}{suffix}")
+        settings_file.write_text(json.dumps(dataclasses.asdict(settings)))  # last: marks the save complete
+    return Tokenizers(loaded[0], loaded[-1])
