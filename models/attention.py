@@ -302,11 +302,13 @@ class MultiHeadAttention(nnx.Module):
         self.additive_chunk_size, self.dtype = additive_chunk_size, dtype
         width = num_heads * head_dim
 
-        def projection(fan_in: int, fan_out: int) -> nnx.Linear:
-            return nnx.Linear(fan_in, fan_out, use_bias=use_bias, dtype=dtype, rngs=rngs)
+        def projection(fan_in: int, fan_out: int, bias: bool = use_bias) -> nnx.Linear:
+            return nnx.Linear(fan_in, fan_out, use_bias=bias, dtype=dtype, rngs=rngs)
 
         self.query = projection(in_features, width)
-        self.key = projection(kv_features, width)
+        # No key bias: it adds q.b to every score of a query, which the softmax ignores, so its
+        # gradient is exactly zero and Adam would turn rounding noise into updates.
+        self.key = projection(kv_features, width, bias=False)
         self.value = projection(kv_features, width)
         self.out = projection(width, out_features)
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)

@@ -16,3 +16,12 @@ import jax  # noqa: E402  (after XLA_FLAGS on purpose)
 # The NumPy references are float64; JAX code under test stays float32 unless a
 # test asks otherwise.
 jax.config.update("jax_default_matmul_precision", "highest")
+
+import pytest  # noqa: E402
+
+from tiny import tiny_config  # noqa: E402,F401  (re-exported for the tests)
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tfds")

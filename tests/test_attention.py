@@ -242,7 +242,7 @@ def np_multi_head(module: MultiHeadAttention, x_q, x_kv, mask):
     for head in range(n):
         cols = slice(head * h, (head + 1) * h)
         q = x_q @ get(module.query, "kernel")[:, cols] + get(module.query, "bias")[cols]  # [B, T, H]
-        k = x_kv @ get(module.key, "kernel")[:, cols] + get(module.key, "bias")[cols]
+        k = x_kv @ get(module.key, "kernel")[:, cols]  # no key bias
         v = x_kv @ get(module.value, "kernel")[:, cols] + get(module.value, "bias")[cols]
         if module.score == "scaled_dot":
             scores = q @ k.transpose(0, 2, 1) / np.sqrt(h)

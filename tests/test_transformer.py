@@ -166,15 +166,16 @@ def count_params(**fields) -> int:
 def test_parameter_counts_match_the_paper():
     # Vaswani et al. table 3: base 65M, big 213M, with a shared 37000-token
     # source/target vocabulary whose embedding is also the output projection.
-    # The count: all weights and biases of the attention projections, the
-    # feed-forward layers and the LayerNorms, and the one embedding matrix.
+    # The count: all weights of the attention projections and their biases (query,
+    # value, output; keys have none), the feed-forward layers and the LayerNorms,
+    # and the one embedding matrix.
     base = count_params(vocab_size=37000)
     big = count_params(vocab_size=37000, d_model=1024, num_heads=16, d_ff=4096)
     assert abs(base / 65e6 - 1) < 0.03, base
     assert abs(big / 213e6 - 1) < 0.03, big
     # and by hand: embedding + 6 encoder layers + 6 decoder layers
     d, f, v = 512, 2048, 37000
-    attention, ffn = 4 * (d * d + d), 2 * d * f + f + d
+    attention, ffn = 4 * d * d + 3 * d, 2 * d * f + f + d
     assert base == v * d + 6 * (attention + ffn + 4 * d) + 6 * (2 * attention + ffn + 6 * d)
 
 

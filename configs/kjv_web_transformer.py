@@ -1,0 +1,36 @@
+"""Transformer on the shipped kjv_web corpus (King James Version -> World English Bible).
+
+    python train.py --config=configs/kjv_web_transformer.py --workdir=runs/kjv
+
+3+3 layers, d_model 256, 4 heads, d_ff 1024, one shared 8000-piece SentencePiece
+vocabulary, 64 packed rows of 128 tokens, float32: the size the performance
+comparisons (benchmarks/train_throughput.py) use.
+"""
+
+from configs import base
+
+
+def get_config():
+    config = base.get_config()
+    config.task = base.task("parallel_text")  # defaults: data/kjv_web/{train,dev,test}.tsv
+    config.num_train_steps = 20_000
+    config.batch_size = 64
+    config.learning_rate = 1e-3
+    config.warmup_steps = 2_000
+    config.eval_every_steps = 2_000
+    config.checkpoint_every_steps = 2_000
+    config.eval_decode_examples = 200
+    config.best_metric = "bleu"
+    config.best_metric_larger_is_better = True
+    config.tokenizer.kind = "sentencepiece"
+    config.tokenizer.vocab_size = 8000
+    config.data.batching = "pack"
+    config.data.max_source_length = 128
+    config.data.max_target_length = 128
+    config.model.d_model = 256
+    config.model.num_heads = 4
+    config.model.num_encoder_layers = 3
+    config.model.num_decoder_layers = 3
+    config.model.d_ff = 1024
+    config.decode.beam_size = 4
+    return base.lock(config)

@@ -1,0 +1,85 @@
+"""What a run tells the researcher: metrics.jsonl, TensorBoard events, and the console.
+
+`metrics.jsonl` holds one JSON object per logged event with `step`, `split`
+and the metric names. On resume, rows after the restored step are dropped (and
+TensorBoard purges them), so a resumed run's log equals an uninterrupted one.
+On an interactive terminal a progress line shows loss, learning rate, steps/s,
+tokens/s and ETA; otherwise a plain log line is written every log interval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from tensorboardX import SummaryWriter
+
+
+def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keeps the rows of `path` with `step <= last_step` (the rest were written after the checkpoint)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+class Reporter:
+    """Writes metrics of one process (the first; the others pass `enabled=False`)."""
+
+    def __init__(self, workdir: Path, *, num_steps: int, start_step: int, enabled: bool = True, truncate: bool = True):
+        self.enabled = enabled
+        self.num_steps, self.start_step = num_steps, start_step
+        self.interactive = sys.stderr.isatty()
+        self.start_time = time.time()
+        self.jsonl = workdir / "metrics.jsonl"
+        self.tensorboard = None
+        if enabled:
+            if truncate:  # rows after the checkpoint are written again (all of them on a fresh start)
+                truncate_jsonl(self.jsonl, start_step if start_step > 0 else -1)
+            self.tensorboard = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1 if truncate else None)
+
+    def write(self, step: int, split: str, metrics: Mapping[str, Any]) -> None:
+        """One event: a JSON row, TensorBoard scalars `split/name`, and for eval a log line."""
+        if not self.enabled:
+            return
+        row = {"step": step, "split": split, **{k: v for k, v in metrics.items() if not isinstance(v, bool)}}
+        with self.jsonl.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        for name, value in _scalars(metrics).items():
+            self.tensorboard.add_scalar(f"{split}/{name}", value, step)
+        self.tensorboard.flush()
+        if split != "train":
+            self._line(f"step {step} {split}: " + ", ".join(f"{k} {v:.4g}" for k, v in _scalars(metrics).items()), final=True)
+
+    def progress(self, step: int, loss: float, learning_rate: float, tokens_per_second: float, steps_per_second: float) -> None:
+        if not self.enabled:
+            return
+        remaining = (self.num_steps - step) / max(steps_per_second, 1e-9)
+        eta = time.strftime("%H:%M:%S", time.gmtime(remaining)) if math.isfinite(remaining) else "?"
+        width = 24
+        done = int(width * step / max(self.num_steps, 1))
+        bar = "#" * done + "." * (width - done)
+        text = (
+            f"[{bar}] step {step}/{self.num_steps} loss {loss:.4f} lr {learning_rate:.2e} "
+            f"{steps_per_second:.2f} steps/s {tokens_per_second:,.0f} tok/s eta {eta}"
+        )
+        self._line(text, final=not self.interactive)
+
+    def _line(self, text: str, *, final: bool) -> None:
+        if self.interactive:
+            sys.stderr.write("\r\033[K" + text + ("\n" if final else ""))
+            sys.stderr.flush()
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()

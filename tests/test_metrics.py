@@ -1,0 +1,60 @@
+"""Losses and metrics against NumPy and sacrebleu references."""
+
+import math
+
+import numpy as np
+import sacrebleu
+
+import metrics
+
+
+def np_smoothed_cross_entropy(logits, target, eps):
+    logits = np.float64(logits)
+    log_probs = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+    vocab = len(logits)
+    q = np.full(vocab, eps / vocab)
+    q[target] += 1 - eps
+    entropy = -sum(p * math.log(p) for p in q if p > 0)
+    return -(q * log_probs).sum() - entropy  # cross-entropy minus the entropy of q
+
+
+def test_cross_entropy_with_and_without_label_smoothing():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 3, 7)).astype(np.float32)
+    targets = rng.integers(0, 7, size=(2, 3))
+    for eps in (0.0, 0.1):
+        got = np.asarray(metrics.cross_entropy(logits, targets, eps))
+        for b in range(2):
+            for t in range(3):
+                assert math.isclose(got[b, t], np_smoothed_cross_entropy(logits[b, t], targets[b, t], eps), rel_tol=1e-5)
+
+
+def test_smoothed_loss_is_zero_at_the_smoothed_target():
+    eps, vocab = 0.1, 5
+    q = np.full(vocab, eps / vocab)
+    q[2] += 1 - eps
+    loss = metrics.cross_entropy(np.log(q)[None].astype(np.float32), np.array([2]), eps)
+    assert abs(float(loss[0])) < 1e-6
+
+
+def test_token_sums_ignore_padding_and_summarize():
+    logits = np.log(np.array([[[0.7, 0.1, 0.2], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]], np.float32))
+    targets = np.array([[1, 2, 0]])  # the last position is padding
+    sums = {k: float(v) for k, v in metrics.token_sums(logits, targets).items()}
+    assert sums["tokens"] == 2
+    assert sums["correct_sum"] == 0  # argmaxes are 0 and 1
+    assert math.isclose(sums["nll_sum"], -math.log(0.1) - math.log(0.3), rel_tol=1e-5)
+    summary = metrics.summarize(sums)
+    assert math.isclose(summary["loss"], sums["nll_sum"] / 2, rel_tol=1e-6)
+    assert math.isclose(summary["perplexity"], math.sqrt(1 / (0.1 * 0.3)), rel_tol=1e-5)
+    assert summary["token_accuracy"] == 0
+
+
+def test_exact_match_and_bleu_equal_sacrebleu():
+    hypotheses = ["the cat sat on the mat", "a dog barked", "it rains"]
+    references = ["the cat sat on the mat", "the dog barked loudly", "it is raining"]
+    assert metrics.exact_match(hypotheses, references) == 1 / 3
+    score, signature = metrics.bleu(hypotheses, references)
+    assert score == sacrebleu.corpus_bleu(hypotheses, [references]).score
+    assert signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert metrics.chrf(hypotheses, references)[0] == sacrebleu.corpus_chrf(hypotheses, [references]).score

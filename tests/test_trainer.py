@@ -1,0 +1,250 @@
+"""The trainer: schedules, data parallelism, checkpoints, resume after SIGKILL, eval, bad configs, NaN."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from tiny import tiny_config
+
+import trainer
+from configs import base
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TINY_FLAGS = [
+    "--config.task.train_size=600", "--config.task.dev_size=24", "--config.task.test_size=24",
+    "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.d_ff=32",
+    "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1", "--config.batch_size=16",
+    "--config.warmup_steps=5", "--config.log_every_steps=5",
+]  # fmt: skip
+
+
+def run_train_py(workdir, data_dir, *flags, env=None, **popen):
+    command = [sys.executable, str(PROJECT_ROOT / "train.py"), f"--workdir={workdir}", f"--config.data_dir={data_dir}", *TINY_FLAGS, *flags]
+    environment = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", **(env or {})}
+    return subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def metric_rows(workdir):
+    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+TIMING = ("tokens_per_second", "steps_per_second")
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_rsqrt_schedule_is_the_papers_formula():
+    config = base.get_config()
+    config.update(learning_rate=512**-0.5 * 4000**-0.5, warmup_steps=4000, schedule="rsqrt")
+    schedule = trainer.learning_rate_schedule(config)
+    for step_number in (1, 100, 4000, 9000, 100_000):  # the paper counts steps from 1
+        paper = 512**-0.5 * min(step_number**-0.5, step_number * 4000**-1.5)
+        assert abs(float(schedule(step_number - 1)) / paper - 1) < 1e-5
+
+
+def test_cosine_and_constant_schedules():
+    config = base.get_config()
+    config.update(learning_rate=1.0, warmup_steps=10, num_train_steps=110, schedule="cosine")
+    schedule = trainer.learning_rate_schedule(config)
+    assert float(schedule(5)) == pytest.approx(0.5)
+    assert float(schedule(60)) == pytest.approx(0.5, abs=1e-6)  # halfway through the cosine
+    assert float(schedule(110)) == pytest.approx(0.0, abs=1e-6)
+    config.schedule = "constant"
+    assert float(trainer.learning_rate_schedule(config)(50)) == 1.0
+    config.schedule = "linear"
+    with pytest.raises(ValueError, match="schedule must be"):
+        trainer.learning_rate_schedule(config)
+
+
+# ----------------------------------------------------------- data parallelism
+
+
+def test_eight_devices_equal_one_device(shared_data_dir, tmp_path):
+    assert jax.device_count() == 8
+    config = tiny_config(shared_data_dir, batch_size=32)
+    run8 = trainer.prepare_run(config, tmp_path / "eight")
+    run1 = trainer.prepare_run(config, tmp_path / "one", devices=jax.devices()[:1])
+    from input_pipeline import train_dataset
+
+    batch = next(iter(train_dataset(run8.task, run8.tokens, run8.pipeline())[0]))
+    state8, metrics8 = run8.train_step(run8.initial_state, run8.global_batch(batch))
+    state1, metrics1 = run1.train_step(run1.initial_state, run1.global_batch(batch))
+    assert all(len(p.sharding.device_set) == 8 for p in jax.tree.leaves(state8["params"]))  # replicated over 8
+    np.testing.assert_allclose(metrics8["loss"], metrics1["loss"], rtol=1e-6)
+    for p8, p1 in zip(jax.tree.leaves(state8["params"]), jax.tree.leaves(state1["params"])):
+        np.testing.assert_allclose(np.asarray(p8), np.asarray(p1), rtol=1e-6, atol=1e-6)
+
+
+def test_gradient_accumulation_equals_one_big_batch(shared_data_dir, tmp_path):
+    whole = trainer.prepare_run(tiny_config(shared_data_dir, batch_size=32, **{"model.dropout_rate": 0.0}), tmp_path / "a")
+    split = trainer.prepare_run(tiny_config(shared_data_dir, batch_size=32, grad_accum_steps=2, **{"model.dropout_rate": 0.0}), tmp_path / "b")
+    from input_pipeline import train_dataset
+
+    batch = next(iter(train_dataset(whole.task, whole.tokens, whole.pipeline())[0]))
+    state_a, metrics_a = whole.train_step(whole.initial_state, whole.global_batch(batch))
+    state_b, metrics_b = split.train_step(split.initial_state, split.global_batch(batch))
+    np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state_a["params"]), jax.tree.leaves(state_b["params"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------ whole runs
+
+
+@pytest.fixture(scope="module")
+def finished_run(shared_data_dir, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("finished")
+    config = tiny_config(shared_data_dir)
+    final = trainer.train_and_evaluate(config, workdir)
+    return config, workdir, final
+
+
+def test_run_writes_its_outputs(finished_run):
+    config, workdir, final = finished_run
+    assert json.loads((workdir / "config.json").read_text())["model"]["d_model"] == 16
+    rows = metric_rows(workdir)
+    assert [r["step"] for r in rows if r["split"] == "train"] == [5, 10, 15, 20]
+    assert [r["step"] for r in rows if r["split"] == "dev"] == [10, 20]
+    assert {"loss", "token_accuracy", "perplexity", "exact_match"} <= set(final["test"])
+    assert json.loads((workdir / "eval" / "step_20.json").read_text())["test"] == final["test"]
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [10, 20]
+    assert any((workdir / "tensorboard").iterdir())
+
+
+def test_eval_mode_reproduces_the_final_eval(finished_run):
+    config, workdir, final = finished_run
+    results = trainer.evaluate(config, workdir)
+    assert results == final["test"]
+
+
+def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp_path, caplog):
+    config, workdir, _ = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    for path in (copy / "checkpoints" / "20" / "state").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"\x00garbage")
+    run = trainer.prepare_run(config, copy)
+    step, state = run.checkpoints.restore(run.abstract_state)
+    assert step == 10
+    assert "checkpoint at step 20" in caplog.text and "unreadable" in caplog.text
+    assert "fell back to the checkpoint at step 10" in caplog.text
+
+
+def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
+    config = tiny_config(shared_data_dir, num_train_steps=40, keep_checkpoints=1, best_metric="loss", best_metric_larger_is_better=False)
+    trainer.train_and_evaluate(config, tmp_path)
+    run = trainer.prepare_run(config, tmp_path)
+    dev_loss = {r["step"]: r["loss"] for r in metric_rows(tmp_path) if r["split"] == "dev"}
+    best = min(dev_loss, key=dev_loss.get)
+    assert run.checkpoints.best_step() == best
+    assert set(run.checkpoints.steps()) == {best, 40}  # the last one and the best one
+
+
+def test_sigkill_and_rerun_equal_an_uninterrupted_run(shared_data_dir, tmp_path):
+    flags = ["--config.num_train_steps=200", "--config.checkpoint_every_steps=40", "--config.eval_every_steps=100"]
+    uninterrupted = run_train_py(tmp_path / "whole", shared_data_dir, *flags)
+    assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stdout.read()
+
+    interrupted = run_train_py(tmp_path / "cut", shared_data_dir, *flags)
+    metrics_file = tmp_path / "cut" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill once the step-40 checkpoint is complete and training has gone on
+        past = metrics_file.exists() and any(r["split"] == "train" and r["step"] >= 60 for r in metric_rows(tmp_path / "cut"))
+        if past and (tmp_path / "cut" / "checkpoints" / "40").exists():
+            break
+        time.sleep(0.01)
+    interrupted.send_signal(signal.SIGKILL)
+    assert interrupted.wait(timeout=60) == -signal.SIGKILL
+    assert not (tmp_path / "cut" / "checkpoints" / "200").exists()
+    resumed = run_train_py(tmp_path / "cut", shared_data_dir, *flags)
+    output = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, output
+    assert "resuming from the checkpoint at step" in output
+
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    assert strip(metric_rows(tmp_path / "cut")) == strip(metric_rows(tmp_path / "whole"))
+    config = tiny_config(shared_data_dir, num_train_steps=200)
+    whole = trainer.prepare_run(config, tmp_path / "whole", devices=jax.devices()[:1])
+    cut = trainer.prepare_run(config, tmp_path / "cut", devices=jax.devices()[:1])
+    _, whole_state = whole.checkpoints.restore(whole.abstract_state, step=200)
+    _, cut_state = cut.checkpoints.restore(cut.abstract_state, step=200)
+    for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(cut_state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit-identical
+
+
+def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
+    process = run_train_py(tmp_path, shared_data_dir, "--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000")
+    deadline = time.time() + 300
+    while time.time() < deadline and not ((tmp_path / "metrics.jsonl").exists() and len(metric_rows(tmp_path)) >= 3):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, output
+    saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(saved) == 1 and 10 <= saved[0] < 100000
+    assert "SIGTERM" in output
+
+
+def test_two_processes_train_and_checkpoint(shared_data_dir, tmp_path):
+    script = PROJECT_ROOT / "tests" / "two_process_worker.py"
+    port = 29000 + os.getpid() % 1000
+    environment = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(i), f"127.0.0.1:{port}", str(tmp_path), str(shared_data_dir)],
+            cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    for worker, output in zip(workers, outputs):
+        assert worker.returncode == 0, output
+    assert "process 0 of 2 on 4 devices" in outputs[0] and "process 1 of 2 on 4 devices" in outputs[1]
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [4, 8]
+    rows = metric_rows(tmp_path)
+    assert [r["step"] for r in rows if r["split"] == "train"] == [4, 8]
+    assert all(np.isfinite(r["loss"]) for r in rows if r["split"] == "train")
+
+
+# ------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    "flag,message",
+    [
+        ("--config.modle.d_model=8", "modle"),
+        ("--config.batch_size=many", "batch_size"),
+        ("--config.data.batching=zip", "data.batching must be one of"),
+        ("--config.task.name=dtaes", "unknown task.name 'dtaes'"),
+    ],
+)
+def test_bad_config_fails_with_a_message_naming_it(shared_data_dir, tmp_path, flag, message):
+    process = run_train_py(tmp_path, shared_data_dir, flag)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode != 0
+    assert message in output
+    assert "Traceback" not in output
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_dir, tmp_path):
+    trainer.train_and_evaluate(tiny_config(shared_data_dir, num_train_steps=10), tmp_path)
+    exploding = tiny_config(
+        shared_data_dir, learning_rate=1e30, schedule="constant", num_train_steps=60,
+        checkpoint_every_steps=5, eval_every_steps=1000,
+    )  # fmt: skip
+    with pytest.raises(trainer.NonFiniteLoss, match=r"loss is (nan|inf) at step 1[1-5]"):
+        trainer.train_and_evaluate(exploding, tmp_path)
+    run = trainer.prepare_run(exploding, tmp_path)
+    assert run.checkpoints.steps() == [10]
+    _, state = run.checkpoints.restore(run.abstract_state)
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state["params"]))
