@@ -1,0 +1,132 @@
+"""Training throughput of the default and the kjv_web configs on this machine.
+
+    python benchmarks/train_throughput.py [--configs default,kjv_web_transformer] [--steps 60]
+                                          [--set data.batching=pack --set batch_size=32 ...]
+
+For each config, in a fresh process: seconds from process start to the end of
+the first train step (imports, data, tokenizer, model, compilation), the number
+of compilations of the train step, steady-state steps/s and non-padding
+tokens/s (median over windows of the real loop: pipeline, host-to-device,
+step), and FLOP utilisation: XLA's cost analysis of the compiled step (FLOPs
+per step) times steps/s, against this machine's float32 matmul peak, which the
+script measures itself (median of repeated 2048^3 matmuls).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT))
+
+
+def matmul_peak_flops(size: int = 2048, repeats: int = 10) -> float:
+    """Median float32 FLOP/s of a jitted square matmul."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+    matmul = jax.jit(lambda a: a @ a)
+    matmul(a).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times)
+
+
+def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> dict:
+    """Runs in its own process (so that 'process start' is meaningful)."""
+    import importlib
+
+    import jax
+    import yaml
+
+    import input_pipeline
+    import trainer
+
+    config = importlib.import_module(f"configs.{config_name}").get_config()
+    for override in overrides:  # "a.b=value", the value parsed as YAML (numbers, booleans, lists)
+        path, value = override.split("=", 1)
+        *parents, leaf = path.split(".")
+        target = config
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = yaml.safe_load(value)
+    started = psutil.Process().create_time()
+    with tempfile.TemporaryDirectory() as workdir:
+        run = trainer.prepare_run(config, workdir)
+        data, _ = input_pipeline.train_dataset(run.task, run.tokens, run.pipeline())
+        batches = iter(data)
+        state = run.initial_state
+        first = run.global_batch(next(batches))
+        flops = run.train_step.lower(state, first).compile().cost_analysis()["flops"]
+        state, step_metrics = run.train_step(state, first)
+        jax.block_until_ready(step_metrics)
+        first_step_seconds = time.time() - started
+        rates, token_rates = [], []
+        for _ in range(steps // window):
+            start, tokens = time.perf_counter(), 0.0
+            for _ in range(window):
+                state, step_metrics = run.train_step(state, run.global_batch(next(batches)))
+                tokens += step_metrics["tokens"]  # stays on device: no sync inside the window
+            tokens = float(tokens)  # waits for the window's last step
+            elapsed = time.perf_counter() - start
+            rates.append(window / elapsed)
+            token_rates.append(tokens / elapsed)
+        compilations = run.train_step._cache_size()
+    steps_per_second = statistics.median(rates)
+    return {
+        "config": config_name,
+        "first_step_s": first_step_seconds,
+        "compilations": compilations,
+        "steps_per_s": steps_per_second,
+        "tokens_per_s": statistics.median(token_rates),
+        "step_gflop": flops / 1e9,
+        "achieved_gflops": flops * steps_per_second / 1e9,
+        "devices": jax.device_count(),
+        "batch": f"{config.batch_size} x {config.data.max_source_length}+{config.data.max_target_length} ({config.data.batching})",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default="default,kjv_web_transformer")
+    parser.add_argument("--steps", type=int, default=60, help="steady-state steps measured per config")
+    parser.add_argument("--window", type=int, default=10, help="steps per timing window")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config override")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one config in this process
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one, args.steps, args.window, args.set)))
+        return
+
+    peak = matmul_peak_flops()
+    print(f"float32 matmul peak of this machine (2048^3, median of 10): {peak / 1e9:.1f} GFLOP/s\n")
+    print("| config | batch | first step s | compilations | steps/s | non-pad tokens/s | GFLOP/step | achieved GFLOP/s | of peak |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in args.configs.split(","):
+        command = [sys.executable, __file__, "--one", name, "--steps", str(args.steps), "--window", str(args.window)]
+        command += [f"--set={override}" for override in args.set]
+        output = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout
+        r = json.loads(output.strip().splitlines()[-1])
+        print(
+            f"| {r['config']} | {r['batch']} | {r['first_step_s']:.1f} | {r['compilations']} | {r['steps_per_s']:.2f} | "
+            f"{r['tokens_per_s']:,.0f} | {r['step_gflop']:.2f} | {r['achieved_gflops']:.1f} | "
+            f"{100 * r['achieved_gflops'] * 1e9 / peak:.0f}% |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
