@@ -92,3 +92,33 @@ def text_metrics(task_metric: str, hypotheses: Sequence[str], references: Sequen
         "chrf_signature": chrf_signature,
         "exact_match": exact_match(hypotheses, references),
     }
+
+
+# The dates target YYYY-MM-DD: which target characters belong to year, month and day (the rows
+# of the task's alignment spans). The dashes have no source span and are not scored.
+DATE_FIELD_POSITIONS = ((0, 1, 2, 3), (5, 6), (8, 9))
+
+
+def alignment_accuracy(weights, spans) -> float:
+    """Share of scored target positions whose most-attended source position lies in the true span.
+
+    Args:
+      weights: `[T, S]` attention of one example (target positions over source positions).
+      spans: `[3, 2]` `[start, end)` source spans of year, month and day (the dates task's `alignment`).
+    """
+    hits, total = 0, 0
+    for positions, (start, end) in zip(DATE_FIELD_POSITIONS, spans):
+        for position in positions:
+            if position < len(weights):
+                hits += int(start <= int(weights[position].argmax()) < end)
+                total += 1
+    return hits / max(total, 1)
+
+
+def alignment_error_rate(predicted: set, sure: set, possible: set) -> float:
+    """Och and Ney (2003) AER: `1 - (|A & S| + |A & P|) / (|A| + |S|)`, with S a subset of P.
+
+    Alignments are sets of (source, target) index pairs.
+    """
+    possible = possible | sure
+    return 1.0 - (len(predicted & sure) + len(predicted & possible)) / max(len(predicted) + len(sure), 1)

@@ -59,6 +59,14 @@ class Reporter:
         if split != "train":
             self._line(f"step {step} {split}: " + ", ".join(f"{k} {v:.4g}" for k, v in _scalars(metrics).items()), final=True)
 
+    def images(self, step: int, pictures: Mapping[str, Any]) -> None:
+        """RGB `[H, W, 3]` pictures into TensorBoard, under `attention/<name>`."""
+        if not self.enabled:
+            return
+        for name, pixels in pictures.items():
+            self.tensorboard.add_image(f"attention/{name}", pixels, step, dataformats="HWC")
+        self.tensorboard.flush()
+
     def progress(self, step: int, loss: float, learning_rate: float, tokens_per_second: float, steps_per_second: float) -> None:
         if not self.enabled:
             return

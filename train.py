@@ -9,6 +9,7 @@ restore a checkpoint (the latest, `--config.restore_step=N`, or the best with
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -46,6 +47,7 @@ except Exception as error:
     exit_with_flag_error(error)
 flags.DEFINE_string("workdir", None, "Run folder (default: a fresh runs/<config>-<time>).")
 flags.DEFINE_enum("mode", "train", ["train", "eval", "predict"], "What to do.")
+flags.DEFINE_string("input_file", None, "--mode=predict: decode these lines (one source each) instead of a split.")
 FLAGS = flags.FLAGS
 
 # Errors that name their culprit in their message: shown as one line, no traceback.
@@ -61,7 +63,11 @@ def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.getLogger().setLevel(logging.WARNING)
-    run = {"train": trainer.train_and_evaluate, "eval": trainer.evaluate, "predict": trainer.predict}[FLAGS.mode]
+    run = {
+        "train": trainer.train_and_evaluate,
+        "eval": trainer.evaluate,
+        "predict": functools.partial(trainer.predict, input_file=FLAGS.input_file),
+    }[FLAGS.mode]
     try:
         workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
         result = run(FLAGS.config, workdir)  # the config file is loaded here, on first access

@@ -38,6 +38,7 @@ import metrics
 import models
 import tasks
 import tokenizers
+import visualize
 from checkpoints import Checkpoints
 from reporting import Reporter
 
@@ -215,11 +216,30 @@ def make_eval_step(graphdef, rngs) -> Callable[[nnx.State, dict], dict]:
     return eval_step
 
 
-def make_decode(graphdef, rngs, max_length: int) -> Callable[[nnx.State, jax.Array], jax.Array]:
+def make_decode(graphdef, rngs, config: ml_collections.ConfigDict) -> Callable[[nnx.State, jax.Array], jax.Array]:
+    """`(params, inputs [B, S]) -> [B, L]` ids with the configured search."""
+    length = config.data.max_source_length + config.decode.max_length_offset
+
     def decode(params, inputs):
-        return decoding.greedy_search(merge_model(graphdef, params, rngs), inputs, max_length)
+        return decoding.decode(
+            merge_model(graphdef, params, rngs),
+            inputs,
+            beam_size=config.decode.beam_size,
+            alpha=config.decode.length_penalty,
+            max_length_offset=config.decode.max_length_offset,
+            length=length,
+        )
 
     return decode
+
+
+def make_attention(graphdef, rngs) -> Callable[[nnx.State, dict], dict]:
+    """`(params, batch) -> {module path: weights [B, N, T, S]}` of a teacher-forced pass."""
+
+    def attention(params, batch):
+        return visualize.attention_weights(merge_model(graphdef, params, rngs), batch)
+
+    return attention
 
 
 # ----------------------------------------------------------------------------- the run
@@ -236,9 +256,12 @@ class Run:
     mesh: Mesh
     initial_state: TrainState
     state_sharding: Any
+    graphdef: Any
+    rngs: nnx.State
     train_step: Callable
     eval_step: Callable
     decode: Callable
+    attention: Callable
     checkpoints: Checkpoints
 
     @property
@@ -280,7 +303,6 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | Path, devices:
     graphdef, params, rngs = split_model(build_model(config, tokens))
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
     state_sharding = jax.tree.map(lambda _: replicated, state)
-    max_decode_length = config.data.max_target_length
     return Run(
         config=config,
         workdir=workdir,
@@ -289,6 +311,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | Path, devices:
         mesh=mesh,
         initial_state=jax.device_put(state, state_sharding),
         state_sharding=state_sharding,
+        graphdef=graphdef,
+        rngs=rngs,
         train_step=jax.jit(
             make_train_step(graphdef, rngs, tx, config),
             in_shardings=(state_sharding, batch_sharding),
@@ -296,7 +320,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | Path, devices:
             donate_argnums=0,
         ),
         eval_step=jax.jit(make_eval_step(graphdef, rngs), in_shardings=(state_sharding["params"], batch_sharding)),
-        decode=jax.jit(make_decode(graphdef, rngs, max_decode_length), in_shardings=(state_sharding["params"], batch_sharding)),
+        decode=jax.jit(make_decode(graphdef, rngs, config), in_shardings=(state_sharding["params"], batch_sharding)),
+        attention=jax.jit(make_attention(graphdef, rngs), in_shardings=(state_sharding["params"], batch_sharding)),
         checkpoints=Checkpoints(
             workdir / "checkpoints",
             keep=config.keep_checkpoints,
@@ -319,8 +344,53 @@ def write_eval(workdir: Path, step: int, split: str, results: dict) -> None:
     path.write_text(json.dumps(existing, indent=2) + "\n")
 
 
-def evaluate_split(run: Run, params: nnx.State, split: str, *, max_decoded: int = 0) -> tuple[dict, list[tuple[int, str]]]:
-    """Loss, token accuracy and perplexity of a split; the task metric on (up to `max_decoded`) decoded examples.
+def gathered(array) -> np.ndarray:
+    """A global array in full on every process."""
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def layer_alignment_accuracy(weights: dict, spans: np.ndarray, index: np.ndarray) -> dict[str, list[float]]:
+    """Per encoder-decoder attention module: the alignment accuracy of each real row (heads averaged)."""
+    scores = {}
+    for module, value in weights.items():
+        if visualize.is_cross_attention(module):
+            mean = gathered(value).mean(axis=1)  # [B, T, S]
+            scores[module] = [metrics.alignment_accuracy(mean[row], spans[row]) for row in np.flatnonzero(index >= 0)]
+    return scores
+
+
+def draw_attention(run: Run, params: nnx.State, batch: dict, decoded: jax.Array, step: int, reporter: Reporter | None) -> None:
+    """Pictures of the first `visualize_examples` rows: each output token's attention over the source.
+
+    Args:
+      decoded: the global `[B, L]` array of the batch's hypotheses (the teacher-forced targets here).
+    """
+    weights = run.attention(params, {"inputs": batch["inputs"], "targets": decoded})
+    weights = {k: gathered(v) for k, v in weights.items()}
+    inputs, hypotheses = gathered(batch["inputs"]), gathered(decoded)
+    count = min(run.config.visualize_examples, len(hypotheses))
+    if not run.is_chief:
+        return
+    pictures = {}
+    for row in range(count):
+        source = inputs[row][inputs[row] > 0]
+        output = hypotheses[row][: int(np.argmax(hypotheses[row] == tokenizers.EOS_ID)) + 1]
+        cut = visualize.example_weights(weights, row, len(source), len(output))
+        pictures.update(visualize.draw_example(
+            run.workdir / "attention" / f"step_{step}", f"example_{row}", cut,
+            run.tokens.source.pieces(source), run.tokens.target.pieces(output),
+            self_attention=run.config.visualize_self_attention,
+        ))  # fmt: skip
+    if reporter is not None:
+        reporter.images(step, pictures)
+
+
+def evaluate_split(
+    run: Run, params: nnx.State, split: str, *, max_decoded: int = 0, pictures: tuple[int, Reporter | None] | None = None
+) -> tuple[dict, list[tuple[int, str]]]:
+    """Loss, token accuracy and perplexity of a split; the task metric on (up to `max_decoded`)
+    decoded examples; alignment accuracy where the task records alignments; with `pictures=(step,
+    reporter)`, attention pictures of the split's first examples.
 
     Returns:
       `(metrics, [(record index, hypothesis text)])`.
@@ -330,20 +400,31 @@ def evaluate_split(run: Run, params: nnx.State, split: str, *, max_decoded: int 
     )
     totals = None
     decoded: list[tuple[int, str]] = []
-    for local in dataset:
+    alignment: dict[str, list[float]] = {}
+    for number, local in enumerate(dataset):
         batch = run.global_batch({"inputs": local["inputs"], "targets": local["targets"]})
         sums = run.eval_step(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-        if max_decoded == 0 or len(decoded) < max_decoded:
-            tokens = multihost_utils.process_allgather(run.decode(params, batch["inputs"]), tiled=True)
-            indices = multihost_utils.process_allgather(run.global_batch({"index": local["index"]})["index"], tiled=True)
-            decoded += [(int(i), run.tokens.target.decode(row)) for i, row in zip(indices, tokens) if i >= 0]
+        index = gathered(run.global_batch({"index": local["index"]})["index"])
+        if max_decoded == 0 or len(decoded) < max_decoded or number == 0:
+            hypotheses = run.decode(params, batch["inputs"])
+            decoded += [(int(i), run.tokens.target.decode(row)) for i, row in zip(index, gathered(hypotheses)) if i >= 0]
+            if number == 0 and pictures is not None and run.config.visualize_examples:
+                draw_attention(run, params, batch, hypotheses, *pictures)
+        if "alignment" in local:  # attention of the teacher-forced reference against the true spans
+            spans = gathered(run.global_batch({"alignment": local["alignment"]})["alignment"])
+            for module, scores in layer_alignment_accuracy(run.attention(params, batch), spans, index).items():
+                alignment.setdefault(module, []).extend(scores)
     results = metrics.summarize(jax.device_get(totals))
     decoded = sorted(decoded)[: max_decoded or None]
     records = run.task.splits[split]
     references = [run.task.pair(records[i])[1] for i, _ in decoded]
     results.update(metrics.text_metrics(run.task.metric, [h for _, h in decoded], references))
     results["decoded_examples"] = len(decoded)
+    if alignment:
+        results["alignment_accuracy"] = float(np.mean([np.mean(v) for v in alignment.values()]))
+        for module, scores in alignment.items():
+            results[f"alignment_accuracy/{module}"] = float(np.mean(scores))
     return results, decoded
 
 
@@ -431,7 +512,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
             if evaluate_now:
                 splits = ("dev", "test") if last else ("dev",)
                 for split in splits:
-                    results, _ = evaluate_split(run, state["params"], split, max_decoded=config.eval_decode_examples)
+                    pictures = (step, reporter) if split == "dev" else None
+                    results, _ = evaluate_split(run, state["params"], split, max_decoded=config.eval_decode_examples, pictures=pictures)
                     reporter.write(step, split, results)
                     if run.is_chief:
                         write_eval(run.workdir, step, split, results)
@@ -461,34 +543,87 @@ def restore_for_eval(run: Run) -> tuple[int, TrainState]:
     return run.checkpoints.restore(run.abstract_state, step=step)
 
 
+def averaged_params(run: Run, last: int, up_to: int) -> tuple[list[int], nnx.State]:
+    """The mean parameters of the last `last` checkpoints at or before step `up_to`."""
+    steps = [s for s in run.checkpoints.steps() if s <= up_to][-last:]
+    total = None
+    for step in steps:
+        _, state = run.checkpoints.restore(run.abstract_state, step=step)
+        total = state["params"] if total is None else jax.tree.map(jnp.add, total, state["params"])
+    return steps, jax.tree.map(lambda p: p / len(steps), total)
+
+
 def evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-    """Restores a checkpoint and evaluates `config.eval_split` without training."""
+    """Restores a checkpoint and evaluates `config.eval_split` without training.
+
+    With `average_last=K`, the mean of the last K checkpoints' parameters is evaluated
+    too and reported beside, under `<split>_average_last_<K>`.
+    """
     run = prepare_run(config, workdir)
     step, state = restore_for_eval(run)
-    results, _ = evaluate_split(run, state["params"], config.eval_split, max_decoded=config.eval_decode_examples)
+    splits = {config.eval_split: state["params"]}
+    if config.average_last > 1:
+        steps, params = averaged_params(run, config.average_last, step)
+        splits[f"{config.eval_split}_average_last_{len(steps)}"] = params
+    outcome = {}
+    for name, params in splits.items():
+        results, _ = evaluate_split(run, params, config.eval_split, max_decoded=config.eval_decode_examples)
+        outcome[name] = results
+        if run.is_chief:
+            write_eval(run.workdir, step, name, results)
     if run.is_chief:
-        write_eval(run.workdir, step, config.eval_split, results)
         reporter = Reporter(run.workdir, num_steps=step, start_step=step, enabled=True, truncate=False)
-        reporter.write(step, config.eval_split, results)
+        for name, results in outcome.items():
+            reporter.write(step, name, results)
         reporter.close()
-    return results
+    return outcome[config.eval_split] if len(outcome) == 1 else outcome
 
 
-def predict(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
-    """Decodes `config.eval_split` with a restored checkpoint into `predictions/step_<N>.tsv`."""
+def scores_by_length(run: Run, split: str, decoded: list[tuple[int, str]], width: int) -> dict:
+    """The task metric per bucket of source length (in tokens), e.g. `{"0-9": {...}, "10-19": {...}}`."""
+    records = run.task.splits[split]
+    buckets: dict[int, list[tuple[str, str]]] = {}
+    for index, hypothesis in decoded:
+        source, reference = run.task.pair(records[index])
+        buckets.setdefault(len(run.tokens.source.encode(source)) // width, []).append((hypothesis, reference))
+    by_length = {}
+    for bucket in sorted(buckets):
+        hypotheses, references = zip(*buckets[bucket])
+        scores = metrics.text_metrics(run.task.metric, hypotheses, references)
+        by_length[f"{bucket * width}-{bucket * width + width - 1}"] = {
+            "examples": len(hypotheses), **{k: v for k, v in scores.items() if not k.endswith("signature")}
+        }
+    return by_length
+
+
+def predict(config: ml_collections.ConfigDict, workdir: str | Path, input_file: str | None = None) -> Path:
+    """Decodes `config.eval_split` (or the lines of `input_file`) into `predictions/step_<N>.tsv`.
+
+    For a split, also writes its metrics, with the task metric by source length, to `eval/step_<N>.json`.
+    """
     run = prepare_run(config, workdir)
     step, state = restore_for_eval(run)
-    results, decoded = evaluate_split(run, state["params"], config.eval_split)
-    path = run.workdir / "predictions" / f"step_{step}.tsv"
+    split = config.eval_split
+    if input_file:
+        lines = [line.strip() for line in Path(input_file).read_text(encoding="utf-8").splitlines()]
+        sources = [line for line in lines if line]
+        if not sources:
+            raise ValueError(f"--input_file {input_file} holds no source line")
+        split = "input"
+        run.task = dataclasses.replace(run.task, splits={split: [{"source": s, "target": ""} for s in sources]}, source_key="source", target_key="target")
+    results, decoded = evaluate_split(run, state["params"], split)
+    path = run.workdir / "predictions" / f"step_{step}{'_' + Path(input_file).stem if input_file else ''}.tsv"
     if run.is_chief:
         path.parent.mkdir(exist_ok=True)
-        records = run.task.splits[config.eval_split]
+        records = run.task.splits[split]
         with path.open("w") as f:
             f.write("source\treference\thypothesis\n")
             for index, hypothesis in decoded:
                 source, reference = run.task.pair(records[index])
                 f.write("\t".join(text.replace("\t", " ") for text in (source, reference, hypothesis)) + "\n")
-        write_eval(run.workdir, step, config.eval_split, results)
+        if not input_file:
+            results["by_source_length"] = scores_by_length(run, split, decoded, config.length_bucket_width)
+            write_eval(run.workdir, step, split, results)
     return path
 
 
@@ -499,4 +634,6 @@ def print_outputs(workdir: Path) -> None:
         f"metrics:      {workdir / 'metrics.jsonl'}, {workdir / 'eval'}/",
         f"tensorboard:  tensorboard --logdir {workdir / 'tensorboard'}",
     ]
+    if (workdir / "attention").exists():
+        lines.append(f"pictures:     {workdir / 'attention'}/ (attention heat maps and .npz weights)")
     print("\n".join(lines), flush=True)

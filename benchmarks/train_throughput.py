@@ -54,15 +54,12 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
 
     import input_pipeline
     import trainer
+    from configs import base
 
     config = importlib.import_module(f"configs.{config_name}").get_config()
     for override in overrides:  # "a.b=value", the value parsed as YAML (numbers, booleans, lists)
-        path, value = override.split("=", 1)
-        *parents, leaf = path.split(".")
-        target = config
-        for parent in parents:
-            target = target[parent]
-        target[leaf] = yaml.safe_load(value)
+        dotted_name, value = override.split("=", 1)
+        base.set_field(config, dotted_name, yaml.safe_load(value))
     started = psutil.Process().create_time()
     with tempfile.TemporaryDirectory() as workdir:
         run = trainer.prepare_run(config, workdir)

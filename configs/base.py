@@ -77,6 +77,15 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_decode_examples = 0
     # Split that --mode=eval/predict evaluates and decodes.
     config.eval_split = "test"
+    # --mode=eval/predict: also evaluate the mean parameters of the last K checkpoints
+    # (Vaswani et al. average the last 5 or 20); 0 or 1 = no averaging.
+    config.average_last = 0
+    # --mode=predict: width, in source tokens, of the length buckets of the per-length scores.
+    config.length_bucket_width = 10
+    # Dev examples whose attention is drawn at each evaluation (attention/step_<N>/); 0 = none.
+    config.visualize_examples = 3
+    # Draw self-attention too (encoder and decoder), not only encoder-decoder attention.
+    config.visualize_self_attention = False
 
     # Where built datasets are cached (created if missing; relative to the working directory).
     config.data_dir = "data/tfds"
@@ -152,3 +161,12 @@ def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Locks the field set, so a misspelt `--config.x` override fails at once."""
     config.lock()
     return config
+
+
+def set_field(config: ml_collections.ConfigDict, dotted_name: str, value) -> None:
+    """`set_field(config, "model.d_model", 256)`: what `--config.model.d_model=256` does, from code."""
+    *parents, leaf = dotted_name.split(".")
+    target = config
+    for parent in parents:
+        target = target[parent]
+    target[leaf] = value

@@ -103,7 +103,7 @@ def test_gradient_accumulation_equals_one_big_batch(shared_data_dir, tmp_path):
 @pytest.fixture(scope="module")
 def finished_run(shared_data_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("finished")
-    config = tiny_config(shared_data_dir)
+    config = tiny_config(shared_data_dir, visualize_examples=3)
     final = trainer.train_and_evaluate(config, workdir)
     return config, workdir, final
 
@@ -118,6 +118,50 @@ def test_run_writes_its_outputs(finished_run):
     assert json.loads((workdir / "eval" / "step_20.json").read_text())["test"] == final["test"]
     assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [10, 20]
     assert any((workdir / "tensorboard").iterdir())
+    for step in (10, 20):  # attention pictures of 3 dev examples at each evaluation
+        pictures = workdir / "attention" / f"step_{step}"
+        assert sorted(p.name for p in pictures.glob("*.npz")) == ["example_0.npz", "example_1.npz", "example_2.npz"]
+        assert len(list(pictures.glob("example_*_decoder_layers_0_cross_attention.png"))) == 3
+    assert 0.0 <= final["dev"]["alignment_accuracy"] <= 1.0
+    assert "alignment_accuracy/decoder_layers/0/cross_attention" in final["dev"]
+
+
+def test_predict_writes_hypotheses_and_scores_by_length(finished_run, tmp_path):
+    config, workdir, final = finished_run
+    path = trainer.predict(config, workdir)
+    rows = path.read_text().splitlines()
+    assert path.name == "step_20.tsv" and rows[0] == "source\treference\thypothesis" and len(rows) == 25
+    results = json.loads((workdir / "eval" / "step_20.json").read_text())["test"]
+    assert sum(bucket["examples"] for bucket in results["by_source_length"].values()) == 24
+    assert results["exact_match"] == final["test"]["exact_match"]
+    lines = tmp_path / "mine.txt"
+    lines.write_text("3 March 2021\n\n12/24/99\n")
+    path = trainer.predict(config, workdir, input_file=str(lines))
+    rows = path.read_text().splitlines()
+    assert path.name == "step_20_mine.tsv" and [r.split("\t")[0] for r in rows[1:]] == ["3 March 2021", "12/24/99"]
+
+
+def test_average_of_the_last_checkpoints(finished_run):
+    config, workdir, _ = finished_run
+    run = trainer.prepare_run(config, workdir)
+    steps, averaged = trainer.averaged_params(run, 2, 20)
+    assert steps == [10, 20]
+    states = [run.checkpoints.restore(run.abstract_state, step=s)[1]["params"] for s in steps]
+    for mean, a, b in zip(jax.tree.leaves(averaged), *(jax.tree.leaves(p) for p in states)):
+        np.testing.assert_allclose(np.asarray(mean), (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
+    config = tiny_config(config.data_dir, average_last=2)
+    outcome = trainer.evaluate(config, workdir)
+    assert set(outcome) == {"test", "test_average_last_2"}
+
+
+def test_visualize_command_draws_a_sentence(finished_run, capsys):
+    import visualize
+
+    _, workdir, _ = finished_run
+    assert visualize.main(["--workdir", str(workdir), "--text", "3 March 2021"]) == 0
+    assert "pictures and weights" in capsys.readouterr().out
+    assert (workdir / "attention" / "text" / "step_20.npz").exists()
+    assert list((workdir / "attention" / "text").glob("step_20_decoder_layers_0_cross_attention.png"))
 
 
 def test_eval_mode_reproduces_the_final_eval(finished_run):
@@ -151,7 +195,8 @@ def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
 
 
 def test_sigkill_and_rerun_equal_an_uninterrupted_run(shared_data_dir, tmp_path):
-    flags = ["--config.num_train_steps=200", "--config.checkpoint_every_steps=40", "--config.eval_every_steps=100"]
+    flags = ["--config.num_train_steps=120", "--config.checkpoint_every_steps=40", "--config.eval_every_steps=60",
+             "--config.visualize_examples=0"]
     uninterrupted = run_train_py(tmp_path / "whole", shared_data_dir, *flags)
     assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stdout.read()
 
@@ -165,7 +210,7 @@ def test_sigkill_and_rerun_equal_an_uninterrupted_run(shared_data_dir, tmp_path)
         time.sleep(0.01)
     interrupted.send_signal(signal.SIGKILL)
     assert interrupted.wait(timeout=60) == -signal.SIGKILL
-    assert not (tmp_path / "cut" / "checkpoints" / "200").exists()
+    assert not (tmp_path / "cut" / "checkpoints" / "120").exists()
     resumed = run_train_py(tmp_path / "cut", shared_data_dir, *flags)
     output = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, output
@@ -173,11 +218,11 @@ def test_sigkill_and_rerun_equal_an_uninterrupted_run(shared_data_dir, tmp_path)
 
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
     assert strip(metric_rows(tmp_path / "cut")) == strip(metric_rows(tmp_path / "whole"))
-    config = tiny_config(shared_data_dir, num_train_steps=200)
+    config = tiny_config(shared_data_dir, num_train_steps=120)
     whole = trainer.prepare_run(config, tmp_path / "whole", devices=jax.devices()[:1])
     cut = trainer.prepare_run(config, tmp_path / "cut", devices=jax.devices()[:1])
-    _, whole_state = whole.checkpoints.restore(whole.abstract_state, step=200)
-    _, cut_state = cut.checkpoints.restore(cut.abstract_state, step=200)
+    _, whole_state = whole.checkpoints.restore(whole.abstract_state, step=120)
+    _, cut_state = cut.checkpoints.restore(cut.abstract_state, step=120)
     for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(cut_state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit-identical
 

@@ -3,19 +3,16 @@
 
 def tiny_config(data_dir, **overrides):
     """configs/default.py shrunk to seconds: a 1+1-layer Transformer on 600 dates."""
-    from configs import default
+    from configs import base, default
 
     config = default.get_config()
     config.unlock()
     config.data_dir = str(data_dir)
     config.task.update(train_size=600, dev_size=24, test_size=24)
     config.model.update(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1)
-    config.update(batch_size=16, num_train_steps=20, eval_every_steps=10, checkpoint_every_steps=10, log_every_steps=5, warmup_steps=5, schedule="rsqrt")
-    for key, value in overrides.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            target = target[parent]
-        target[leaf] = value
+    config.update(batch_size=16, num_train_steps=20, eval_every_steps=10, checkpoint_every_steps=10, log_every_steps=5, warmup_steps=5, schedule="rsqrt",
+                  visualize_examples=0)
+    for dotted_name, value in overrides.items():
+        base.set_field(config, dotted_name, value)
     config.lock()
     return config

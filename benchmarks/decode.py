@@ -1,0 +1,110 @@
+"""Decoding speed: greedy and beam 4, with and without the key/value cache, at source lengths 16, 64, 256.
+
+    python benchmarks/decode.py [--lengths 16,64,256] [--batch 8] [--repeats 3]
+
+The model is the kjv_web Transformer's size (3+3 layers, d_model 256, 4 heads,
+d_ff 1024, 8000-token vocabulary), with random parameters and a fixed output
+length equal to the source length (eos is never chosen, so every configuration
+generates the same number of tokens). "Without the cache" reruns the
+teacher-forced decoder over the whole prefix at every step, as a model without
+incremental decoding must. Times are medians of repeated compiled runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import decoding  # noqa: E402
+import models  # noqa: E402
+from tokenizers import EOS_ID  # noqa: E402
+
+FILLER = 5  # a word token: the uncached decoder's unknown future positions (hidden by the causal mask)
+
+
+class NoEos:
+    """Wraps a model so that eos never wins until the length limit forces it."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def encode(self, inputs):
+        return self.model.encode(inputs)
+
+    def init_decode_state(self, memory, batch_size, max_len):
+        return self.model.init_decode_state(memory, batch_size, max_len)
+
+    def decode_step(self, memory, token, state):
+        logits, state = self.model.decode_step(memory, token, state)
+        return logits.at[:, EOS_ID].set(-1e9), state
+
+
+class Uncached(NoEos):
+    """Decoding without the cache: the whole prefix through the teacher-forced decoder every step."""
+
+    def init_decode_state(self, memory, batch_size, max_len):
+        return jnp.full((batch_size, max_len), FILLER, jnp.int32), jnp.array(0)
+
+    def decode_step(self, memory, token, state):
+        targets, position = state
+        targets = jnp.where(position > 0, targets.at[:, jnp.maximum(position - 1, 0)].set(token), targets)
+        logits = self.model.decode(targets, memory)[:, position]
+        return logits.at[:, EOS_ID].set(-1e9), (targets, position + 1)
+
+
+def timed(fn, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="16,64,256")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    model = models.create_model(
+        "transformer", rngs=nnx.Rngs(0), vocab_size=8000, d_model=256, num_heads=4, d_ff=1024,
+        num_encoder_layers=3, num_decoder_layers=3, dropout_rate=0.0,
+    )  # fmt: skip
+    graphdef, params = nnx.split(model)
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; batch {args.batch}; output length = source length")
+    print("| source length | search | cache | sentences/s | generated tokens/s |")
+    print("|---:|---|---|---:|---:|")
+    for length in (int(x) for x in args.lengths.split(",")):
+        inputs = jnp.asarray(np.random.default_rng(length).integers(4, 8000, (args.batch, length)), jnp.int32)
+        limits = jnp.full((args.batch,), length)
+        for search, beam in (("greedy", 1), ("beam 4", 4)):
+            for cached in (True, False):
+                wrapper = NoEos if cached else Uncached
+
+                def run(params, inputs):
+                    m = wrapper(nnx.merge(graphdef, params))
+                    if beam == 1:
+                        return decoding.greedy_search(m, inputs, limits, length)[0]
+                    return decoding.beam_search(m, inputs, limits, length, beam_size=beam, alpha=0.6)[0]
+
+                seconds = timed(jax.jit(run), params, inputs, repeats=args.repeats)
+                print(
+                    f"| {length} | {search} | {'yes' if cached else 'no'} | {args.batch / seconds:,.1f} | "
+                    f"{args.batch * length / seconds:,.0f} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
