@@ -3,9 +3,10 @@
 Training batches come from small named steps:
 
     records (random access) --select by length--> shard per process
-      -> shuffle(seed) -> repeat -> encode (tokenize, add eos)
-      -> pack rows (segment ids, positions)   or   bucket by length and pad
-      -> batch -> prefetch in a background thread
+      -> per epoch, a seeded plan over example indices: shuffle, then
+         first-fit packing into rows   or   buckets of similar length
+      -> batch i of the plans: read, encode (tokenize, add eos), pack or pad (reader threads)
+      -> prefetch in a background thread
 
 Everything is deterministic given the seed, and the iterator's state
 (`get_state`/`set_state`) restores exactly: after a restore the next batches
@@ -21,10 +22,12 @@ with packing also `inputs_segment_ids`, `inputs_positions`,
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import logging
 import sys
+import threading
 from typing import Any, Callable, Mapping, Sequence
 
 import grain
@@ -119,62 +122,98 @@ def pad_batch(examples: Sequence[Batch], lengths: Mapping[str, int], batch_size:
     return batch
 
 
-def pack(dataset: grain.IterDataset, settings: PipelineSettings, rows: int) -> grain.IterDataset:
-    """Packs examples into rows of `max_*_length` tokens with segment ids and positions, then batches."""
-    packed = grain.experimental.FirstFitPackIterDataset(
-        dataset,
-        length_struct={"inputs": settings.max_source_length, "targets": settings.max_target_length},
-        num_packing_bins=rows,
-        seed=settings.seed,
-        shuffle_bins=True,
-    )
-    return packed.batch(rows, drop_remainder=True)
+def pack_plan(order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]) -> list[list[list[int]]]:
+    """First-fit packing of examples (in `order`) into batches of `rows` rows of `limits` tokens.
 
+    Each example goes into the first row of the open batch with room for both its
+    source and target; when none has room, the batch is closed and a new one
+    opened (as Grain's first-fit packer does with `rows` bins). Works on lengths only.
 
-class BucketedBatches(grain.MapDataset):
-    """Infinite batches of example indices of similar length, re-planned (shuffled) every epoch.
-
-    Examples fall into the bucket of the smallest boundary >= their longer side;
-    each epoch shuffles every bucket, cuts it into full batches and shuffles the
-    batch order. Every epoch has the same number of batches, so item `i` is
-    batch `i % per_epoch` of epoch `i // per_epoch`: random access, and an
-    iterator state that is just a position.
-
-    Items: `(padded_length, indices)`.
+    Returns:
+      batches, each a list of `rows` rows, each the list of its example indices.
     """
+    batches, rows_of_batch, room = [], [[] for _ in range(rows)], [list(limits) for _ in range(rows)]
+    for index in order:
+        source, target = lengths[index]
+        row = next((r for r in range(rows) if room[r][0] >= source and room[r][1] >= target), None)
+        if row is None:
+            batches.append(rows_of_batch)
+            rows_of_batch, room, row = [[] for _ in range(rows)], [list(limits) for _ in range(rows)], 0
+        rows_of_batch[row].append(int(index))
+        room[row][0] -= source
+        room[row][1] -= target
+    if any(rows_of_batch):
+        batches.append(rows_of_batch)
+    return batches
 
-    def __init__(self, indices: np.ndarray, lengths: np.ndarray, batch_size: int, boundaries, seed: int):
+
+def packed_batch(rows: Sequence[Sequence[Batch]], limits: Mapping[str, int]) -> Batch:
+    """Rows of examples -> `[rows, length]` ids, segment ids (1, 2, ... per example) and positions."""
+    batch = {}
+    for key, length in limits.items():
+        ids, segments, positions = (np.zeros((len(rows), length), np.int32) for _ in range(3))
+        for r, examples in enumerate(rows):
+            start = 0
+            for segment, example in enumerate(examples, start=1):
+                end = start + len(example[key])
+                ids[r, start:end] = example[key]
+                segments[r, start:end] = segment
+                positions[r, start:end] = np.arange(end - start)
+                start = end
+        batch.update({key: ids, f"{key}_segment_ids": segments, f"{key}_positions": positions})
+    return batch
+
+
+class EpochPlans(grain.MapDataset):
+    """Endless items from deterministic per-epoch plans: item `i` is the `i`-th of the
+    concatenated plans of epochs 0, 1, 2, ... Random access, so an iterator's state is
+    just its position; epochs may differ in length (packing depends on the order)."""
+
+    def __init__(self, plan: Callable[[int], list]):
         super().__init__()
-        longest = lengths.max(axis=1)  # [N]
-        if longest.max(initial=0) > boundaries[-1]:
-            raise ValueError(f"data.bucket_boundaries end at {boundaries[-1]}, below an example of {longest.max()} tokens")
-        bucket_of = np.searchsorted(boundaries, longest)  # first boundary >= length
-        self._buckets = [(boundaries[b], indices[bucket_of == b]) for b in range(len(boundaries))]
-        self._batch_size, self._seed = batch_size, seed
-        self._per_epoch = sum(len(members) // batch_size for _, members in self._buckets)
-        if self._per_epoch == 0:
-            raise ValueError(f"no length bucket holds a full batch of {batch_size} examples; lower the batch size")
+        self._plan = functools.lru_cache(maxsize=4)(plan)
+        self._epoch_starts = [0]  # first item of each planned epoch
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return sys.maxsize
 
     def __str__(self) -> str:
-        return f"BucketedBatches(batch_size={self._batch_size}, per_epoch={self._per_epoch})"
+        return "EpochPlans"
 
-    @functools.lru_cache(maxsize=2)
-    def plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
-        rng = np.random.default_rng([self._seed, epoch])
+    def __getitem__(self, index: int):
+        with self._lock:
+            while self._epoch_starts[-1] <= index:  # plan epochs up to the one holding `index`
+                self._epoch_starts.append(self._epoch_starts[-1] + len(self._plan(len(self._epoch_starts) - 1)))
+            epoch = bisect.bisect_right(self._epoch_starts, index) - 1
+        return self._plan(epoch)[index - self._epoch_starts[epoch]]
+
+
+def bucket_plan(indices: np.ndarray, lengths: np.ndarray, rows: int, boundaries: Sequence[int], seed: int) -> Callable[[int], list]:
+    """Epoch -> batches `(padded length, indices)` of examples of similar length.
+
+    Examples fall into the bucket of the smallest boundary >= their longer side; each
+    epoch shuffles every bucket, cuts it into full batches (the remainder waits for
+    another epoch) and shuffles the batch order.
+    """
+    longest = lengths.max(axis=1)  # [N]
+    if longest.max(initial=0) > boundaries[-1]:
+        raise ValueError(f"data.bucket_boundaries end at {boundaries[-1]}, below an example of {longest.max()} tokens")
+    bucket_of = np.searchsorted(boundaries, longest)  # first boundary >= length
+    buckets = [(boundaries[b], indices[bucket_of == b]) for b in range(len(boundaries))]
+    if all(len(members) < rows for _, members in buckets):
+        raise ValueError(f"no length bucket holds a full batch of {rows} examples; lower the batch size")
+
+    def plan(epoch: int) -> list[tuple[int, np.ndarray]]:
+        rng = np.random.default_rng([seed, epoch])
         batches = []
-        for length, members in self._buckets:
+        for length, members in buckets:
             shuffled = rng.permutation(members)
-            whole = len(shuffled) // self._batch_size * self._batch_size  # the remainder waits for another epoch
-            batches += [(length, chunk) for chunk in shuffled[:whole].reshape(-1, self._batch_size)]
-        order = rng.permutation(len(batches))
-        return [batches[i] for i in order]
+            whole = len(shuffled) // rows * rows
+            batches += [(length, chunk) for chunk in shuffled[:whole].reshape(-1, rows)]
+        return [batches[i] for i in rng.permutation(len(batches))]
 
-    def __getitem__(self, index: int) -> tuple[int, np.ndarray]:
-        epoch, position = divmod(index, self._per_epoch)
-        return self.plan(epoch)[position]
+    return plan
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -211,18 +250,26 @@ def train_dataset(
             f"max_target_length={settings.max_target_length}"
         )
     encode = encoder(task, tokenizers, settings.max_source_length, settings.max_target_length)
+    lengths = np.minimum(lengths, [[settings.max_source_length, settings.max_target_length]])  # after trimming
+    limits = {"inputs": settings.max_source_length, "targets": settings.max_target_length}
     if settings.batching == "pack":
-        examples = grain.MapDataset.source(indices).shuffle(seed=settings.seed).repeat().map(lambda i: encode(records[i]))
-        batches = pack(examples.to_iter_dataset(read_options(settings)), settings, rows)
+
+        def plan(epoch: int) -> list:
+            order = np.random.default_rng([settings.seed, epoch]).permutation(indices)
+            return pack_plan(order, lengths, rows, (settings.max_source_length, settings.max_target_length))
+
+        def make_batch(rows_of_indices: list[list[int]]) -> Batch:
+            return packed_batch([[encode(records[i]) for i in row] for row in rows_of_indices], limits)
+
     else:
+        plan = bucket_plan(indices, lengths[indices], rows, settings.bucket_boundaries, settings.seed)
 
-        def padded(item: tuple[int, np.ndarray]) -> Batch:
+        def make_batch(item: tuple[int, np.ndarray]) -> Batch:
             length, members = item
-            limits = {"inputs": min(length, settings.max_source_length), "targets": min(length, settings.max_target_length)}
-            return pad_batch([encode(records[i]) for i in members], limits, rows)
+            bucket_limits = {key: min(length, limit) for key, limit in limits.items()}
+            return pad_batch([encode(records[i]) for i in members], bucket_limits, rows)
 
-        plan = BucketedBatches(indices, np.minimum(lengths[indices], [[settings.max_source_length, settings.max_target_length]]), rows, settings.bucket_boundaries, settings.seed)
-        batches = plan.map(padded).to_iter_dataset(read_options(settings))
+    batches = EpochPlans(plan).map(make_batch).to_iter_dataset(read_options(settings))
     return grain.experimental.ThreadPrefetchIterDataset(batches, prefetch_buffer_size=settings.prefetch_batches), report
 
 

@@ -526,6 +526,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 break
     finally:
         stop.restore()
+        data_iterator.close()  # stops the prefetch threads now, not at interpreter exit
         run.checkpoints.wait()
         reporter.close()
     if run.is_chief:

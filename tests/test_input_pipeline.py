@@ -44,31 +44,34 @@ def take(dataset, n):
 # ---------------------------------------------------------------- pure steps
 
 
-def test_pack_loses_and_duplicates_nothing():
+def test_packing_loses_and_duplicates_nothing():
     rng = np.random.default_rng(0)
     examples = [
         {"inputs": rng.integers(3, 50, size=n).astype(np.int32), "targets": rng.integers(3, 50, size=m).astype(np.int32)}
         for n, m in rng.integers(1, 9, size=(60, 2))
     ]
-    packed = ip.pack(grain.MapDataset.source(examples).to_iter_dataset(), settings(max_source_length=10, max_target_length=10), rows=3)
+    lengths = np.array([[len(e["inputs"]), len(e["targets"])] for e in examples])
+    batches = ip.pack_plan(rng.permutation(60), lengths, rows=3, limits=(10, 10))
+    assert sorted(i for batch in batches for row in batch for i in row) == list(range(60))
     segments = collections.Counter()
-    for batch in packed:
-        for row in range(3):
+    for plan in batches:
+        batch = ip.packed_batch([[examples[i] for i in row] for row in plan], {"inputs": 10, "targets": 10})
+        for r, row in enumerate(plan):
             for key in ("inputs", "targets"):
-                ids, positions = batch[f"{key}_segment_ids"][row], batch[f"{key}_positions"][row]
-                assert np.all(batch[key][row][ids == 0] == 0)  # padding is zero
-                for segment in np.unique(ids[ids > 0]):
-                    where = ids == segment
-                    np.testing.assert_array_equal(positions[where], np.arange(where.sum()))
-            pairs = zip(*(
-                [tuple(batch[key][row][batch[f"{key}_segment_ids"][row] == s]) for s in range(1, 1 + batch[f"{key}_segment_ids"][row].max())]
-                for key in ("inputs", "targets")
-            ))  # fmt: skip
-            segments.update(pairs)
-    # drop_remainder may leave out the examples of the last, partial batch: none is duplicated
-    expected = collections.Counter((tuple(e["inputs"]), tuple(e["targets"])) for e in examples)
-    assert not segments - expected
-    assert sum(segments.values()) >= len(examples) - 3 * 3
+                ids, positions = batch[f"{key}_segment_ids"][r], batch[f"{key}_positions"][r]
+                assert np.all(batch[key][r][ids == 0] == 0)  # padding is zero
+                assert ids.max() == len(row)
+                for segment, index in enumerate(row, start=1):
+                    np.testing.assert_array_equal(batch[key][r][ids == segment], examples[index][key])
+                    np.testing.assert_array_equal(positions[ids == segment], np.arange(len(examples[index][key])))
+            segments.update(tuple(batch["inputs"][r][batch["inputs_segment_ids"][r] == s]) for s in range(1, len(row) + 1))
+    assert segments == collections.Counter(tuple(e["inputs"]) for e in examples)
+
+
+def test_first_fit_fills_rows_before_opening_a_batch():
+    lengths = np.array([[4, 4], [4, 4], [3, 3], [5, 5], [6, 6]])
+    # rows of 8: row 0 takes 0 and 1; 2 goes to row 1; 3 fits row 1 (3+5=8); 4 fits nowhere: new batch
+    assert ip.pack_plan(np.arange(5), lengths, rows=2, limits=(8, 8)) == [[[0, 1], [2, 3]], [[4], []]]
 
 
 def test_shard_is_disjoint_and_covering():
@@ -81,15 +84,21 @@ def test_shard_is_disjoint_and_covering():
 def test_bucketed_batches_keep_buckets_and_cover_each_epoch():
     lengths = np.array([[n, n] for n in [3, 5, 9, 12, 20, 7, 30, 31, 2, 15, 16, 17]])
     indices = np.arange(len(lengths))
-    plan = ip.BucketedBatches(indices, lengths, 2, (8, 16, 32), seed=0)
+    plans = ip.EpochPlans(ip.bucket_plan(indices, lengths, 2, (8, 16, 32), seed=0))
     per_epoch = len(lengths) // 2  # buckets of 4, 4 and 4 examples
-    epochs = [[plan[e * per_epoch + i] for i in range(per_epoch)] for e in range(2)]
+    epochs = [[plans[e * per_epoch + i] for i in range(per_epoch)] for e in range(2)]
     for batches in epochs:
         assert sorted(np.concatenate([members for _, members in batches]).tolist()) == indices.tolist()
         for length, members in batches:
             assert np.all(lengths[members].max(1) <= length)
             assert np.all(lengths[members].max(1) > {8: 0, 16: 8, 32: 16}[length])
     assert [m.tolist() for _, m in epochs[0]] != [m.tolist() for _, m in epochs[1]]  # reshuffled
+
+
+def test_epoch_plans_concatenate_epochs_of_different_lengths():
+    plans = ip.EpochPlans(lambda epoch: [(epoch, i) for i in range(epoch + 1)])  # epoch e has e + 1 items
+    assert [plans[i] for i in range(6)] == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
+    assert plans[3] == (2, 0)  # random access, in any order
 
 
 # ------------------------------------------------------------- train batches
