@@ -526,8 +526,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                 break
     finally:
         stop.restore()
+        run.checkpoints.wait()  # an asynchronous save may still read the data iterator's state
         data_iterator.close()  # stops the prefetch threads now, not at interpreter exit
-        run.checkpoints.wait()
         reporter.close()
     if run.is_chief:
         print_outputs(run.workdir)
