@@ -168,3 +168,27 @@ def decode(model: Any, inputs: Array, *, beam_size: int, alpha: float, max_lengt
     if beam_size == 1:
         return greedy_search(model, inputs, max_lengths, length)[0]
     return beam_search(model, inputs, max_lengths, length, beam_size=beam_size, alpha=alpha)[0]
+
+
+class WithoutCache:
+    """A model's decoding interface without its cache: every step reruns the teacher-forced
+    decoder (`model.decode(targets, memory)`) over the whole prefix.
+
+    A reference for cached decoding (same tokens and scores) and a baseline for what the cache saves.
+    """
+
+    FILLER = 3  # unknown future targets: any word token (the causal mask hides them; pad would mask the row)
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def encode(self, inputs: Array) -> Any:
+        return self.model.encode(inputs)
+
+    def init_decode_state(self, memory: Any, batch_size: int, max_len: int) -> tuple[Array, Array]:
+        return jnp.full((batch_size, max_len), self.FILLER, jnp.int32), jnp.array(0)
+
+    def decode_step(self, memory: Any, token: Array, state: tuple[Array, Array]) -> tuple[Array, tuple[Array, Array]]:
+        targets, position = state
+        targets = jnp.where(position > 0, targets.at[:, jnp.maximum(position - 1, 0)].set(token), targets)
+        return self.model.decode(targets, memory)[:, position], (targets, position + 1)

@@ -17,9 +17,7 @@ output and its reshuffle); the last column checks the measured peak against it.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -27,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.timing import median_seconds  # noqa: E402
 from models import attention  # noqa: E402
 
 MIB = 2**20
@@ -52,17 +51,6 @@ def compiled_peak(fn, args) -> int:
     return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
-def median_seconds(fn, args, repeats: int) -> float:
-    compiled = jax.jit(fn)
-    jax.block_until_ready(compiled(*args))  # compile and warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="128,512,2048")
@@ -85,7 +73,7 @@ def main() -> None:
             grad = jax.grad(lambda q, k, val: jnp.sum(fn(q, k, val)), argnums=(0, 1, 2))
             backward_peak = compiled_peak(grad, (q, k, val))
             naive_too_big = "naive" in name and length > 512
-            ms = "not run" if naive_too_big else f"{1e3 * median_seconds(fn, (q, k, val), args.repeats):.2f}"
+            ms = "not run" if naive_too_big else f"{1e3 * median_seconds(jax.jit(fn), (q, k, val), args.repeats):.2f}"
             budget = ""
             if name.startswith("additive scores (chunk"):
                 chunk_bytes = 4 * b * min(args.chunk, length) * length * n * h

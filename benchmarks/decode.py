@@ -13,9 +13,7 @@ incremental decoding must. Times are medians of repeated compiled runs.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -26,10 +24,8 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import decoding  # noqa: E402
 import models  # noqa: E402
+from benchmarks.timing import median_seconds  # noqa: E402
 from tokenizers import EOS_ID  # noqa: E402
-
-FILLER = 5  # a word token: the uncached decoder's unknown future positions (hidden by the causal mask)
-
 
 class NoEos:
     """Wraps a model so that eos never wins until the length limit forces it."""
@@ -46,29 +42,6 @@ class NoEos:
     def decode_step(self, memory, token, state):
         logits, state = self.model.decode_step(memory, token, state)
         return logits.at[:, EOS_ID].set(-1e9), state
-
-
-class Uncached(NoEos):
-    """Decoding without the cache: the whole prefix through the teacher-forced decoder every step."""
-
-    def init_decode_state(self, memory, batch_size, max_len):
-        return jnp.full((batch_size, max_len), FILLER, jnp.int32), jnp.array(0)
-
-    def decode_step(self, memory, token, state):
-        targets, position = state
-        targets = jnp.where(position > 0, targets.at[:, jnp.maximum(position - 1, 0)].set(token), targets)
-        logits = self.model.decode(targets, memory)[:, position]
-        return logits.at[:, EOS_ID].set(-1e9), (targets, position + 1)
-
-
-def timed(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -90,15 +63,14 @@ def main() -> None:
         limits = jnp.full((args.batch,), length)
         for search, beam in (("greedy", 1), ("beam 4", 4)):
             for cached in (True, False):
-                wrapper = NoEos if cached else Uncached
-
                 def run(params, inputs):
-                    m = wrapper(nnx.merge(graphdef, params))
+                    model = nnx.merge(graphdef, params)
+                    m = NoEos(model if cached else decoding.WithoutCache(model))
                     if beam == 1:
                         return decoding.greedy_search(m, inputs, limits, length)[0]
                     return decoding.beam_search(m, inputs, limits, length, beam_size=beam, alpha=0.6)[0]
 
-                seconds = timed(jax.jit(run), params, inputs, repeats=args.repeats)
+                seconds = median_seconds(jax.jit(run), (params, inputs), args.repeats)
                 print(
                     f"| {length} | {search} | {'yes' if cached else 'no'} | {args.batch / seconds:,.1f} | "
                     f"{args.batch * length / seconds:,.0f} |",

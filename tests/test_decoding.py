@@ -84,27 +84,6 @@ def sources():
     return jnp.asarray(inputs, jnp.int32)
 
 
-class Uncached:
-    """The Transformer decoded without its cache: every step reruns the teacher-forced decoder on the prefix."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def encode(self, inputs):
-        return self.model.encode(inputs)
-
-    def init_decode_state(self, memory, batch_size, max_len):
-        # Unknown future targets hold a word token: the causal mask hides them, and a pad there
-        # would mask the query row itself.
-        return jnp.full((batch_size, max_len), A, jnp.int32), jnp.array(0)
-
-    def decode_step(self, memory, token, state):
-        targets, position = state
-        targets = jnp.where(position > 0, targets.at[:, jnp.maximum(position - 1, 0)].set(token), targets)
-        logits = self.model.decode(targets, memory)[:, position]
-        return logits, (targets, position + 1)
-
-
 def run(search, model, inputs, **kwargs):
     limits = decoding.source_lengths(inputs) + 4
     return jax.jit(lambda x: search(model, x, limits, 12, **kwargs))(inputs)
@@ -113,7 +92,7 @@ def run(search, model, inputs, **kwargs):
 @pytest.mark.parametrize("search,kwargs", [(decoding.greedy_search, {}), (decoding.beam_search, {"beam_size": 3, "alpha": 0.6})])
 def test_cached_decoding_equals_uncached(transformer, sources, search, kwargs):
     cached_tokens, cached_scores = run(search, transformer, sources, **kwargs)
-    uncached_tokens, uncached_scores = run(search, Uncached(transformer), sources, **kwargs)
+    uncached_tokens, uncached_scores = run(search, decoding.WithoutCache(transformer), sources, **kwargs)
     np.testing.assert_array_equal(cached_tokens, uncached_tokens)
     np.testing.assert_allclose(cached_scores, uncached_scores, rtol=1e-4, atol=1e-5)
 
