@@ -72,7 +72,7 @@ def main() -> None:
 
                 seconds = median_seconds(jax.jit(run), (params, inputs), args.repeats)
                 print(
-                    f"| {length} | {search} | {'yes' if cached else 'no'} | {args.batch / seconds:,.1f} | "
+                    f"| {length} | {search} | {'yes' if cached else 'no'} | {args.batch / seconds:,.2f} | "
                     f"{args.batch * length / seconds:,.0f} |",
                     flush=True,
                 )
