@@ -140,11 +140,25 @@ def tokenizer_settings(config: ml_collections.ConfigDict) -> tokenizers.Tokenize
 
 
 def load_task_and_tokenizers(config, workdir: Path) -> tuple[tasks.Task, tokenizers.Tokenizers]:
-    params = {k: v for k, v in config.task.to_dict().items() if k != "name"}
-    task = tasks.load_task(config.task.name, config.data_dir, **params)
-    train = task.splits["train"]
-    pairs = (task.pair(train[i]) for i in range(len(train)))
-    return task, tokenizers.load_or_train(workdir / "tokenizer", tokenizer_settings(config), pairs)
+    """The task's data (built if needed) and the run's tokenizers (trained if needed).
+
+    With several processes, the first builds and trains while the others wait, then they
+    read what it wrote: concurrent builds into one data_dir or workdir would race.
+    """
+
+    def load() -> tuple[tasks.Task, tokenizers.Tokenizers]:
+        params = {k: v for k, v in config.task.to_dict().items() if k != "name"}
+        task = tasks.load_task(config.task.name, config.data_dir, **params)
+        train = task.splits["train"]
+        pairs = (task.pair(train[i]) for i in range(len(train)))
+        return task, tokenizers.load_or_train(workdir / "tokenizer", tokenizer_settings(config), pairs)
+
+    chief = jax.process_index() == 0
+    if chief:
+        loaded = load()
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("attend: data and tokenizer ready")
+    return loaded if chief else load()
 
 
 # ----------------------------------------------------------------------------- steps

@@ -19,5 +19,6 @@ config = tiny_config(
     num_train_steps=8, log_every_steps=4, checkpoint_every_steps=4, eval_every_steps=8,
 )  # fmt: skip
 trainer.setup_distributed(config)
+assert jax.process_count() == 2 and jax.process_index() == process_id, "the two processes did not join"
 print(f"process {jax.process_index()} of {jax.process_count()} on {jax.device_count()} devices", flush=True)
 trainer.train_and_evaluate(config, workdir)
