@@ -13,6 +13,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402  (after XLA_FLAGS on purpose)
 
+# The data-parallel tests compare 8 devices with 1; without the forced devices they would
+# test nothing. (Fails if JAX was imported before this file, e.g. by a plugin.)
+assert jax.device_count() == 8, f"expected 8 forced host devices, got {jax.device_count()}: is XLA_FLAGS set too late?"
+
 # The NumPy references are float64; JAX code under test stays float32 unless a
 # test asks otherwise.
 jax.config.update("jax_default_matmul_precision", "highest")
