@@ -533,7 +533,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                         write_eval(run.workdir, step, split, results)
                     final[split] = results
                 eval_metrics = {k: v for k, v in final["dev"].items() if isinstance(v, float)}
-            if save_now:
+            if save_now or stop.requested:  # a signal may have come during this step's eval
                 run.checkpoints.save(step, state, data_iterator, metrics=eval_metrics)
             if stop.requested:
                 logging.warning("stopped at step %d after saving a checkpoint", step)

@@ -240,6 +240,21 @@ def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
     assert "SIGTERM" in output
 
 
+
+def test_sigterm_during_eval_still_saves(shared_data_dir, tmp_path, monkeypatch):
+    """The signal lands after the step decided not to save (CI once lost the checkpoint this way)."""
+    evaluate_split = trainer.evaluate_split
+
+    def evaluate_then_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate_split(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "evaluate_split", evaluate_then_signal)
+    config = tiny_config(shared_data_dir, num_train_steps=1000, checkpoint_every_steps=1000, eval_every_steps=10)
+    trainer.train_and_evaluate(config, tmp_path)
+    assert trainer.prepare_run(config, tmp_path).checkpoints.steps() == [10]
+    assert max(row["step"] for row in metric_rows(tmp_path)) == 10
+
 def test_two_processes_train_and_checkpoint(shared_data_dir, tmp_path):
     script = PROJECT_ROOT / "tests" / "two_process_worker.py"
     port = 29000 + os.getpid() % 1000
