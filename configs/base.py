@@ -15,7 +15,8 @@ and runs with `python train.py --config=configs/NAME.py --workdir=DIR [--config.
 The task's and the model's parameters are documented with their dataclasses
 (`tasks/dates.py` `DatesConfig`, `tasks/synthetic.py` `SyntheticConfig`,
 `tasks/parallel_text.py` `ParallelTextConfig`, `tasks/catalog.py` `load_catalog`;
-`models/transformer.py` `TransformerConfig`), so they are written down once there.
+`models/transformer.py` `TransformerConfig`, `models/rnn.py` `RNNEncDecConfig`,
+`RNNSearchConfig`, `LuongConfig`), so they are written down once there.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ import ml_collections
 def task(name: str, **params) -> ml_collections.ConfigDict:
     """`config.task`: the task name (see `tasks.TASKS`, or a TFDS catalog name) and its parameters."""
     return ml_collections.ConfigDict({"name": name, **params})
+
+
+def model(name: str, **fields) -> ml_collections.ConfigDict:
+    """`config.model` for another family than the Transformer: its name and its own fields.
+
+    The fields are those of the family's dataclass in `models.MODELS`; the ones
+    not given keep that dataclass's defaults.
+    """
+    return ml_collections.ConfigDict({"name": name, **fields})
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -118,7 +128,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.prefetch_batches = 4
 
     # The model: "name" picks it from models.MODELS; the other fields are its dataclass's
-    # (models/transformer.py TransformerConfig for "transformer"). Vocabulary sizes and the
+    # (models/transformer.py TransformerConfig for "transformer"; models/rnn.py for the recurrent
+    # families, set with model() above). Vocabulary sizes and the
     # special token ids come from the tokenizer.
     config.model = ml_collections.ConfigDict()
     config.model.name = "transformer"

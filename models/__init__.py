@@ -10,10 +10,14 @@ import dataclasses
 
 from flax import nnx
 
+from models.rnn import Luong, LuongConfig, RNNEncDec, RNNEncDecConfig, RNNSearch, RNNSearchConfig
 from models.transformer import Transformer, TransformerConfig
 
 MODELS = {
     "transformer": (TransformerConfig, Transformer),
+    "rnnencdec": (RNNEncDecConfig, RNNEncDec),
+    "rnnsearch": (RNNSearchConfig, RNNSearch),
+    "luong": (LuongConfig, Luong),
 }
 
 

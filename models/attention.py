@@ -409,7 +409,8 @@ class Attention(nnx.Module):
     The key-side projection (`U h_j`, or `W_a h_j`) does not depend on the
     decoder step: `project_keys` computes it once per source and the caller
     passes it into every step. Returns the context `c_i = sum_j alpha_ij h_j`
-    (Bahdanau eq. 5) and the weights `alpha_ij`.
+    (Bahdanau eq. 5) and the weights `alpha_ij`; the decoder hands the weights
+    of all its steps to `record` for the pictures.
     """
 
     def __init__(
@@ -468,10 +469,17 @@ class Attention(nnx.Module):
             scores = dot_scores(query[:, None, None, :], keys)  # [B, 1, 1, S]
         mask = None if mask is None else mask[:, None, None, :]  # [B, 1, 1, S]
         weights = masked_softmax(scores, mask)[:, 0, 0]  # [B, S]
-        if capturing(self):
-            self.sow(AttentionWeights, "attention_weights", weights)
         context = jnp.einsum("BS,BSD->BD", weights.astype(values.dtype), values)
         return context, weights
+
+    def record(self, weights: Array) -> None:
+        """Sows a whole pass's weights `[B, T, S]` as `[B, 1, T, S]`, when captured.
+
+        The steps run inside a scan, where a sow cannot escape; the decoder
+        stacks the steps' weights and records them once per forward pass.
+        """
+        if capturing(self):
+            self.sow(AttentionWeights, "attention_weights", weights[:, None])
 
 
 def _check_rank(name: str, x: Array, rank: int) -> None:

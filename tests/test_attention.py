@@ -9,23 +9,12 @@ from jax.test_util import check_grads
 
 from models import attention
 from models.attention import Attention, AttentionWeights, MultiHeadAttention
+from references import np_masked_softmax
 
 RTOL, ATOL = 1e-5, 1e-6  # float32 against float64: 1e-5 relative, tiny absolute floor near 0
 
 
 # ---------------------------------------------------------------- references
-
-
-def np_masked_softmax(scores, mask):
-    """float64 softmax over the last axis; masked entries 0, empty rows all 0."""
-    scores = np.asarray(scores, np.float64)
-    mask = np.broadcast_to(True if mask is None else np.asarray(mask), scores.shape)
-    shifted = np.where(mask, scores, -np.inf)
-    row_max = np.max(np.where(mask, scores, -np.inf), axis=-1, keepdims=True)
-    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
-    exp = np.where(mask, np.exp(shifted - row_max), 0.0)
-    total = exp.sum(-1, keepdims=True)
-    return np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
 
 
 def np_dot_scores(q, k):  # [B,T,N,H],[B,S,N,H] -> [B,N,T,S], by explicit loops over b, n
@@ -345,11 +334,10 @@ def test_single_head_attention_matches_numpy_and_ignores_padding(score):
     assert np.all(np.asarray(weights)[1, 3:] == 0.0)
 
 
-def test_single_head_attention_sows_its_weights():
-    rng = np.random.default_rng(15)
+def test_single_head_attention_records_a_pass_only_when_captured():
     module = Attention(4, 4, rngs=nnx.Rngs(0))
-    keys = rng.normal(size=(1, 3, 4)).astype(np.float32)
-    (_, weights), recorded = nnx.capture(module, AttentionWeights)(
-        rng.normal(size=(1, 4)).astype(np.float32), module.project_keys(keys), keys
-    )
-    np.testing.assert_array_equal(recorded["attention_weights"].get_value()[0], weights)
+    weights = np.random.default_rng(15).random((2, 3, 5)).astype(np.float32)  # [B, T, S]
+    _, recorded = nnx.capture(module.record, AttentionWeights)(weights)
+    np.testing.assert_array_equal(recorded["attention_weights"].get_value()[0], weights[:, None])
+    module.record(weights)  # outside a capture: nothing is kept on the module
+    assert not nnx.state(module, AttentionWeights)

@@ -58,3 +58,9 @@ def test_exact_match_and_bleu_equal_sacrebleu():
     assert score == sacrebleu.corpus_bleu(hypotheses, [references]).score
     assert signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert metrics.chrf(hypotheses, references)[0] == sacrebleu.corpus_chrf(hypotheses, [references]).score
+
+
+def test_symbol_accuracy_hand_worked():
+    # "abcd" vs "abxd": 3 of 4; "ab" vs "abcd": 2 of 4; "abcde" vs "abc": 3 of 5; "" vs "": nothing counted
+    assert metrics.symbol_accuracy(["abxd", "ab", "abcde", ""], ["abcd", "abcd", "abc", ""]) == (3 + 2 + 3) / (4 + 4 + 5)
+    assert metrics.symbol_accuracy([], []) == 0.0

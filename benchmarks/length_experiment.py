@@ -1,0 +1,125 @@
+"""The length experiment of Bahdanau et al. (2015), figure 2: quality against source length.
+
+    python benchmarks/length_experiment.py --workdir=runs/length                 # copy, sources of 5-100
+    python benchmarks/length_experiment.py --workdir=runs/length_kjv --task=kjv_web --steps=20000
+
+Trains RNNencdec, RNNsearch and the Transformer under one budget (the same
+steps, batch of 64 examples bucketed by length, warmup and cosine schedule;
+each family keeps its own learning rate), decodes the whole test split
+greedily, and scores it per bucket of source length: on `copy` (random
+strings of 5 to 100 symbols) exact match and symbol accuracy, on `kjv_web`
+BLEU. Prints a markdown table and writes `WORKDIR/length_experiment.png`.
+The fixed-length summary of RNNencdec should fall as sources grow while
+RNNsearch stays flat.
+
+A family whose run folder `WORKDIR/<family>` already holds a finished run is
+not trained again (delete the folder to retrain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import trainer  # noqa: E402
+from configs import base, default, recurrent  # noqa: E402
+from visualize import plt  # noqa: E402  (matplotlib set up to draw files only)
+
+FAMILIES = ("rnnencdec", "rnnsearch", "transformer")
+MAX_SOURCE = 100
+
+
+def experiment_config(family: str, task: str, steps: int, data_dir: str):
+    """The family's config for `task` with the shared budget."""
+    if task == "copy":
+        config = recurrent.get_config(family, "reverse") if family != "transformer" else default.get_config()
+        config.unlock()
+        config.task = base.task("copy", min_length=5, max_length=MAX_SOURCE, vocab_size=20)
+        config.data.max_source_length = config.data.max_target_length = MAX_SOURCE + 1  # eos
+        config.data.bucket_boundaries = (16, 32, 48, 64, 80, MAX_SOURCE + 1)
+        config.best_metric = "exact_match"
+        config.learning_rate = 2e-3 if family == "transformer" else 3e-3
+    elif task == "kjv_web":
+        name = "kjv_web_transformer" if family == "transformer" else f"{family}_kjv_web"
+        config = importlib.import_module(f"configs.{name}").get_config()
+        config.unlock()
+        config.decode.beam_size = 1
+    else:
+        raise ValueError(f"--task must be copy or kjv_web, got {task!r}")
+    config.data_dir = data_dir
+    config.num_train_steps = steps
+    config.batch_size = 64
+    config.data.batching = "bucket"  # the same examples per step for every family
+    config.warmup_steps = min(200, steps // 10)
+    config.schedule = "cosine"
+    config.eval_every_steps = config.checkpoint_every_steps = steps
+    config.eval_decode_examples = 100  # the full test split is decoded by predict() below
+    config.visualize_examples = 0
+    config.length_bucket_width = 10
+    return base.lock(config)
+
+
+def scores_by_length(config, workdir: Path) -> dict:
+    """Trains (unless finished), then decodes the test split: `{bucket: {metric: value}}`."""
+    finished = workdir / "eval" / f"step_{config.num_train_steps}.json"
+    if not (finished.exists() and "by_source_length" in json.loads(finished.read_text()).get("test", {})):
+        trainer.train_and_evaluate(config, workdir)
+        trainer.predict(config, workdir)
+    return json.loads(finished.read_text())["test"]["by_source_length"]
+
+
+def bucket_start(bucket: str) -> int:
+    return int(bucket.split("-")[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", default="runs/length_experiment")
+    parser.add_argument("--task", default="copy", choices=("copy", "kjv_web"))
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--data_dir", default="data/tfds")
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    args = parser.parse_args()
+    workdir = Path(args.workdir)
+    families = args.families.split(",")
+    metrics = ("exact_match", "symbol_accuracy") if args.task == "copy" else ("bleu",)
+    results = {
+        family: scores_by_length(experiment_config(family, args.task, args.steps, args.data_dir), workdir / family)
+        for family in families
+    }
+    buckets = sorted({b for scores in results.values() for b in scores}, key=bucket_start)
+
+    print(f"task {args.task}, {args.steps} steps of 64 examples per family; greedy decoding of the test split")
+    print("| source tokens | examples | " + " | ".join(f"{f} {m}" for m in metrics for f in families) + " |")
+    print("|---|---:|" + "---:|" * (len(metrics) * len(families)))
+    for bucket in buckets:
+        examples = next(scores[bucket]["examples"] for scores in results.values() if bucket in scores)
+        cells = [
+            f"{results[f][bucket][m]:.3f}" if bucket in results[f] and m != "bleu" else
+            f"{results[f][bucket][m]:.1f}" if bucket in results[f] else "-"
+            for m in metrics for f in families
+        ]  # fmt: skip
+        print(f"| {bucket} | {examples} | " + " | ".join(cells) + " |")
+
+    figure, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
+    for axis, metric in zip(axes[0], metrics):
+        for family in families:
+            points = sorted((bucket_start(b) + 5, s[metric]) for b, s in results[family].items())
+            axis.plot(*zip(*points), marker="o", label=family)
+        axis.set_xlabel("source length (tokens)")
+        axis.set_ylabel(metric.replace("_", " "))
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.suptitle(f"{args.task}: quality against source length, {args.steps} training steps each")
+    figure.tight_layout()
+    path = workdir / "length_experiment.png"
+    figure.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+"""rnnsearch on kjv_web: the shared recurrent settings of configs/recurrent.py.
+
+    python train.py --config=configs/rnnsearch_kjv_web.py --workdir=runs/rnnsearch_kjv_web
+"""
+
+from configs import recurrent
+
+
+def get_config():
+    return recurrent.get_config("rnnsearch", "kjv_web")

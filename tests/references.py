@@ -1,0 +1,15 @@
+"""NumPy references the tests share (float64, written from the papers' equations)."""
+
+import numpy as np
+
+
+def np_masked_softmax(scores, mask):
+    """float64 softmax over the last axis; masked entries 0, empty rows all 0."""
+    scores = np.asarray(scores, np.float64)
+    mask = np.broadcast_to(True if mask is None else np.asarray(mask), scores.shape)
+    shifted = np.where(mask, scores, -np.inf)
+    row_max = np.max(np.where(mask, scores, -np.inf), axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    exp = np.where(mask, np.exp(shifted - row_max), 0.0)
+    total = exp.sum(-1, keepdims=True)
+    return np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)

@@ -1,0 +1,230 @@
+"""The recurrent families against float64 NumPy steps written from the papers' equations."""
+
+import json
+from importlib import import_module
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from references import np_masked_softmax
+from tiny import tiny_config
+
+import models
+import trainer
+import visualize
+from configs import base, recurrent
+from models.rnn import LSTMState, RNNDecodeState, RNNMemory
+
+V, E, H = 13, 5, 6  # vocabulary, embedding, hidden
+
+
+def make(name, **fields):
+    sizes = dict(vocab_size=V, embed_dim=E, hidden_dim=H, num_encoder_layers=1, num_decoder_layers=1)
+    if name != "luong":
+        sizes["maxout_dim"] = 4
+    return models.create_model(name, rngs=nnx.Rngs(params=0, dropout=1), **{**sizes, **fields})
+
+
+def source_batch(seed=0):
+    rng = np.random.default_rng(seed)
+    inputs = rng.integers(3, V, (3, 7))
+    inputs[1, 4:] = 0  # padding
+    inputs[2, 6:] = 0
+    targets = rng.integers(3, V, (3, 5))
+    targets[2, 3:] = 0
+    return {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(targets)}
+
+
+def f64(x):
+    return np.asarray(x[...] if hasattr(x, "get_value") else x, np.float64)
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def columns(kernel, parts):
+    """A stacked kernel `[in, k*H]` as the paper's k separate matrices."""
+    return np.split(f64(kernel), parts, axis=-1)
+
+
+# ---------------------------------------------------------------- one step against the papers
+
+
+def test_rnnsearch_decoder_step_is_bahdanau_appendix_a():
+    model = make("rnnsearch", attention_dim=7)
+    rng = np.random.default_rng(1)
+    annotations = rng.normal(size=(3, 7, 2 * H))  # h_j
+    mask = np.ones((3, 7), bool)
+    mask[1, 4:] = False
+    previous_state = rng.normal(size=(3, H))  # s_{i-1}
+    previous_token = np.array([4, 7, 1])  # y_{i-1}
+    memory = RNNMemory(
+        jnp.float32(annotations), model.cross_attention.project_keys(jnp.float32(annotations)), jnp.asarray(mask), None
+    )
+    logits, state = model.decode_step(memory, jnp.asarray(previous_token), RNNDecodeState((jnp.float32(previous_state),), None))
+
+    attention = model.cross_attention  # e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)  (eq. 6, A.1.2)
+    W_a_s = previous_state @ f64(attention.query_proj.kernel)  # [B, A]
+    U_a_h = annotations @ f64(attention.key_proj.kernel) + f64(attention.key_proj.bias)  # [B, S, A]
+    e = np.tanh(W_a_s[:, None, :] + U_a_h) @ f64(attention.v)
+    alpha = np_masked_softmax(e, mask)  # eq. 7
+    c = np.einsum("bj,bjd->bd", alpha, annotations)  # eq. 5
+    cell = model.decoder_cells[0]
+    embedded = f64(model.target_embed.embedding)[previous_token]  # E y_{i-1}
+    W_z, W_r, W = columns(cell.input_proj.kernel, 3)
+    b_z, b_r, b = np.split(f64(cell.input_proj.bias), 3)
+    U_z, U_r = columns(cell.gate_proj.kernel, 2)
+    U = f64(cell.candidate_proj.kernel)
+    C_z, C_r, C = columns(model.context_proj.kernel, 3)
+    z = sigmoid(embedded @ W_z + previous_state @ U_z + c @ C_z + b_z)
+    r = sigmoid(embedded @ W_r + previous_state @ U_r + c @ C_r + b_r)
+    candidate = np.tanh(embedded @ W + (r * previous_state) @ U + c @ C + b)
+    s = (1 - z) * previous_state + z * candidate  # s_i
+    t_tilde = (s @ f64(model.readout_hidden.kernel) + f64(model.readout_hidden.bias)
+               + embedded @ f64(model.readout_embedding.kernel) + c @ f64(model.readout_context.kernel))  # fmt: skip
+    t = np.maximum(t_tilde[:, 0::2], t_tilde[:, 1::2])  # maxout over pairs (2j-1, 2j)
+    expected_logits = t @ f64(model.output.kernel) + f64(model.output.bias)  # W_o t_i
+
+    np.testing.assert_allclose(state.layers[0], s, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, expected_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_rnnsearch_initial_state_is_tanh_of_the_first_backward_annotation():
+    model = make("rnnsearch")
+    memory = model.encode(source_batch()["inputs"])
+    state = model.init_decode_state(memory, 3, 5)
+    backward_first = f64(memory.annotations)[:, 0, H:]
+    expected = np.tanh(backward_first @ f64(model.initial_proj.kernel) + f64(model.initial_proj.bias))  # s_0 = tanh(W_s h_1)
+    np.testing.assert_allclose(state.layers[0], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("score", ["dot", "general", "concat"])
+def test_luong_decoder_step_with_input_feeding(score):
+    model = make("luong", score=score, attention_dim=7)
+    rng = np.random.default_rng(2)
+    source_states = rng.normal(size=(3, 7, H))  # h_s
+    mask = np.ones((3, 7), bool)
+    mask[2, 2:] = False
+    h, c, feed = (rng.normal(size=(3, H)) for _ in range(3))  # h_{t-1}, c_{t-1}, h~_{t-1}
+    previous_token = np.array([5, 1, 9])
+    memory = RNNMemory(
+        jnp.float32(source_states), model.cross_attention.project_keys(jnp.float32(source_states)), jnp.asarray(mask), None
+    )
+    start = RNNDecodeState((LSTMState(jnp.float32(h), jnp.float32(c)),), jnp.float32(feed))
+    logits, state = model.decode_step(memory, jnp.asarray(previous_token), start)
+
+    cell = model.decoder_cells[0]  # the LSTM reads [E y_{t-1}; h~_{t-1}] (input feeding, section 3.3)
+    inputs = np.concatenate([f64(model.target_embed.embedding)[previous_token], feed], axis=-1)
+    W = np.concatenate([f64(cell.input_proj.kernel), f64(model.feed_proj.kernel)], axis=0)
+    i, f, o, g = np.split(inputs @ W + h @ f64(cell.hidden_proj.kernel) + f64(cell.input_proj.bias), 4, axis=-1)
+    c_t = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+    h_t = sigmoid(o) * np.tanh(c_t)
+    attention = model.cross_attention  # eq. 8
+    if score == "dot":
+        scores = np.einsum("bh,bsh->bs", h_t, source_states)
+    elif score == "general":  # h_t^T W_a h_s
+        scores = np.einsum("bh,bsh->bs", h_t, source_states @ f64(attention.key_proj.kernel))
+    else:  # v_a^T tanh(W_a [h_t; h_s])
+        W_a = np.concatenate([f64(attention.query_proj.kernel), f64(attention.key_proj.kernel)], axis=0)
+        both = np.concatenate([np.broadcast_to(h_t[:, None], source_states.shape), source_states], axis=-1)
+        scores = np.tanh(both @ W_a + f64(attention.key_proj.bias)) @ f64(attention.v)
+    a = np_masked_softmax(scores, mask)  # eq. 7
+    context = np.einsum("bs,bsh->bh", a, source_states)
+    attentional = np.tanh(np.concatenate([context, h_t], axis=-1) @ f64(model.attentional.kernel))  # eq. 5
+    expected_logits = attentional @ f64(model.output.kernel) + f64(model.output.bias)  # eq. 6
+
+    np.testing.assert_allclose(state.layers[0].hidden, h_t, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(state.layers[0].cell, c_t, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(state.feed, attentional, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, expected_logits, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- the whole pass
+
+FAMILIES = [
+    ("rnnencdec", {}),
+    ("rnnsearch", {}),
+    ("rnnsearch", dict(cell="lstm", num_encoder_layers=2, num_decoder_layers=2)),
+    ("luong", dict(score="general")),
+    ("luong", dict(score="concat", cell="gru", num_encoder_layers=2, num_decoder_layers=2, input_feeding=False)),
+]
+
+
+@pytest.mark.parametrize("name, fields", FAMILIES)
+def test_decode_step_by_step_reproduces_teacher_forced_logits(name, fields):
+    model = make(name, dropout_rate=0.3, **fields)
+    batch = source_batch()
+    teacher_forced = model(batch)  # deterministic
+    memory = model.encode(batch["inputs"])
+    state = model.init_decode_state(memory, 3, 5)
+    previous, step_logits = jnp.ones(3, jnp.int32), []  # bos
+    for t in range(5):
+        logits, state = model.decode_step(memory, previous, state)
+        step_logits.append(logits)
+        previous = batch["targets"][:, t]
+    np.testing.assert_allclose(jnp.stack(step_logits, axis=1), teacher_forced, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(model(batch, deterministic=False), teacher_forced)  # dropout is on in training
+
+
+@pytest.mark.parametrize("name", ["rnnsearch", "luong"])
+def test_padded_source_positions_get_zero_attention_and_change_nothing(name):
+    model = make(name)
+    batch = source_batch()
+    weights = visualize.attention_weights(model, batch)["cross_attention"]  # [B, 1, T, S]
+    padding = np.asarray(batch["inputs"] == 0)[:, None, None, :]
+    assert np.all(np.where(padding, np.asarray(weights), 0.0) == 0.0)
+    np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, rtol=1e-6)
+    longer = dict(batch, inputs=jnp.pad(batch["inputs"], ((0, 0), (0, 4))))  # more padding
+    np.testing.assert_allclose(model(longer), model(batch), rtol=1e-5, atol=1e-6)
+
+
+def test_backward_annotation_at_j_depends_only_on_positions_from_j():
+    model = make("rnnsearch", num_encoder_layers=2, num_decoder_layers=1)
+    inputs = source_batch()["inputs"]
+    j = 3
+    changed = inputs.at[:, :j].set((inputs[:, :j] + 1 - 3) % (V - 3) + 3)  # other tokens before j
+    original, other = (np.asarray(model.encode(x).annotations) for x in (inputs, changed))
+    np.testing.assert_array_equal(other[:, j:, H:], original[:, j:, H:])  # backward half, from j on
+    assert not np.allclose(other[:, j - 1, H:], original[:, j - 1, H:])  # ... but not before j
+    assert not np.allclose(other[:, j, :H], original[:, j, :H])  # the forward half sees the change
+
+
+def test_bad_family_fields_name_the_culprit():
+    with pytest.raises(ValueError, match="num_encoder_layers"):
+        make("luong", num_encoder_layers=2, num_decoder_layers=1)
+    with pytest.raises(ValueError, match="model.cell"):
+        make("rnnsearch", cell="rnn")
+    with pytest.raises(ValueError, match="unknown field.*score"):
+        make("rnnsearch", score="dot")  # RNNsearch's alignment is additive by definition
+    with pytest.raises(ValueError, match="bucket"):
+        make("rnnsearch")(dict(source_batch(), inputs_segment_ids=jnp.ones((3, 7), jnp.int32)))
+
+
+# ---------------------------------------------------------------- configs and the trainer
+
+
+@pytest.mark.parametrize("family", recurrent.FAMILIES)
+@pytest.mark.parametrize("task", sorted(recurrent.TASKS))
+def test_every_family_and_task_config_builds_its_model(family, task):
+    config = import_module(f"configs.{family}_{task}").get_config()
+    assert config.model.name == family and config.data.batching == "bucket"
+    fields = {k: v for k, v in config.model.to_dict().items() if k != "name"}
+    model = models.create_model(family, rngs=nnx.Rngs(0), vocab_size=V, **fields)
+    assert model(source_batch()).shape == (3, 5, V)
+
+
+def test_rnnsearch_trains_in_the_trainer_and_draws_its_alignment(shared_data_dir, tmp_path):
+    fields = recurrent.model_fields("rnnsearch", "dates")
+    fields.update(embed_dim=16, hidden_dim=16, maxout_dim=8, attention_dim=16)
+    config = tiny_config(shared_data_dir, visualize_examples=1, learning_rate=3e-3, num_train_steps=30, eval_every_steps=30)
+    config.unlock()
+    config.model = base.model("rnnsearch", **fields)
+    config.data.batching = "bucket"
+    final = trainer.train_and_evaluate(config, tmp_path)
+    assert 0.0 <= final["dev"]["alignment_accuracy"] <= 1.0
+    assert list((tmp_path / "attention" / "step_30").glob("example_0_cross_attention.png"))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [row["loss"] for row in rows if row["split"] == "train"]
+    assert losses[-1] < 0.9 * losses[0]  # it learns (3.63 -> 3.18 when written)
