@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements.stamp
 
-.PHONY: train test install clean
+.PHONY: train test install postgresql clean
 
 install: $(STAMP)
 
@@ -19,8 +19,14 @@ train: $(STAMP)
 	@test -f train.py || { echo "make train: train.py is not written yet (issue 4, the trainer)"; exit 2; }
 	$(PY) train.py $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) postgresql
 	$(PY) -m pytest -q tests $(ARGS)
+
+# The sweep tests start a PostgreSQL server on loopback: install Debian's package if absent.
+SUDO := $(shell test "$$(id -u)" = 0 || echo sudo)
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql; }
 
 clean:
 	rm -rf $(VENV) .pytest_cache

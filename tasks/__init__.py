@@ -7,8 +7,11 @@ target text, and the task metric. Built data is cached under `data_dir`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tasks import base, catalog, dates, parallel_text, synthetic
@@ -38,8 +41,26 @@ TASKS = {
 }
 
 
+@contextlib.contextmanager
+def build_lock(data_dir: str):
+    """Serialises builds into `data_dir` between processes of one machine (sweep trials, parallel runs).
+
+    TFDS writes a build to a temporary folder and renames it; two processes
+    building the same dataset at once would race on that rename.
+    """
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(data_dir) / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def load_task(name: str, data_dir: str, **params) -> Task:
     """The task named `name`: a registered task or a TFDS catalog `dataset/config`."""
+    with build_lock(data_dir):
+        return _load_task(name, data_dir, **params)
+
+
+def _load_task(name: str, data_dir: str, **params) -> Task:
     if name in TASKS:
         prepare, metric = TASKS[name]
         splits, report = prepare(data_dir=data_dir, **params)

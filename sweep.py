@@ -1,0 +1,555 @@
+"""Hyperparameter sweeps over config fields, on Optuna.
+
+    python sweep.py --config=configs/default.py --sweep=configs/sweeps/smoke.py --workdir=runs/smoke
+    python sweep.py ... --parallel=2                           # two local workers on one study
+    python sweep.py ... --storage=postgresql://user@host/db    # workers on several machines, one study
+
+A sweep file (`configs/sweeps/NAME.py`, see `smoke.py`) declares the search
+space over config fields, the method (grid, random or TPE), the number of
+trials, the objective and its direction, and the budget: config overrides
+every trial gets. Each trial is a `train.py` run in its own folder
+`WORKDIR/trials/trial_<N>`, its output in `train.log` there. The worker
+follows the trial's `metrics.jsonl` and reports the objective at each
+evaluation; a median pruner stops trials that lag (SIGTERM: train.py saves
+and stops).
+
+The study lives in `WORKDIR/study.journal` (Optuna's journal file, safe for
+several processes on one machine) unless `--storage` names a database. Run
+the same command again and the sweep goes on where it stopped: finished
+trials are never rerun, trials cut short are queued again and resume from
+their checkpoint, failed trials stay recorded with their error.
+
+Results: `WORKDIR/results.md` and `results.csv` (trials by objective, with
+overrides, steps, wall time, metrics, and the command that reproduces the
+best), and `WORKDIR/objective_by_field.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import dataclasses
+import fcntl
+import importlib.util
+import json
+import math
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from configs import base
+
+PROJECT_ROOT = Path(__file__).resolve().parent
+METHODS = ("grid", "random", "tpe")
+SPACE_KINDS = ("categorical", "uniform", "log_uniform", "int")
+HEARTBEAT_S = 30  # a running trial's worker says it is alive this often
+HEARTBEAT_GRACE_S = 300  # ... and is taken for dead after this long without
+NOT_SHOWN = ("step", "decoded_examples")  # and per-module metrics (names with "/")
+SWEEP_KEYS = ("method", "space", "objective", "direction", "num_trials", "budget", "pruning", "seed")
+
+
+class SweepError(ValueError):
+    """A bad sweep file, config or flag; the message names the culprit."""
+
+
+# ---------------------------------------------------------------- the sweep file
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """A validated sweep file: see configs/sweeps/smoke.py for the fields."""
+
+    method: str
+    space: dict[str, tuple]  # field -> ("categorical", [choices]) | ("uniform"|"log_uniform"|"int", low, high)
+    objective: str  # "<split>/<metric>", e.g. "dev/exact_match"
+    direction: str  # "maximize" or "minimize"
+    num_trials: int
+    budget: dict[str, Any]  # config overrides of every trial
+    pruning: bool = True
+    seed: int = 0
+
+    @property
+    def objective_split(self) -> str:
+        return self.objective.split("/", 1)[0]
+
+    @property
+    def objective_metric(self) -> str:
+        return self.objective.split("/", 1)[1]
+
+
+def load_python(path: str | Path, function: str, what: str) -> Any:
+    """Calls `function()` of the Python file at `path`."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"{what} file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"_{what}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        raise SweepError(f"{what} file {path} does not load: {type(error).__name__}: {error}") from error
+    if not hasattr(module, function):
+        raise SweepError(f"{what} file {path} has no {function}()")
+    return getattr(module, function)()
+
+
+def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any], where: str) -> ml_collections.ConfigDict:
+    """A copy of `config` with `overrides` set; an unknown field or a wrong type names `where`."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.lock()
+    for name, value in overrides.items():
+        try:
+            base.set_field(config, name, value)
+        except (AttributeError, KeyError) as error:
+            raise SweepError(f"{where}: unknown config field {name!r}") from error
+        except (TypeError, ValueError) as error:
+            raise SweepError(f"{where}: config field {name!r} cannot take {value!r} ({error})") from error
+    return config
+
+
+def space_values(path: str | Path, name: str, space: Any) -> list:
+    """Checks one space and returns the values that stand for it (choices, or the bounds)."""
+    where = f"sweep file {path}: space {name!r}"
+    if not isinstance(space, (tuple, list)) or not space or space[0] not in SPACE_KINDS:
+        raise SweepError(f"{where} must be (kind, ...) with kind one of {', '.join(SPACE_KINDS)}, got {space!r}")
+    kind = space[0]
+    if kind == "categorical":
+        if len(space) != 2 or not isinstance(space[1], (tuple, list)) or not space[1]:
+            raise SweepError(f"{where} is an empty space: ('categorical', [choices]) needs at least one choice")
+        return list(space[1])
+    if len(space) != 3 or not all(isinstance(x, (int, float)) for x in space[1:]):
+        raise SweepError(f"{where} must be ({kind!r}, low, high), got {space!r}")
+    low, high = space[1:]
+    if not low < high:
+        raise SweepError(f"{where} is an empty space: low {low} is not below high {high}")
+    if kind == "log_uniform" and low <= 0:
+        raise SweepError(f"{where}: log_uniform needs low > 0, got {low}")
+    if kind == "int" and not (isinstance(low, int) and isinstance(high, int)):
+        raise SweepError(f"{where}: int bounds must be integers, got {low!r}, {high!r}")
+    return [low, high]
+
+
+def load_sweep(path: str | Path, config: ml_collections.ConfigDict) -> Sweep:
+    """Reads and checks a sweep file against the config it sweeps.
+
+    Raises:
+      SweepError: naming the file and the culprit (unknown key or field, empty space, bad method...).
+    """
+    fields = load_python(path, "get_sweep", "sweep")
+    fields = fields.to_dict() if isinstance(fields, ml_collections.ConfigDict) else dict(fields)
+    unknown = sorted(set(fields) - set(SWEEP_KEYS))
+    if unknown:
+        raise SweepError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(SWEEP_KEYS)}")
+    missing = [k for k in ("method", "space", "objective") if k not in fields]
+    if missing:
+        raise SweepError(f"sweep file {path}: missing {', '.join(missing)}")
+    if fields["method"] not in METHODS:
+        raise SweepError(f"sweep file {path}: method {fields['method']!r}; valid: {', '.join(METHODS)}")
+    space = {name: tuple(value) if isinstance(value, list) else value for name, value in dict(fields["space"]).items()}
+    if not space:
+        raise SweepError(f"sweep file {path}: the space is empty; name at least one config field")
+    for name, value in space.items():
+        for candidate in space_values(path, name, value):
+            with_overrides(config, {name: candidate}, f"sweep file {path}")
+    if fields["method"] == "grid" and any(s[0] != "categorical" for s in space.values()):
+        raise SweepError(f"sweep file {path}: a grid sweeps categorical spaces only")
+    budget = dict(fields.get("budget", {}))
+    with_overrides(config, budget, f"sweep file {path} budget")
+    objective = fields["objective"]
+    if not isinstance(objective, str) or objective.count("/") != 1:
+        raise SweepError(f"sweep file {path}: objective must be '<split>/<metric>' like 'dev/exact_match', got {objective!r}")
+    direction = fields.get("direction", "minimize")
+    if direction not in ("minimize", "maximize"):
+        raise SweepError(f"sweep file {path}: direction must be minimize or maximize, got {direction!r}")
+    grid_size = math.prod(len(s[1]) for s in space.values()) if fields["method"] == "grid" else None
+    num_trials = int(fields.get("num_trials", grid_size or 0))
+    if num_trials < 1:
+        raise SweepError(f"sweep file {path}: num_trials must be at least 1")
+    return Sweep(fields["method"], space, objective, direction, grid_size or num_trials, budget,
+                 bool(fields.get("pruning", True)), int(fields.get("seed", 0)))  # fmt: skip
+
+
+def distributions(sweep: Sweep) -> dict[str, optuna.distributions.BaseDistribution]:
+    def one(space):
+        kind, *args = space
+        if kind == "categorical":
+            return CategoricalDistribution(list(args[0]))
+        if kind == "int":
+            return IntDistribution(*args)
+        return FloatDistribution(*args, log=kind == "log_uniform")
+
+    return {name: one(space) for name, space in sweep.space.items()}
+
+
+def grid_points(sweep: Sweep) -> list[dict]:
+    points = [{}]
+    for name, (_, choices) in sweep.space.items():
+        points = [{**point, name: choice} for point in points for choice in choices]
+    return points
+
+
+# ---------------------------------------------------------------- the study
+
+
+def open_study(args, sweep: Sweep) -> optuna.Study:
+    """Creates or loads the study; the first process to create it queues the grid."""
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.storage:
+        storage = optuna.storages.RDBStorage(args.storage)
+    else:
+        backend = optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal"))
+        storage = optuna.storages.JournalStorage(backend)
+    worker_seed = sweep.seed + (args.worker_index or 0)  # workers must not draw the same random points
+    sampler = optuna.samplers.TPESampler(seed=worker_seed) if sweep.method == "tpe" else optuna.samplers.RandomSampler(seed=worker_seed)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=2) if sweep.pruning else optuna.pruners.NopPruner()
+    description = {"config": str(args.config), "sweep": dataclasses.asdict(sweep)}
+    with init_lock(workdir):
+        study = optuna.create_study(
+            storage=storage, sampler=sampler, pruner=pruner, study_name=args.study_name or workdir.name,
+            direction=sweep.direction, load_if_exists=True,
+        )  # fmt: skip
+        recorded = study.user_attrs.get("description")
+        if recorded is None:
+            study.set_user_attr("description", json.loads(json.dumps(description)))
+            if sweep.method == "grid":
+                for point in grid_points(sweep):
+                    study.enqueue_trial(point, user_attrs={"queued": True})
+        elif recorded != json.loads(json.dumps(description)):
+            raise SweepError(
+                f"study {study.study_name!r} in {args.storage or workdir} was made by another sweep "
+                f"({recorded}); use another --workdir or --study_name"
+            )
+    return study
+
+
+@contextlib.contextmanager
+def init_lock(workdir: Path):
+    """Serialises study creation between the processes of this machine."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(workdir / ".init.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial | optuna.Trial) -> None:
+    """Queues the params of a trial cut short again, in the same folder (it resumes from its checkpoint)."""
+    attrs = {k: trial.user_attrs[k] for k in ("workdir",) if k in trial.user_attrs}
+    study.enqueue_trial(trial.params, user_attrs={**attrs, "queued": True, "retry_of": trial.number})
+
+
+def counted(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """The trials that count toward num_trials: not those cut short and queued again, nor surplus ones."""
+    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    return [t for t in trials if t.number not in retried and not t.user_attrs.get("surplus")]
+
+
+def recover_dead_trials(study: optuna.Study) -> None:
+    """Trials left RUNNING by a worker that died (killed, or its machine lost): failed, then queued again.
+
+    A worker is dead when it ran on this machine and its process is gone, or
+    when its heartbeat (refreshed while its trial runs) is older than `HEARTBEAT_GRACE_S`.
+    """
+    host = socket.gethostname()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker_host, _, pid = trial.user_attrs.get("worker", "").rpartition(":")
+        gone = worker_host == host and pid and not pid_alive(int(pid))
+        silent = time.time() - trial.user_attrs.get("heartbeat", time.time()) > HEARTBEAT_GRACE_S
+        if not (gone or silent):
+            continue
+        try:
+            study.tell(trial.number, state=TrialState.FAIL)
+        except (RuntimeError, ValueError):  # another worker got there first
+            continue
+        requeue(study, trial)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---------------------------------------------------------------- one trial
+
+
+class Stop:
+    """SIGTERM/SIGINT: stop the running trial (it saves a checkpoint) and leave."""
+
+    requested = False
+
+    @classmethod
+    def install(cls) -> None:
+        def handle(signum, frame):
+            cls.requested = True
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+
+def trial_command(args, workdir: Path, overrides: dict[str, Any]) -> list[str]:
+    flags = [f"--config.{name}={format_value(value)}" for name, value in overrides.items()]
+    return [sys.executable, str(args.train_script), f"--config={args.config}", f"--workdir={workdir}", *flags]
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(format_value(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def metric_rows(workdir: Path) -> list[dict]:
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written
+            rows.append(json.loads(line))
+    return rows
+
+
+def last_lines(path: Path, count: int = 3) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.exists() else []
+    errors = [line for line in lines if line.startswith("error:") or "Error" in line]
+    return " | ".join((errors or lines)[-count:])[-1000:] or "no output"
+
+
+def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, config: ml_collections.ConfigDict) -> None:
+    """Runs train.py for the trial, reports the objective, prunes, and tells the study the outcome."""
+    workdir = Path(trial.user_attrs.get("workdir") or Path(args.workdir) / "trials" / f"trial_{trial.number:04d}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    overrides = {**sweep.budget, **trial.params}
+    num_train_steps = with_overrides(config, overrides, f"trial {trial.number}").num_train_steps
+    command = trial_command(args, workdir, overrides)
+    trial.set_user_attr("workdir", str(workdir))
+    trial.set_user_attr("command", shlex.join(command))
+    trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+    reported: set[int] = set()
+    outcome, heartbeat = None, 0.0
+    with open(workdir / "train.log", "a") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+        while True:
+            running = process.poll() is None
+            for row in metric_rows(workdir):
+                value = row.get(sweep.objective_metric)
+                if row.get("split") == sweep.objective_split and value is not None and row["step"] not in reported:
+                    reported.add(row["step"])
+                    trial.report(float(value), row["step"])
+                    if running and row["step"] < num_train_steps and trial.should_prune():
+                        outcome = "pruned"
+            if not running:
+                break
+            if outcome or Stop.requested:
+                process.send_signal(signal.SIGTERM)  # train.py saves a checkpoint and stops
+                process.wait()
+                continue  # read the rows it wrote on the way out
+            if time.time() - heartbeat > HEARTBEAT_S:
+                heartbeat = time.time()
+                trial.set_user_attr("heartbeat", heartbeat)
+            time.sleep(0.2)
+    rows = metric_rows(workdir)
+    final = [r for r in rows if r.get("split") == sweep.objective_split and r["step"] == num_train_steps]
+    trial.set_user_attr("steps", max((r["step"] for r in rows), default=0))
+    if final:
+        trial.set_user_attr("metrics", {k: v for k, v in final[-1].items() if isinstance(v, (int, float))})
+    if outcome == "pruned":
+        study.tell(trial, state=TrialState.PRUNED)
+    elif Stop.requested and not final:
+        trial.set_user_attr("error", "interrupted; queued again, to resume from its checkpoint")
+        study.tell(trial, state=TrialState.FAIL)
+        requeue(study, trial)
+    elif process.returncode != 0 or not final or sweep.objective_metric not in final[-1]:
+        have = sorted(k for k in (final[-1] if final else {}) if k not in ("step", "split"))
+        error = (
+            f"train.py exited with {process.returncode}: {last_lines(workdir / 'train.log')}" if process.returncode
+            else f"no {sweep.objective} at step {num_train_steps} in {workdir / 'metrics.jsonl'} (have: {', '.join(have) or 'nothing'})"
+        )  # fmt: skip
+        trial.set_user_attr("error", error)
+        study.tell(trial, state=TrialState.FAIL)
+    else:
+        value = float(final[-1][sweep.objective_metric])
+        if not math.isfinite(value):
+            trial.set_user_attr("error", f"objective {sweep.objective} is {value}")
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            study.tell(trial, value)
+
+
+def work(args, sweep: Sweep, config: ml_collections.ConfigDict) -> None:
+    """One worker: takes queued or new trials until the sweep's trials are all done or taken."""
+    Stop.install()
+    study = open_study(args, sweep)
+    while not Stop.requested:
+        recover_dead_trials(study)
+        trials = study.get_trials(deepcopy=False)
+        waiting = any(t.state == TrialState.WAITING for t in trials)
+        if not waiting and (sweep.method == "grid" or len(counted(trials)) >= sweep.num_trials):
+            break
+        trial = study.ask(distributions(sweep))
+        earlier = counted([t for t in study.get_trials(deepcopy=False) if t.number < trial.number])
+        if not trial.user_attrs.get("queued") and (sweep.method == "grid" or len(earlier) >= sweep.num_trials):
+            trial.set_user_attr("surplus", True)  # another worker took the last one meanwhile
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        run_trial(study, trial, args, sweep, config)
+
+
+# ---------------------------------------------------------------- results
+
+
+def result_rows(study: optuna.Study, sweep: Sweep) -> list[dict]:
+    """The counted trials, best first: finished by objective, then pruned, then failed or running."""
+    sign = -1.0 if sweep.direction == "maximize" else 1.0
+    order = {TrialState.COMPLETE: 0, TrialState.PRUNED: 1}
+    trials = [t for t in counted(study.get_trials(deepcopy=False)) if t.state != TrialState.WAITING]
+    trials.sort(key=lambda t: (order.get(t.state, 2), sign * t.value if t.value is not None else 0.0, t.number))
+    rows = []
+    for trial in trials:
+        row = {"trial": trial.number, "state": trial.state.name.lower(), sweep.objective: trial.value}
+        row.update(trial.params)
+        row.update(steps=trial.user_attrs.get("steps"), wall_s=round(trial.duration.total_seconds(), 1) if trial.duration else None)
+        metrics = trial.user_attrs.get("metrics", {})
+        row.update({f"{sweep.objective_split}/{k}": v for k, v in metrics.items() if k not in NOT_SHOWN and "/" not in k})
+        row.update(error=trial.user_attrs.get("error", ""), workdir=trial.user_attrs.get("workdir", ""))
+        rows.append(row)
+    return rows
+
+
+def write_results(study: optuna.Study, sweep: Sweep, args) -> Path:
+    workdir = Path(args.workdir)
+    rows = result_rows(study, sweep)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with open(workdir / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [
+        f"# Sweep {study.study_name}", "",
+        f"config `{args.config}`, sweep `{args.sweep}`: {sweep.method}, {sweep.num_trials} trials, "
+        f"objective {sweep.objective} ({sweep.direction}); budget {sweep.budget}", "",
+    ]  # fmt: skip
+    if any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
+        best = study.best_trial
+        command = shlex.split(best.user_attrs["command"])
+        command = [f"--workdir={workdir / 'best'}" if part.startswith("--workdir=") else part for part in command]
+        command[:2] = ["python", os.path.relpath(command[1])]
+        lines += [f"Best: trial {best.number}, {sweep.objective} = {best.value:.4g}. To reproduce it:", "",
+                  "```", shlex.join(command), "```", ""]  # fmt: skip
+    shown = [c for c in columns if c not in ("workdir",)]
+    lines.append("| " + " | ".join(shown) + " |")
+    lines.append("|" + "---|" * len(shown))
+    for row in rows:
+        lines.append("| " + " | ".join(format_cell(row.get(c)) for c in shown) + " |")
+    (workdir / "results.md").write_text("\n".join(lines) + "\n")
+    plot_objective(rows, sweep, workdir / "objective_by_field.png")
+    return workdir / "results.md"
+
+
+def format_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "/")
+
+
+def plot_objective(rows: list[dict], sweep: Sweep, path: Path) -> None:
+    """The objective of each finished trial against each swept field."""
+    import visualize  # matplotlib, set up to draw files only
+
+    plt = visualize.plt
+    done = [r for r in rows if r["state"] == "complete"]
+    figure, axes = plt.subplots(1, len(sweep.space), figsize=(4.5 * len(sweep.space), 3.6), squeeze=False)
+    for axis, (name, space) in zip(axes[0], sweep.space.items()):
+        values = [r[name] for r in done]
+        if space[0] == "categorical":
+            labels = [str(c) for c in space[1]]
+            values = [labels.index(str(v)) for v in values]
+            axis.set_xticks(range(len(labels)), labels)
+        elif space[0] == "log_uniform":
+            axis.set_xscale("log")
+        axis.scatter(values, [r[sweep.objective] for r in done])
+        axis.set_xlabel(name)
+        axis.set_ylabel(sweep.objective)
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="the experiment config file train.py runs")
+    parser.add_argument("--sweep", required=True, help="the sweep file (configs/sweeps/NAME.py)")
+    parser.add_argument("--workdir", required=True, help="the sweep folder: study, trials, results")
+    parser.add_argument("--parallel", type=int, default=1, help="worker processes on this machine")
+    parser.add_argument("--storage", default="", help="database URL of a shared study, e.g. postgresql://user@host/db")
+    parser.add_argument("--study_name", default="", help="the study's name in the storage (default: the workdir's name)")
+    parser.add_argument("--train_script", default=str(PROJECT_ROOT / "train.py"), help="what runs a trial (train.py's flags)")
+    parser.add_argument("--worker_index", type=int, default=None, help=argparse.SUPPRESS)  # set for worker processes
+    args = parser.parse_args(argv)
+    if args.parallel < 1:
+        raise SweepError(f"--parallel must be at least 1, got {args.parallel}")
+    return args
+
+
+def launch_workers(args, argv: list[str]) -> int:
+    """Starts `--parallel` worker processes and waits; SIGTERM/SIGINT are passed on to them."""
+    workers = [
+        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, f"--worker_index={index}"])
+        for index in range(args.parallel)
+    ]
+
+    def forward(signum, frame):
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return max(worker.wait() for worker in workers)
+
+
+def main(argv: list[str]) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        args = parse_args(argv)
+        config = load_python(args.config, "get_config", "config")
+        sweep = load_sweep(args.sweep, config)
+        if args.worker_index is not None:
+            work(args, sweep, config)
+            return 0
+        study = open_study(args, sweep)  # creates the study (and queues the grid) once, before the workers
+        status = launch_workers(args, argv)
+        results = write_results(study, sweep, args)
+    except SweepError as error:
+        print(f"sweep.py: error: {error}", file=sys.stderr)
+        return 2
+    states = [t.state.name.lower() for t in counted(study.get_trials(deepcopy=False))]
+    print(f"{len(states)} trials: " + ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states)))
+    print(f"results: {results}, {results.with_suffix('.csv')}, {results.parent / 'objective_by_field.png'}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

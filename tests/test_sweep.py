@@ -1,0 +1,267 @@
+"""Sweeps: a real 2x2 grid of tiny train.py runs on two workers; the study's bookkeeping
+(interrupt and resume, crashes, pruning, PostgreSQL) with tests/fake_train.py standing in."""
+
+import csv
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+import sweep
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TESTS = PROJECT_ROOT / "tests"
+FAKE_TRAIN = TESTS / "fake_train.py"
+
+FAKE_CONFIG = """
+import ml_collections
+
+def get_config():
+    config = ml_collections.ConfigDict(dict(
+        quality=1.0, crash=False, num_train_steps=6, eval_every_steps=2, seconds_per_step=0.0, learning_rate=1e-3,
+    ))
+    config.lock()
+    return config
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def sweep_file(tmp_path, **fields) -> Path:
+    return write(tmp_path / "sweep_file.py", f"def get_sweep():\n    return {fields!r}\n")
+
+
+def run_sweep(tmp_path, sweep_path, *extra, config=None, workdir=None, train_script=FAKE_TRAIN, wait=True):
+    config = config or write(tmp_path / "fake_config.py", FAKE_CONFIG)
+    command = [
+        sys.executable, str(PROJECT_ROOT / "sweep.py"), f"--config={config}", f"--sweep={sweep_path}",
+        f"--workdir={workdir or tmp_path / 'sweep'}", f"--train_script={train_script}", *extra,
+    ]  # fmt: skip
+    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if not wait:
+        return process
+    output = process.communicate(timeout=600)[0]
+    return process.returncode, output
+
+
+def load_study(workdir: Path, storage: str = "") -> optuna.Study:
+    storage = storage or optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal")))
+    return optuna.load_study(study_name=workdir.name, storage=storage)
+
+
+def results_csv(workdir: Path) -> list[dict]:
+    with open(workdir / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+GRID = dict(
+    method="grid",
+    space={"quality": ("categorical", [0.5, 1.0]), "learning_rate": ("categorical", [1e-3, 3e-3])},
+    objective="dev/score",
+    direction="maximize",
+    pruning=False,
+)
+
+
+def grid_params(study):
+    return sorted((t.params["quality"], t.params["learning_rate"]) for t in study.trials if t.state.name == "COMPLETE")
+
+
+# ---------------------------------------------------------------- real trials
+
+
+def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
+    config = write(tmp_path / "tiny_config.py", (
+        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom tiny import tiny_config\n\n"
+        f"def get_config():\n    return tiny_config({str(shared_data_dir)!r})\n"
+    ))  # fmt: skip
+    path = sweep_file(
+        tmp_path, method="grid", objective="dev/token_accuracy", direction="maximize",
+        space={"learning_rate": ("categorical", [1e-3, 3e-3]), "model.d_model": ("categorical", [8, 16])},
+        budget={"num_train_steps": 10, "eval_every_steps": 5, "checkpoint_every_steps": 10}, pruning=False,
+    )  # fmt: skip
+    status, output = run_sweep(tmp_path, path, "--parallel=2", config=config, train_script=PROJECT_ROOT / "train.py")
+    assert status == 0, output
+    workdir = tmp_path / "sweep"
+    study = load_study(workdir)
+    trials = study.trials
+    assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials), output
+    assert sorted((t.params["learning_rate"], t.params["model.d_model"]) for t in trials) == [
+        (1e-3, 8), (1e-3, 16), (3e-3, 8), (3e-3, 16)
+    ]  # fmt: skip
+    assert len({t.user_attrs["worker"] for t in trials}) == 2  # both workers took trials
+    for trial in trials:  # each trained once, from scratch, to the budget's last step
+        log = (Path(trial.user_attrs["workdir"]) / "train.log").read_text()
+        assert log.count("run folder:") == 1 and "resuming" not in log
+        assert trial.user_attrs["steps"] == 10
+        assert trial.value == trial.user_attrs["metrics"]["token_accuracy"]
+    rows = results_csv(workdir)
+    values = [float(r["dev/token_accuracy"]) for r in rows]
+    assert len(rows) == 4 and values == sorted(values, reverse=True)
+    best = study.best_trial
+    assert rows[0]["trial"] == str(best.number)
+    markdown = (workdir / "results.md").read_text()
+    assert f"--config.learning_rate={best.params['learning_rate']!r}" in markdown
+    assert f"--config.model.d_model={best.params['model.d_model']}" in markdown
+    assert (workdir / "objective_by_field.png").stat().st_size > 0
+
+
+# ---------------------------------------------------------------- bookkeeping, with the fake trainer
+
+
+def test_interrupted_sweep_resumes_without_repeating_finished_trials(tmp_path):
+    path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.4})
+    workdir = tmp_path / "sweep"
+    process = run_sweep(tmp_path, path, wait=False)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # cut once trial 0 is done and trial 1 has evaluated
+        done = (workdir / "trials" / "trial_0000" / "checkpoint").exists() and (workdir / "trials" / "trial_0000" / "checkpoint").read_text() == "6"
+        if done and (workdir / "trials" / "trial_0001" / "metrics.jsonl").exists():
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    study = load_study(workdir)
+    assert [t.state.name for t in study.trials][:2] == ["COMPLETE", "FAIL"], output
+    assert "interrupted" in study.trials[1].user_attrs["error"]
+
+    status, output = run_sweep(tmp_path, path)
+    assert status == 0, output
+    study = load_study(workdir)
+    assert grid_params(study) == [(0.5, 1e-3), (0.5, 3e-3), (1.0, 1e-3), (1.0, 3e-3)]
+    assert len([t for t in study.trials if t.state.name == "COMPLETE"]) == 4
+    starts = {p.parent.name: p.read_text().split() for p in (workdir / "trials").glob("*/starts")}
+    assert starts["trial_0000"] == ["0"]  # finished: never run again
+    assert len(starts["trial_0001"]) == 2 and starts["trial_0001"][1] != "0"  # resumed from its checkpoint
+    assert len(results_csv(workdir)) == 4  # the cut-short attempt is not a result of its own
+
+
+def test_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
+    path = sweep_file(tmp_path, method="grid", space={"crash": ("categorical", [True, False])},
+                      objective="dev/score", direction="maximize")  # fmt: skip
+    status, output = run_sweep(tmp_path, path)
+    assert status == 0, output
+    study = load_study(tmp_path / "sweep")
+    states = {t.params["crash"]: t for t in study.trials}
+    assert states[True].state.name == "FAIL" and states[False].state.name == "COMPLETE"
+    assert "exited with 2" in states[True].user_attrs["error"] and "crash asked for" in states[True].user_attrs["error"]
+    rows = results_csv(tmp_path / "sweep")
+    assert [r["state"] for r in rows] == ["complete", "fail"] and "crash asked for" in rows[1]["error"]
+
+
+def test_lagging_trials_are_pruned(tmp_path):
+    qualities = [1.0, 0.9, 0.2, 0.97]
+    path = sweep_file(tmp_path, method="grid", space={"quality": ("categorical", qualities)}, objective="dev/score",
+                      direction="maximize", budget={"num_train_steps": 20, "seconds_per_step": 0.1})  # fmt: skip
+    status, output = run_sweep(tmp_path, path)
+    assert status == 0, output
+    by_quality = {t.params["quality"]: t for t in load_study(tmp_path / "sweep").trials}
+    assert by_quality[0.2].state.name == "PRUNED"
+    assert int((Path(by_quality[0.2].user_attrs["workdir"]) / "checkpoint").read_text()) < 20  # stopped early
+    assert all(by_quality[q].state.name == "COMPLETE" for q in (1.0, 0.9, 0.97))
+
+
+def test_random_and_tpe_sweeps_run_their_number_of_trials(tmp_path):
+    for method in ("random", "tpe"):
+        path = sweep_file(tmp_path, method=method, num_trials=5, objective="dev/score", direction="maximize",
+                          space={"quality": ("uniform", 0.0, 1.0), "learning_rate": ("log_uniform", 1e-4, 1e-2),
+                                 "num_train_steps": ("int", 4, 8)}, pruning=False)  # fmt: skip
+        status, output = run_sweep(tmp_path, path, "--parallel=2", workdir=tmp_path / method)
+        assert status == 0, output
+        trials = load_study(tmp_path / method).trials
+        complete = [t for t in trials if t.state.name == "COMPLETE"]
+        assert len(complete) == 5 and all(t.user_attrs.get("surplus") for t in trials if t not in complete)
+        assert all(0.0 <= t.params["quality"] <= 1.0 and 4 <= t.params["num_train_steps"] <= 8 for t in complete)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(GRID, space={"model.nope": ("categorical", [1, 2])}), "unknown config field 'model.nope'"),
+    (dict(GRID, space={"quality": ("categorical", [])}), "space 'quality' is an empty space"),
+    (dict(GRID, space={"quality": ("uniform", 1.0, 1.0)}), "space 'quality' is an empty space"),
+    (dict(GRID, space={}), "the space is empty"),
+    (dict(GRID, space={"quality": ("uniform", 0.0, 1.0)}), "a grid sweeps categorical spaces only"),
+    (dict(GRID, method="anneal"), "method 'anneal'"),
+    (dict(GRID, objectve="dev/score"), "unknown key(s) objectve"),
+    (dict(GRID, budget={"num_train_step": 5}), "budget: unknown config field 'num_train_step'"),
+    (dict(GRID, space={"quality": ("categorical", ["high"])}), "config field 'quality' cannot take 'high'"),
+])  # fmt: skip
+def test_bad_sweep_file_fails_with_a_message_naming_it(tmp_path, fields, message):
+    path = sweep_file(tmp_path, **fields)
+    status, output = run_sweep(tmp_path, path)
+    assert status == 2 and message in output and str(path) in output, output
+    assert "Traceback" not in output and not (tmp_path / "sweep").exists()
+
+
+def test_missing_sweep_file_is_named(tmp_path):
+    status, output = run_sweep(tmp_path, tmp_path / "nope.py")
+    assert status == 2 and f"sweep file {tmp_path / 'nope.py'} does not exist" in output
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+def postgres_binaries() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    assert found, "PostgreSQL is not installed: `make test` installs the Debian postgresql package"
+    return Path(found[-1]).parent
+
+
+@pytest.fixture
+def postgres_url():
+    """A PostgreSQL server on loopback, started for the test (as the postgres user when run by root)."""
+    binaries = postgres_binaries()
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    folder = Path(tempfile.mkdtemp(prefix="attend_pg_"))
+    if as_user:
+        os.chmod(folder, 0o755)
+        account = pwd.getpwnam("postgres")
+        os.chown(folder, account.pw_uid, account.pw_gid)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data = folder / "data"
+    run = lambda *command: subprocess.run([*as_user, *command], check=True, capture_output=True, text=True)  # noqa: E731
+    run(str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust")
+    run(str(binaries / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-w", "start",
+        "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1")  # fmt: skip
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        run(str(binaries / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_two_workers_share_one_study_in_postgresql(tmp_path, postgres_url):
+    path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.1})
+    status, output = run_sweep(tmp_path, path, "--parallel=2", f"--storage={postgres_url}")
+    assert status == 0, output
+    study = load_study(tmp_path / "sweep", storage=postgres_url)
+    assert grid_params(study) == [(0.5, 1e-3), (0.5, 3e-3), (1.0, 1e-3), (1.0, 3e-3)]
+    assert len(study.trials) == 4  # every grid point exactly once
+    assert len({t.user_attrs["worker"] for t in study.trials}) == 2
+    assert not (tmp_path / "sweep" / "study.journal").exists()  # the database holds the study
+    starts = [p.read_text().split() for p in (tmp_path / "sweep" / "trials").glob("*/starts")]
+    assert sorted(starts) == [["0"]] * 4
+
+
+def test_grid_points_and_distributions():
+    spec = sweep.Sweep("grid", {"a": ("categorical", [1, 2]), "b": ("categorical", ["x", "y", "z"])}, "dev/loss",
+                       "minimize", 6, {})  # fmt: skip
+    assert sweep.grid_points(spec) == [{"a": a, "b": b} for a in (1, 2) for b in "xyz"]
+    spec = sweep.Sweep("tpe", {"lr": ("log_uniform", 1e-4, 1e-2), "n": ("int", 1, 4)}, "dev/loss", "minimize", 3, {})
+    found = sweep.distributions(spec)
+    assert found["lr"] == optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)
+    assert found["n"] == optuna.distributions.IntDistribution(1, 4)
