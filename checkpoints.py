@@ -49,6 +49,11 @@ class Checkpoints:
             cleanup_tmp_directories=True,  # leftovers of a save cut short
         )
         self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options, item_names=("state", "data"))
+        # Orbax removes leftovers in a background thread; an error right after (a bad
+        # data setting) would exit under it and print its traceback. Let it finish now.
+        cleanup = getattr(self.manager, "_cleanup_tmp_directory_future", None)
+        if cleanup is not None:
+            cleanup.result()
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())

@@ -302,6 +302,7 @@ class Run:
 
 def prepare_run(config: ml_collections.ConfigDict, workdir: str | Path, devices: Sequence[jax.Device] | None = None) -> Run:
     setup_distributed(config)
+    pipeline_settings(config)  # a bad data setting stops here, before anything is built
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = make_mesh(devices)
