@@ -1,5 +1,6 @@
 """The recurrent families against float64 NumPy steps written from the papers' equations."""
 
+import functools
 import json
 from importlib import import_module
 
@@ -228,3 +229,16 @@ def test_rnnsearch_trains_in_the_trainer_and_draws_its_alignment(shared_data_dir
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [row["loss"] for row in rows if row["split"] == "train"]
     assert losses[-1] < 0.9 * losses[0]  # it learns (3.63 -> 3.18 when written)
+
+
+@pytest.mark.parametrize("task", ["copy", "kjv_web"])
+def test_length_experiment_gives_every_family_one_budget(task):
+    from benchmarks import length_experiment
+
+    configs = {f: length_experiment.experiment_config(f, task, 123, "data/tfds") for f in length_experiment.FAMILIES}
+    assert {c.model.name for c in configs.values()} == set(length_experiment.FAMILIES)
+    for field in ("num_train_steps", "batch_size", "warmup_steps", "schedule", "data.batching", "task.name"):
+        values = {str(functools.reduce(getattr, field.split("."), c)) for c in configs.values()}
+        assert len(values) == 1, (field, values)
+    if task == "copy":
+        assert configs["rnnsearch"].task.max_length == 100 and configs["rnnsearch"].data.max_source_length == 101
