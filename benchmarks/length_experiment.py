@@ -31,6 +31,8 @@ from visualize import plt  # noqa: E402  (matplotlib set up to draw files only)
 
 FAMILIES = ("rnnencdec", "rnnsearch", "transformer")
 MAX_SOURCE = 100
+STYLES = [dict(marker="o", linestyle="-", markersize=7), dict(marker="s", linestyle="--", markersize=9, fillstyle="none"),
+          dict(marker="^", linestyle=":", markersize=5)]  # fmt: skip
 
 
 def experiment_config(family: str, task: str, steps: int, data_dir: str):
@@ -107,9 +109,9 @@ def main() -> None:
 
     figure, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
     for axis, metric in zip(axes[0], metrics):
-        for family in families:
+        for family, style in zip(families, STYLES):  # distinct styles: equal curves stay visible
             points = sorted((bucket_start(b) + 5, s[metric]) for b, s in results[family].items())
-            axis.plot(*zip(*points), marker="o", label=family)
+            axis.plot(*zip(*points), label=family, **style)
         axis.set_xlabel("source length (tokens)")
         axis.set_ylabel(metric.replace("_", " "))
         axis.grid(alpha=0.3)
