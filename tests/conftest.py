@@ -4,8 +4,21 @@ Eight host devices are forced before JAX is imported anywhere, so multi-device
 tests (data parallelism over a Mesh) run on this CPU-only machine.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
+# One compilation cache for the session, shared with the train.py and sweep.py processes the
+# tests start: the many tiny runs compile the same programs, and a cache hit halves a run.
+# Fresh per session, so every run of the suite does the same work.
+_compilation_cache = tempfile.mkdtemp(prefix="attend_jax_cache_")
+atexit.register(shutil.rmtree, _compilation_cache, ignore_errors=True)
+os.environ.update(
+    JAX_COMPILATION_CACHE_DIR=_compilation_cache,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+)
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
