@@ -123,7 +123,7 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
 
 
 def test_interrupted_sweep_resumes_without_repeating_finished_trials(tmp_path):
-    path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.4})
+    path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.25})
     workdir = tmp_path / "sweep"
     process = run_sweep(tmp_path, path, wait=False)
     deadline = time.time() + 120
