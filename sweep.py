@@ -208,7 +208,11 @@ def open_study(args, sweep: Sweep) -> optuna.Study:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if args.storage:
-        storage = optuna.storages.RDBStorage(args.storage)
+        try:
+            storage = optuna.storages.RDBStorage(args.storage)
+        except Exception as error:  # SQLAlchemy and the drivers raise many types
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise SweepError(f"--storage {args.storage}: cannot open the database ({reason})") from error
     else:
         backend = optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal"))
         storage = optuna.storages.JournalStorage(backend)

@@ -270,3 +270,13 @@ def test_grid_points_and_distributions():
     found = sweep.distributions(spec)
     assert found["lr"] == optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)
     assert found["n"] == optuna.distributions.IntDistribution(1, 4)
+
+
+def test_unreachable_storage_is_named(tmp_path):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    status, output = run_sweep(tmp_path, sweep_file(tmp_path, **GRID), f"--storage={url}")
+    assert status == 2 and f"sweep.py: error: --storage {url}: cannot open the database" in output, output
+    assert "Traceback" not in output
