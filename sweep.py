@@ -318,15 +318,32 @@ def format_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def metric_rows(workdir: Path) -> list[dict]:
-    path = workdir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line being written
-            rows.append(json.loads(line))
-    return rows
+class MetricsFollower:
+    """A run's `metrics.jsonl` as train.py writes it: each `poll` reads only the new complete lines.
+
+    train.py truncates the file to its checkpoint's step when it resumes; the
+    follower then reads it again from the start.
+    """
+
+    def __init__(self, workdir: Path):
+        self.path = workdir / "metrics.jsonl"
+        self.offset = 0
+        self.rows: list[dict] = []
+
+    def poll(self) -> list[dict]:
+        """The rows written since the last poll."""
+        if not self.path.exists():
+            return []
+        if self.path.stat().st_size < self.offset:
+            self.offset, self.rows = 0, []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self.offset += len(complete)
+        new = [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+        self.rows.extend(new)
+        return new
 
 
 def last_lines(path: Path, count: int = 3) -> str:
@@ -346,12 +363,13 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, conf
     trial.set_user_attr("command", shlex.join(command))
     trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
     reported: set[int] = set()
+    metrics = MetricsFollower(workdir)
     outcome, heartbeat = None, 0.0
     with open(workdir / "train.log", "a") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
         while True:
             running = process.poll() is None
-            for row in metric_rows(workdir):
+            for row in metrics.poll():
                 value = row.get(sweep.objective_metric)
                 if row.get("split") == sweep.objective_split and value is not None and row["step"] not in reported:
                     reported.add(row["step"])
@@ -368,7 +386,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, conf
                 heartbeat = time.time()
                 trial.set_user_attr("heartbeat", heartbeat)
             time.sleep(0.2)
-    rows = metric_rows(workdir)
+    rows = metrics.rows
     final = [r for r in rows if r.get("split") == sweep.objective_split and r["step"] == num_train_steps]
     trial.set_user_attr("steps", max((r["step"] for r in rows), default=0))
     if final:
@@ -400,13 +418,14 @@ def work(args, sweep: Sweep, config: ml_collections.ConfigDict) -> None:
     """One worker: takes queued or new trials until the sweep's trials are all done or taken."""
     Stop.install()
     study = open_study(args, sweep)
+    space = distributions(sweep)
     while not Stop.requested:
         recover_dead_trials(study)
         trials = study.get_trials(deepcopy=False)
         waiting = any(t.state == TrialState.WAITING for t in trials)
         if not waiting and (sweep.method == "grid" or len(counted(trials)) >= sweep.num_trials):
             break
-        trial = study.ask(distributions(sweep))
+        trial = study.ask(space)
         earlier = counted([t for t in study.get_trials(deepcopy=False) if t.number < trial.number])
         if not trial.user_attrs.get("queued") and (sweep.method == "grid" or len(earlier) >= sweep.num_trials):
             trial.set_user_attr("surplus", True)  # another worker took the last one meanwhile

@@ -65,7 +65,7 @@ def experiment_config(family: str, task: str, steps: int, data_dir: str):
     return base.lock(config)
 
 
-def scores_by_length(config, workdir: Path) -> dict:
+def train_and_score(config, workdir: Path) -> dict:
     """Trains (unless finished), then decodes the test split: `{bucket: {metric: value}}`."""
     finished = workdir / "eval" / f"step_{config.num_train_steps}.json"
     if not (finished.exists() and "by_source_length" in json.loads(finished.read_text()).get("test", {})):
@@ -90,7 +90,7 @@ def main() -> None:
     families = args.families.split(",")
     metrics = ("exact_match", "symbol_accuracy") if args.task == "copy" else ("bleu",)
     results = {
-        family: scores_by_length(experiment_config(family, args.task, args.steps, args.data_dir), workdir / family)
+        family: train_and_score(experiment_config(family, args.task, args.steps, args.data_dir), workdir / family)
         for family in families
     }
     buckets = sorted({b for scores in results.values() for b in scores}, key=bucket_start)

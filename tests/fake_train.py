@@ -17,12 +17,16 @@ import time
 from pathlib import Path
 
 flags = dict(arg[2:].split("=", 1) for arg in sys.argv[1:])
+# What sweep.py must pass, as train.py requires it: the config file, the workdir, config.* overrides.
+assert {"config", "workdir"} <= set(flags), f"no --config or --workdir in {sys.argv[1:]}"
+assert all(k.startswith("config.") for k in flags if k not in ("config", "workdir")), sys.argv[1:]
 spec = importlib.util.spec_from_file_location("fake_config", flags.pop("config"))
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 config = module.get_config().to_dict()
 workdir = Path(flags.pop("workdir"))
 for name, value in flags.items():
+    assert name.removeprefix("config.") in config, f"sweep.py passed an unknown field: --{name}"
     config[name.removeprefix("config.")] = ast.literal_eval(value)
 
 workdir.mkdir(parents=True, exist_ok=True)

@@ -12,4 +12,7 @@ def np_masked_softmax(scores, mask):
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     exp = np.where(mask, np.exp(shifted - row_max), 0.0)
     total = exp.sum(-1, keepdims=True)
-    return np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
+    weights = np.divide(exp, total, out=np.zeros_like(exp), where=total > 0)
+    # The reference checks itself: rows with something visible are distributions.
+    np.testing.assert_allclose(weights.sum(-1)[total[..., 0] > 0], 1.0, rtol=1e-12)
+    return weights

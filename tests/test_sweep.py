@@ -280,3 +280,16 @@ def test_unreachable_storage_is_named(tmp_path):
     status, output = run_sweep(tmp_path, sweep_file(tmp_path, **GRID), f"--storage={url}")
     assert status == 2 and f"sweep.py: error: --storage {url}: cannot open the database" in output, output
     assert "Traceback" not in output
+
+
+def test_metrics_follower_reads_complete_new_lines_and_restarts_after_truncation(tmp_path):
+    follower = sweep.MetricsFollower(tmp_path)
+    assert follower.poll() == []  # no file yet
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"ste')  # the last line is being written
+    assert follower.poll() == [{"step": 1}, {"step": 2}]
+    with open(path, "a") as f:
+        f.write('p": 3}\n')
+    assert follower.poll() == [{"step": 3}] and follower.rows == [{"step": 1}, {"step": 2}, {"step": 3}]
+    path.write_text('{"step": 1}\n')  # a resumed run truncates the file
+    assert follower.poll() == [{"step": 1}] and follower.rows == [{"step": 1}]
