@@ -13,12 +13,16 @@ Kept: the last `keep` checkpoints, and the best one by an eval metric.
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import grain
+import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
+
+from errors import CheckpointError
 
 
 class Checkpoints:
@@ -46,14 +50,22 @@ class Checkpoints:
             best_fn=lambda metrics: metrics[best_metric],
             best_mode="max" if larger_is_better else "min",
             enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True,  # leftovers of a save cut short
+            cleanup_tmp_directories=False,  # done before the manager starts: see _remove_unfinished_saves
         )
-        self.manager = ocp.CheckpointManager(Path(directory).absolute(), options=options, item_names=("state", "data"))
-        # Orbax removes leftovers in a background thread; an error right after (a bad
-        # data setting) would exit under it and print its traceback. Let it finish now.
-        cleanup = getattr(self.manager, "_cleanup_tmp_directory_future", None)
-        if cleanup is not None:
-            cleanup.result()
+        directory = Path(directory).absolute()
+        self._remove_unfinished_saves(directory)
+        self.manager = ocp.CheckpointManager(directory, options=options, item_names=("state", "data"))
+
+    @staticmethod
+    def _remove_unfinished_saves(directory: Path) -> None:
+        """Removes the temporary folders of saves cut short (by a kill, say); the first process does it.
+
+        Orbax would do it in a background thread, which an error right after start-up
+        would exit under, printing its traceback over the one-line message.
+        """
+        if jax.process_index() == 0 and directory.exists():
+            for name in ocp.utils.tmp_checkpoints(directory):
+                shutil.rmtree(directory / name, ignore_errors=True)
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -77,34 +89,55 @@ class Checkpoints:
         `data_iterator`, when given, is set to the saved position.
 
         Raises:
-          FileNotFoundError: no checkpoint (or not the asked step).
-          RuntimeError: the asked step, or every checkpoint, is unreadable.
+          CheckpointError: no checkpoint (or not the asked step), or it (every one) is unreadable.
         """
-        available = self.steps()
-        if step is not None and step not in available:
-            raise FileNotFoundError(f"no checkpoint at step {step} in {self.manager.directory}; have {available}")
-        candidates = [step] if step is not None else available[::-1]
-        if not candidates:
-            raise FileNotFoundError(f"no checkpoint in {self.manager.directory}")
-        for candidate in candidates:
+
+        def arguments():
             items = {"state": ocp.args.StandardRestore(abstract_state)}
             if data_iterator is not None:
                 items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+            return ocp.args.Composite(**items)
+
+        return self._restore_readable(step, arguments)
+
+    def restore_params(self, abstract_params: Any, *, step: int | None = None) -> tuple[int, Any]:
+        """Restores only the parameters of `step` (or the newest readable checkpoint): no optimizer
+        state is read. Raises as `restore`."""
+        abstract = {"params": abstract_params}
+
+        def arguments():
+            restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+            return ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args, partial_restore=True)
+            )
+
+        restored_step, state = self._restore_readable(step, arguments)
+        return restored_step, state["params"]
+
+    def _restore_readable(self, step: int | None, arguments: Callable[[], Any]) -> tuple[int, Any]:
+        available = self.steps()
+        if step is not None and step not in available:
+            raise CheckpointError(f"no checkpoint at step {step} in {self.manager.directory}; have {available}")
+        candidates = [step] if step is not None else available[::-1]
+        if not candidates:
+            raise CheckpointError(f"no checkpoint in {self.manager.directory}")
+        for candidate in candidates:
             try:
-                restored = self.manager.restore(candidate, args=ocp.args.Composite(**items))
+                restored = self.manager.restore(candidate, args=arguments())
             except Exception as error:  # Orbax/TensorStore raise many types for damaged files
                 logging.warning("checkpoint at step %d in %s is unreadable (%s: %s)", candidate,
                                 self.manager.directory, type(error).__name__, str(error).splitlines()[0][:300])
                 if step is not None:
-                    raise RuntimeError(f"checkpoint at step {step} is unreadable: {error}") from error
+                    raise CheckpointError(f"checkpoint at step {step} in {self.manager.directory} is unreadable: {error}") from error
                 continue
             if candidate != candidates[0]:
                 logging.warning("fell back to the checkpoint at step %d", candidate)
             return candidate, restored["state"]
-        raise RuntimeError(f"no readable checkpoint in {self.manager.directory} (tried steps {candidates})")
+        raise CheckpointError(f"no readable checkpoint in {self.manager.directory} (tried steps {candidates})")
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
+        """Waits for pending saves and releases Orbax's threads."""
         self.manager.close()

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from tokenizers import BOS_ID, EOS_ID, PAD_ID
+from vocabularies import BOS_ID, EOS_ID, PAD_ID
 
 Array = jax.Array
 NEVER = -1e9  # log-probability of what may not be chosen (finite: see models/attention.py)

@@ -16,8 +16,8 @@ dropped or trimmed (`length_policy`), and the counts are logged, never silent.
 Batches are dicts of int32 numpy arrays: `inputs [B, S]`, `targets [B, T]`,
 with packing also `inputs_segment_ids`, `inputs_positions`,
 `targets_segment_ids`, `targets_positions`; eval batches also carry `index`
-(the record index, -1 for padding rows) and any fixed-shape extras of the task
-(the dates' `alignment`). `B` is the per-process batch.
+(the record index, -1 for padding rows) and, where the task has them, its
+`alignment` spans (see `tasks.Task.alignment`). `B` is the per-process batch.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from typing import Any, Callable, Mapping, Sequence
 import grain
 import numpy as np
 
+from errors import ConfigError, DataError
 from tasks import Task
-from tokenizers import EOS_ID, Tokenizers
+from vocabularies import EOS_ID, Tokenizers
 
 Batch = dict[str, np.ndarray]
 BATCHINGS = ("pack", "bucket")
@@ -43,23 +44,37 @@ LENGTH_POLICIES = ("drop", "trim")
 
 @dataclasses.dataclass(frozen=True)
 class PipelineSettings:
+    """`config.data` with the global batch size and the seed, checked; the fields and their
+    defaults are documented in configs/base.py."""
+
     batch_size: int  # global: the sum over processes
-    max_source_length: int = 128  # tokens, eos included
-    max_target_length: int = 128
-    length_policy: str = "drop"  # train examples over the limits: "drop" or "trim" (eval always trims)
-    batching: str = "pack"  # "pack" rows of several examples, or "bucket" by length and pad
-    bucket_boundaries: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512)  # padded lengths for "bucket"
-    seed: int = 0
-    num_threads: int = 2  # Grain reader threads (tokenization)
-    prefetch_batches: int = 4  # batches prepared ahead in a background thread
+    seed: int
+    max_source_length: int  # tokens, eos included
+    max_target_length: int
+    length_policy: str
+    batching: str
+    bucket_boundaries: tuple[int, ...]
+    num_threads: int
+    prefetch_batches: int
 
     def __post_init__(self):
         if self.batching not in BATCHINGS:
-            raise ValueError(f"data.batching must be one of {', '.join(BATCHINGS)}, got {self.batching!r}")
+            raise ConfigError(f"data.batching must be one of {', '.join(BATCHINGS)}, got {self.batching!r}")
         if self.length_policy not in LENGTH_POLICIES:
-            raise ValueError(f"data.length_policy must be one of {', '.join(LENGTH_POLICIES)}, got {self.length_policy!r}")
+            raise ConfigError(f"data.length_policy must be one of {', '.join(LENGTH_POLICIES)}, got {self.length_policy!r}")
         if self.batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+            raise ConfigError(f"batch_size must be positive, got {self.batch_size}")
+        for name in ("max_source_length", "max_target_length", "num_threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
+        if not self.bucket_boundaries or list(self.bucket_boundaries) != sorted(set(self.bucket_boundaries)):
+            raise ConfigError(f"data.bucket_boundaries must be increasing lengths, got {self.bucket_boundaries}")
+
+    @classmethod
+    def from_config(cls, config, batch_size: int | None = None) -> "PipelineSettings":
+        """From `config.data`, `config.batch_size` (or `batch_size`) and `config.seed`."""
+        data = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in config.data.to_dict().items()}
+        return cls(batch_size=batch_size or config.batch_size, seed=config.seed, **data)
 
 
 # ----------------------------------------------------------------------------- steps
@@ -198,11 +213,11 @@ def bucket_plan(indices: np.ndarray, lengths: np.ndarray, rows: int, boundaries:
     """
     longest = lengths.max(axis=1)  # [N]
     if longest.max(initial=0) > boundaries[-1]:
-        raise ValueError(f"data.bucket_boundaries end at {boundaries[-1]}, below an example of {longest.max()} tokens")
+        raise ConfigError(f"data.bucket_boundaries end at {boundaries[-1]}, below an example of {longest.max()} tokens")
     bucket_of = np.searchsorted(boundaries, longest)  # first boundary >= length
     buckets = [(boundaries[b], indices[bucket_of == b]) for b in range(len(boundaries))]
     if all(len(members) < rows for _, members in buckets):
-        raise ValueError(f"no length bucket holds a full batch of {rows} examples; lower the batch size")
+        raise ConfigError(f"no length bucket holds a full batch of {rows} examples; lower the batch size")
 
     def plan(epoch: int) -> list[tuple[int, np.ndarray]]:
         rng = np.random.default_rng([seed, epoch])
@@ -236,16 +251,16 @@ def train_dataset(
     Iterate with `iter(dataset)`; the iterator's `get_state()`/`set_state()` checkpoint it.
     """
     if settings.batch_size % process_count:
-        raise ValueError(f"batch_size {settings.batch_size} is not divisible by {process_count} processes")
+        raise ConfigError(f"batch_size {settings.batch_size} is not divisible by {process_count} processes")
     rows = settings.batch_size // process_count
     records = task.splits["train"]
     if len(records) == 0:
-        raise ValueError(f"task {task.name}: the train split is empty")
+        raise DataError(f"task {task.name}: the train split is empty")
     lengths = example_lengths(task, "train", tokenizers)
     kept, report = select(lengths, settings, settings.length_policy, f"{task.name} train")
     indices = shard(kept, process_index, process_count)
     if len(indices) == 0:
-        raise ValueError(
+        raise DataError(
             f"task {task.name}: no train example fits max_source_length={settings.max_source_length} / "
             f"max_target_length={settings.max_target_length}"
         )
@@ -289,20 +304,24 @@ def eval_batches(
     """
     records = task.splits[split]
     if len(records) == 0:
-        raise ValueError(f"task {task.name}: the {split} split is empty")
+        raise DataError(f"task {task.name}: the {split} split is empty")
     rows = settings.batch_size // process_count
     _, report = select(example_lengths(task, split, tokenizers), settings, "trim", f"{task.name} {split}")
     indices = shard(np.arange(len(records)), process_index, process_count)
     num_batches = -(-len(records) // settings.batch_size)
     encode = encoder(task, tokenizers, settings.max_source_length, settings.max_target_length)
-    extras = [k for k, v in records[0].items() if isinstance(v, np.ndarray) and k not in (task.source_key, task.target_key)]
     limits = {"inputs": settings.max_source_length, "targets": settings.max_target_length}
     empty = np.zeros(0, np.int32)
-    blank = {"inputs": empty, "targets": empty, "index": np.int32(-1), **{k: np.zeros_like(records[0][k]) for k in extras}}
+    blank = {"inputs": empty, "targets": empty, "index": np.int32(-1)}
+    if task.alignment is not None:  # spans [K, 4]; a padding row's are empty, so nothing of it is scored
+        blank["alignment"] = np.zeros_like(task.alignment(records[0]))
+
+    def example(index: int) -> Batch:
+        extras = {} if task.alignment is None else {"alignment": task.alignment(records[index])}
+        return {**encode(records[index]), "index": np.int32(index), **extras}
 
     def batch(number: int) -> Batch:
-        members = indices[number * rows : (number + 1) * rows]
-        examples = [{**encode(records[i]), "index": np.int32(i), **{k: records[i][k] for k in extras}} for i in members]
+        examples = [example(i) for i in indices[number * rows : (number + 1) * rows]]
         return pad_batch(examples + [blank] * (rows - len(examples)), limits, rows)
 
     dataset = grain.MapDataset.range(num_batches).map(batch).to_iter_dataset(read_options(settings))

@@ -12,7 +12,10 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import sacrebleu
+
+from vocabularies import PAD_ID
 
 Array = jax.Array
 
@@ -36,8 +39,8 @@ def cross_entropy(logits: Array, targets: Array, label_smoothing: float = 0.0) -
 
 
 def token_sums(logits: Array, targets: Array, label_smoothing: float = 0.0) -> dict[str, Array]:
-    """Sums over non-padding target tokens (pad = 0): smoothed loss, NLL, correct argmax, count."""
-    weights = (targets != 0).astype(jnp.float32)
+    """Sums over non-padding target tokens: smoothed loss, NLL, correct argmax, count."""
+    weights = (targets != PAD_ID).astype(jnp.float32)
     nll = cross_entropy(logits, targets)
     smoothed = nll if label_smoothing == 0.0 else cross_entropy(logits, targets, label_smoothing)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
@@ -110,31 +113,18 @@ def text_metrics(task_metric: str, hypotheses: Sequence[str], references: Sequen
     }
 
 
-# The dates target YYYY-MM-DD: which target characters belong to year, month and day (the rows
-# of the task's alignment spans). The dashes have no source span and are not scored.
-DATE_FIELD_POSITIONS = ((0, 1, 2, 3), (5, 6), (8, 9))
-
-
 def alignment_accuracy(weights, spans) -> float:
-    """Share of scored target positions whose most-attended source position lies in the true span.
+    """Share of aligned target positions whose most-attended source position lies in the true span.
 
     Args:
       weights: `[T, S]` attention of one example (target positions over source positions).
-      spans: `[3, 2]` `[start, end)` source spans of year, month and day (the dates task's `alignment`).
+      spans: `[K, 4]` rows `(target start, target end, source start, source end)`: the target
+        positions `[t0, t1)` are produced from the source positions `[s0, s1)` (`tasks.Task.alignment`).
+        Target positions in no span, or past the end of `weights`, are not scored.
     """
     hits, total = 0, 0
-    for positions, (start, end) in zip(DATE_FIELD_POSITIONS, spans):
-        for position in positions:
-            if position < len(weights):
-                hits += int(start <= int(weights[position].argmax()) < end)
-                total += 1
+    for target_start, target_end, source_start, source_end in np.asarray(spans):
+        for position in range(target_start, min(target_end, len(weights))):
+            hits += int(source_start <= int(np.argmax(weights[position])) < source_end)
+            total += 1
     return hits / max(total, 1)
-
-
-def alignment_error_rate(predicted: set, sure: set, possible: set) -> float:
-    """Och and Ney (2003) AER: `1 - (|A & S| + |A & P|) / (|A| + |S|)`, with S a subset of P.
-
-    Alignments are sets of (source, target) index pairs.
-    """
-    possible = possible | sure
-    return 1.0 - (len(predicted & sure) + len(predicted & possible)) / max(len(predicted) + len(sure), 1)

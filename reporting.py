@@ -1,4 +1,5 @@
-"""What a run tells the researcher: metrics.jsonl, TensorBoard events, and the console.
+"""What a run tells the researcher: metrics.jsonl, TensorBoard events, the console, and the
+files of its evaluations (`eval/step_<N>.json`, `predictions/*.tsv`).
 
 `metrics.jsonl` holds one JSON object per logged event with `step`, `split`
 and the metric names. On resume, rows after the restored step are dropped (and
@@ -14,7 +15,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from tensorboardX import SummaryWriter
 
@@ -91,3 +92,21 @@ class Reporter:
     def close(self) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
+
+
+def write_eval(workdir: Path, step: int, split: str, results: dict) -> None:
+    """Adds one split's results to `eval/step_<N>.json` (one file per step, keyed by split)."""
+    path = workdir / "eval" / f"step_{step}.json"
+    path.parent.mkdir(exist_ok=True)
+    existing = json.loads(path.read_text()) if path.exists() else {"step": step}
+    existing[split] = results
+    path.write_text(json.dumps(existing, indent=2) + "\n")
+
+
+def write_predictions(path: Path, rows: Sequence[tuple[str, str, str]]) -> None:
+    """`source<TAB>reference<TAB>hypothesis` lines under a header (tabs inside a text become spaces)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        f.write("source\treference\thypothesis\n")
+        for row in rows:
+            f.write("\t".join(text.replace("\t", " ") for text in row) + "\n")

@@ -50,6 +50,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from configs import base
+from errors import ConfigError
+from stopping import StopSignals
 
 PROJECT_ROOT = Path(__file__).resolve().parent
 METHODS = ("grid", "random", "tpe")
@@ -60,7 +62,7 @@ NOT_SHOWN = ("step", "decoded_examples")  # and per-module metrics (names with "
 SWEEP_KEYS = ("method", "space", "objective", "direction", "num_trials", "budget", "pruning", "seed")
 
 
-class SweepError(ValueError):
+class SweepError(ConfigError):
     """A bad sweep file, config or flag; the message names the culprit."""
 
 
@@ -105,18 +107,23 @@ def load_python(path: str | Path, function: str, what: str) -> Any:
     return getattr(module, function)()
 
 
-def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any], where: str) -> ml_collections.ConfigDict:
-    """A copy of `config` with `overrides` set; an unknown field or a wrong type names `where`."""
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.lock()
-    for name, value in overrides.items():
+def override_flags(overrides: dict[str, Any]) -> list[str]:
+    """`{"model.d_model": 64}` -> `["--config.model.d_model=64"]`: how a trial's overrides reach train.py."""
+    return [f"--config.{name}={format_value(value)}" for name, value in overrides.items()]
+
+
+def with_overrides(config_path: str | Path, overrides: dict[str, Any], where: str) -> ml_collections.ConfigDict:
+    """The config file with `overrides` applied exactly as train.py will apply them (`base.load`);
+    an unknown field or a value the field cannot take names `where` and the field."""
+    config = base.load(config_path)
+    for name, value in overrides.items():  # one at a time, so the message names the field
+        if not base.has_field(config, name):
+            raise SweepError(f"{where}: unknown config field {name!r}")
         try:
-            base.set_field(config, name, value)
-        except (AttributeError, KeyError) as error:
-            raise SweepError(f"{where}: unknown config field {name!r}") from error
-        except (TypeError, ValueError) as error:
+            base.load(config_path, override_flags({name: value}))
+        except ConfigError as error:
             raise SweepError(f"{where}: config field {name!r} cannot take {value!r} ({error})") from error
-    return config
+    return base.load(config_path, override_flags(overrides))
 
 
 def space_values(path: str | Path, name: str, space: Any) -> list:
@@ -141,7 +148,7 @@ def space_values(path: str | Path, name: str, space: Any) -> list:
     return [low, high]
 
 
-def load_sweep(path: str | Path, config: ml_collections.ConfigDict) -> Sweep:
+def load_sweep(path: str | Path, config_path: str | Path) -> Sweep:
     """Reads and checks a sweep file against the config it sweeps.
 
     Raises:
@@ -162,11 +169,11 @@ def load_sweep(path: str | Path, config: ml_collections.ConfigDict) -> Sweep:
         raise SweepError(f"sweep file {path}: the space is empty; name at least one config field")
     for name, value in space.items():
         for candidate in space_values(path, name, value):
-            with_overrides(config, {name: candidate}, f"sweep file {path}")
+            with_overrides(config_path, {name: candidate}, f"sweep file {path}")
     if fields["method"] == "grid" and any(s[0] != "categorical" for s in space.values()):
         raise SweepError(f"sweep file {path}: a grid sweeps categorical spaces only")
     budget = dict(fields.get("budget", {}))
-    with_overrides(config, budget, f"sweep file {path} budget")
+    with_overrides(config_path, budget, f"sweep file {path} budget")
     objective = fields["objective"]
     if not isinstance(objective, str) or objective.count("/") != 1:
         raise SweepError(f"sweep file {path}: objective must be '<split>/<metric>' like 'dev/exact_match', got {objective!r}")
@@ -293,23 +300,8 @@ def pid_alive(pid: int) -> bool:
 # ---------------------------------------------------------------- one trial
 
 
-class Stop:
-    """SIGTERM/SIGINT: stop the running trial (it saves a checkpoint) and leave."""
-
-    requested = False
-
-    @classmethod
-    def install(cls) -> None:
-        def handle(signum, frame):
-            cls.requested = True
-
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
-
-
 def trial_command(args, workdir: Path, overrides: dict[str, Any]) -> list[str]:
-    flags = [f"--config.{name}={format_value(value)}" for name, value in overrides.items()]
-    return [sys.executable, str(args.train_script), f"--config={args.config}", f"--workdir={workdir}", *flags]
+    return [sys.executable, str(args.train_script), f"--config={args.config}", f"--workdir={workdir}", *override_flags(overrides)]
 
 
 def format_value(value: Any) -> str:
@@ -352,12 +344,13 @@ def last_lines(path: Path, count: int = 3) -> str:
     return " | ".join((errors or lines)[-count:])[-1000:] or "no output"
 
 
-def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, config: ml_collections.ConfigDict) -> None:
-    """Runs train.py for the trial, reports the objective, prunes, and tells the study the outcome."""
+def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop: StopSignals) -> None:
+    """Runs train.py for the trial, reports the objective, prunes, and tells the study the outcome.
+    A stop request (SIGTERM/SIGINT) stops the trial, which saves its checkpoint."""
     workdir = Path(trial.user_attrs.get("workdir") or Path(args.workdir) / "trials" / f"trial_{trial.number:04d}")
     workdir.mkdir(parents=True, exist_ok=True)
     overrides = {**sweep.budget, **trial.params}
-    num_train_steps = with_overrides(config, overrides, f"trial {trial.number}").num_train_steps
+    num_train_steps = with_overrides(args.config, overrides, f"trial {trial.number}").num_train_steps
     command = trial_command(args, workdir, overrides)
     trial.set_user_attr("workdir", str(workdir))
     trial.set_user_attr("command", shlex.join(command))
@@ -378,7 +371,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, conf
                         outcome = "pruned"
             if not running:
                 break
-            if outcome or Stop.requested:
+            if outcome or stop.requested:
                 process.send_signal(signal.SIGTERM)  # train.py saves a checkpoint and stops
                 process.wait()
                 continue  # read the rows it wrote on the way out
@@ -393,7 +386,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, conf
         trial.set_user_attr("metrics", {k: v for k, v in final[-1].items() if isinstance(v, (int, float))})
     if outcome == "pruned":
         study.tell(trial, state=TrialState.PRUNED)
-    elif Stop.requested and not final:
+    elif stop.requested and not final:
         trial.set_user_attr("error", "interrupted; queued again, to resume from its checkpoint")
         study.tell(trial, state=TrialState.FAIL)
         requeue(study, trial)
@@ -414,12 +407,16 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, conf
             study.tell(trial, value)
 
 
-def work(args, sweep: Sweep, config: ml_collections.ConfigDict) -> None:
+def work(args, sweep: Sweep) -> None:
     """One worker: takes queued or new trials until the sweep's trials are all done or taken."""
-    Stop.install()
+    with StopSignals() as stop:
+        work_until_done(args, sweep, stop)
+
+
+def work_until_done(args, sweep: Sweep, stop: StopSignals) -> None:
     study = open_study(args, sweep)
     space = distributions(sweep)
-    while not Stop.requested:
+    while not stop.requested:
         recover_dead_trials(study)
         trials = study.get_trials(deepcopy=False)
         waiting = any(t.state == TrialState.WAITING for t in trials)
@@ -431,7 +428,7 @@ def work(args, sweep: Sweep, config: ml_collections.ConfigDict) -> None:
             trial.set_user_attr("surplus", True)  # another worker took the last one meanwhile
             study.tell(trial, state=TrialState.FAIL)
             continue
-        run_trial(study, trial, args, sweep, config)
+        run_trial(study, trial, args, sweep, stop)
 
 
 # ---------------------------------------------------------------- results
@@ -495,11 +492,11 @@ def format_cell(value: Any) -> str:
 
 def plot_objective(rows: list[dict], sweep: Sweep, path: Path) -> None:
     """The objective of each finished trial against each swept field."""
-    import visualize  # matplotlib, set up to draw files only
+    import visualize
 
-    plt = visualize.plt
     done = [r for r in rows if r["state"] == "complete"]
-    figure, axes = plt.subplots(1, len(sweep.space), figsize=(4.5 * len(sweep.space), 3.6), squeeze=False)
+    figure = visualize.new_figure(figsize=(4.5 * len(sweep.space), 3.6))
+    axes = figure.subplots(1, len(sweep.space), squeeze=False)
     for axis, (name, space) in zip(axes[0], sweep.space.items()):
         values = [r[name] for r in done]
         if space[0] == "categorical":
@@ -514,7 +511,6 @@ def plot_objective(rows: list[dict], sweep: Sweep, path: Path) -> None:
         axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
 
 
 # ---------------------------------------------------------------- command line
@@ -543,29 +539,28 @@ def launch_workers(args, argv: list[str]) -> int:
         for index in range(args.parallel)
     ]
 
-    def forward(signum, frame):
+    def forward(signum: int) -> None:
         for worker in workers:
             if worker.poll() is None:
                 worker.send_signal(signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    return max(worker.wait() for worker in workers)
+    with StopSignals(on_signal=forward):
+        return max(worker.wait() for worker in workers)
 
 
 def main(argv: list[str]) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         args = parse_args(argv)
-        config = load_python(args.config, "get_config", "config")
-        sweep = load_sweep(args.sweep, config)
+        base.load(args.config)  # a config file that does not load stops here, named
+        sweep = load_sweep(args.sweep, args.config)
         if args.worker_index is not None:
-            work(args, sweep, config)
+            work(args, sweep)
             return 0
         study = open_study(args, sweep)  # creates the study (and queues the grid) once, before the workers
         status = launch_workers(args, argv)
         results = write_results(study, sweep, args)
-    except SweepError as error:
+    except ConfigError as error:
         print(f"sweep.py: error: {error}", file=sys.stderr)
         return 2
     states = [t.state.name.lower() for t in counted(study.get_trials(deepcopy=False))]

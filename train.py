@@ -9,7 +9,6 @@ restore a checkpoint (the latest, `--config.restore_step=N`, or the best with
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import time
@@ -18,10 +17,12 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+import evaluation
+import inference
 import trainer
+from errors import UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parent
-
 
 
 def one_line(error: BaseException) -> str:
@@ -47,11 +48,9 @@ except Exception as error:
     exit_with_flag_error(error)
 flags.DEFINE_string("workdir", None, "Run folder (default: a fresh runs/<config>-<time>).")
 flags.DEFINE_enum("mode", "train", ["train", "eval", "predict"], "What to do.")
-flags.DEFINE_string("input_file", None, "--mode=predict: decode these lines (one source each) instead of a split.")
+flags.DEFINE_string("input_file", None, "--mode=predict: decode these lines (one source each; - = standard input) instead of a split.")
 FLAGS = flags.FLAGS
 
-# Errors that name their culprit in their message: shown as one line, no traceback.
-USER_ERRORS = (ValueError, OSError, KeyError, trainer.NonFiniteLoss)
 
 
 def default_workdir() -> Path:
@@ -59,19 +58,28 @@ def default_workdir() -> Path:
     return PROJECT_ROOT / "runs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def run_mode(config, workdir: Path):
+    if FLAGS.mode == "train":
+        return trainer.train_and_evaluate(config, workdir)
+    if FLAGS.mode == "eval":
+        return evaluation.evaluate(config, workdir)
+    if FLAGS.input_file:
+        return inference.translate_file(config, workdir, FLAGS.input_file)
+    return evaluation.predict(config, workdir)
+
+
 def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.getLogger().setLevel(logging.WARNING)
-    run = {
-        "train": trainer.train_and_evaluate,
-        "eval": trainer.evaluate,
-        "predict": functools.partial(trainer.predict, input_file=FLAGS.input_file),
-    }[FLAGS.mode]
     try:
-        workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
-        result = run(FLAGS.config, workdir)  # the config file is loaded here, on first access
-    except USER_ERRORS as error:
+        config = FLAGS.config  # the config file is loaded here, on first access: anything raised is about it
+    except Exception as error:
+        exit_with_flag_error(error)
+    workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
+    try:
+        result = run_mode(config, workdir)
+    except UserError as error:  # the message names the culprit; anything else is a bug and keeps its traceback
         exit_with_flag_error(error)
     if FLAGS.mode == "eval":
         print({k: v for k, v in result.items() if not k.endswith("signature")})
@@ -86,9 +94,6 @@ def parse_flags(argv: list[str]) -> list[str]:
         return FLAGS(argv)
     except Exception as error:  # anything raised while parsing flags is about the flags
         exit_with_flag_error(error)
-
-
-
 
 
 if __name__ == "__main__":

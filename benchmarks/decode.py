@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import decoding  # noqa: E402
 import models  # noqa: E402
 from benchmarks.timing import median_seconds  # noqa: E402
-from tokenizers import EOS_ID  # noqa: E402
+from vocabularies import EOS_ID  # noqa: E402
 
 class NoEos:
     """Wraps a model so that eos never wins until the length limit forces it."""

@@ -29,7 +29,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
 import input_pipeline  # noqa: E402
-import trainer  # noqa: E402
+import run_setup  # noqa: E402
 
 
 def examples_in(batch: dict) -> int:
@@ -42,8 +42,8 @@ def examples_in(batch: dict) -> int:
 def pipeline_rates(config_name: str, batches: int, window: int) -> dict:
     config = importlib.import_module(f"configs.{config_name}").get_config()
     with tempfile.TemporaryDirectory() as workdir:
-        task, tokens = trainer.load_task_and_tokenizers(config, Path(workdir))
-        data, _ = input_pipeline.train_dataset(task, tokens, trainer.pipeline_settings(config))
+        task, tokens = run_setup.load_task_and_tokenizers(config, Path(workdir))
+        data, _ = input_pipeline.train_dataset(task, tokens, input_pipeline.PipelineSettings.from_config(config))
         iterator = iter(data)
         for _ in range(window):  # warm-up: threads started, buffers filled
             next(iterator)

@@ -25,9 +25,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import evaluation  # noqa: E402
 import trainer  # noqa: E402
+import visualize  # noqa: E402
 from configs import base, default, recurrent  # noqa: E402
-from visualize import plt  # noqa: E402  (matplotlib set up to draw files only)
 
 FAMILIES = ("rnnencdec", "rnnsearch", "transformer")
 MAX_SOURCE = 100
@@ -39,7 +40,6 @@ def experiment_config(family: str, task: str, steps: int, data_dir: str):
     """The family's config for `task` with the shared budget."""
     if task == "copy":
         config = recurrent.get_config(family, "reverse") if family != "transformer" else default.get_config()
-        config.unlock()
         config.task = base.task("copy", min_length=5, max_length=MAX_SOURCE, vocab_size=20)
         config.data.max_source_length = config.data.max_target_length = MAX_SOURCE + 1  # eos
         config.data.bucket_boundaries = (16, 32, 48, 64, 80, MAX_SOURCE + 1)
@@ -48,7 +48,6 @@ def experiment_config(family: str, task: str, steps: int, data_dir: str):
     elif task == "kjv_web":
         name = "kjv_web_transformer" if family == "transformer" else f"{family}_kjv_web"
         config = importlib.import_module(f"configs.{name}").get_config()
-        config.unlock()
         config.decode.beam_size = 1
     else:
         raise ValueError(f"--task must be copy or kjv_web, got {task!r}")
@@ -62,7 +61,8 @@ def experiment_config(family: str, task: str, steps: int, data_dir: str):
     config.eval_decode_examples = 100  # the full test split is decoded by predict() below
     config.visualize_examples = 0
     config.length_bucket_width = 10
-    return base.lock(config)
+    config.lock()
+    return config
 
 
 def train_and_score(config, workdir: Path) -> dict:
@@ -70,7 +70,7 @@ def train_and_score(config, workdir: Path) -> dict:
     finished = workdir / "eval" / f"step_{config.num_train_steps}.json"
     if not (finished.exists() and "by_source_length" in json.loads(finished.read_text()).get("test", {})):
         trainer.train_and_evaluate(config, workdir)
-        trainer.predict(config, workdir)
+        evaluation.predict(config, workdir)
     return json.loads(finished.read_text())["test"]["by_source_length"]
 
 
@@ -107,7 +107,8 @@ def main() -> None:
         ]  # fmt: skip
         print(f"| {bucket} | {examples} | " + " | ".join(cells) + " |")
 
-    figure, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
+    figure = visualize.new_figure(figsize=(5.5 * len(metrics), 4))
+    axes = figure.subplots(1, len(metrics), squeeze=False)
     for axis, metric in zip(axes[0], metrics):
         for family, style in zip(families, STYLES):  # distinct styles: equal curves stay visible
             points = sorted((bucket_start(b) + 5, s[metric]) for b, s in results[family].items())

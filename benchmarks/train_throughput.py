@@ -1,7 +1,9 @@
 """Training throughput of the default and the kjv_web configs on this machine.
 
     python benchmarks/train_throughput.py [--configs default,kjv_web_transformer] [--steps 60]
-                                          [--set data.batching=pack --set batch_size=32 ...]
+                                          [--config.data.batching=pack --config.batch_size=32 ...]
+
+Overrides take train.py's syntax and apply to every config measured.
 
 For each config, in a fresh process: seconds from process start to the end of
 the first train step (imports, data, tokenizer, model, compilation), the number
@@ -47,41 +49,38 @@ def matmul_peak_flops(size: int = 2048, repeats: int = 10) -> float:
 
 def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> dict:
     """Runs in its own process (so that 'process start' is meaningful)."""
-    import importlib
-
     import jax
-    import yaml
 
     import input_pipeline
     import trainer
     from configs import base
+    from run_setup import prepare_run
 
-    config = importlib.import_module(f"configs.{config_name}").get_config()
-    for override in overrides:  # "a.b=value", the value parsed as YAML (numbers, booleans, lists)
-        dotted_name, value = override.split("=", 1)
-        base.set_field(config, dotted_name, yaml.safe_load(value))
+    config = base.load(PROJECT_ROOT / "configs" / f"{config_name}.py", overrides)
     started = psutil.Process().create_time()
     with tempfile.TemporaryDirectory() as workdir:
-        run = trainer.prepare_run(config, workdir)
+        run = prepare_run(config, workdir)
+        tx = trainer.make_optimizer(config)
+        state = trainer.initial_state(run, tx)
+        train_step = trainer.compile_train_step(run, tx, state)
         data, _ = input_pipeline.train_dataset(run.task, run.tokens, run.pipeline())
         batches = iter(data)
-        state = run.initial_state
         first = run.global_batch(next(batches))
-        flops = run.train_step.lower(state, first).compile().cost_analysis()["flops"]
-        state, step_metrics = run.train_step(state, first)
+        flops = train_step.lower(state, first).compile().cost_analysis()["flops"]
+        state, step_metrics = train_step(state, first)
         jax.block_until_ready(step_metrics)
         first_step_seconds = time.time() - started
         rates, token_rates = [], []
         for _ in range(steps // window):
             start, tokens = time.perf_counter(), 0.0
             for _ in range(window):
-                state, step_metrics = run.train_step(state, run.global_batch(next(batches)))
+                state, step_metrics = train_step(state, run.global_batch(next(batches)))
                 tokens += step_metrics["tokens"]  # stays on device: no sync inside the window
             tokens = float(tokens)  # waits for the window's last step
             elapsed = time.perf_counter() - start
             rates.append(window / elapsed)
             token_rates.append(tokens / elapsed)
-        compilations = run.train_step._cache_size()
+        compilations = train_step._cache_size()
     steps_per_second = statistics.median(rates)
     return {
         "config": config_name,
@@ -101,11 +100,10 @@ def main() -> None:
     parser.add_argument("--configs", default="default,kjv_web_transformer")
     parser.add_argument("--steps", type=int, default=60, help="steady-state steps measured per config")
     parser.add_argument("--window", type=int, default=10, help="steps per timing window")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config override")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one config in this process
-    args = parser.parse_args()
+    args, overrides = parser.parse_known_args()  # the rest: --config.a.b=value overrides
     if args.one:
-        print(json.dumps(measure(args.one, args.steps, args.window, args.set)))
+        print(json.dumps(measure(args.one, args.steps, args.window, overrides)))
         return
 
     peak = matmul_peak_flops()
@@ -114,7 +112,7 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.configs.split(","):
         command = [sys.executable, __file__, "--one", name, "--steps", str(args.steps), "--window", str(args.window)]
-        command += [f"--set={override}" for override in args.set]
+        command += overrides
         output = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout
         r = json.loads(output.strip().splitlines()[-1])
         print(

@@ -1,4 +1,4 @@
-"""Every config field, documented once. Experiment files start from here and change what differs.
+"""Every common config field, documented once. Experiment files start from here and change what differs.
 
 An experiment file (`configs/NAME.py`) does
 
@@ -6,36 +6,58 @@ An experiment file (`configs/NAME.py`) does
 
     def get_config():
         config = base.get_config()
-        config.task = base.task("dates", train_size=20_000)   # the task and its own parameters
-        config.model.d_model = 256
+        config.task = base.task("dates", train_size=20_000)    # the task and its own parameters
+        config.model = base.model("rnnsearch", hidden_dim=256)  # the model family and its own fields
+        config.learning_rate = 3e-4
         ...
-        return base.lock(config)
+        return config
 
-and runs with `python train.py --config=configs/NAME.py --workdir=DIR [--config.a.b=v ...]`.
-The task's and the model's parameters are documented with their dataclasses
-(`tasks/dates.py` `DatesConfig`, `tasks/synthetic.py` `SyntheticConfig`,
-`tasks/parallel_text.py` `ParallelTextConfig`, `tasks/catalog.py` `load_catalog`;
+and runs with `python train.py --config=configs/NAME.py --workdir=DIR [--config.a.b=v ...]`
+(train.py locks the field set, so a misspelt override fails at once).
+A task's and a model family's own parameters, their defaults and their
+documentation live in one place, their dataclass: `tasks/dates.py`
+`DatesConfig`, `tasks/synthetic.py` `SyntheticConfig`, `tasks/parallel_text.py`
+`ParallelTextConfig`, `tasks/catalog.py` `CatalogConfig`;
 `models/transformer.py` `TransformerConfig`, `models/rnn.py` `RNNEncDecConfig`,
-`RNNSearchConfig`, `LuongConfig`), so they are written down once there.
+`RNNSearchConfig`, `LuongConfig`. `task()` and `model()` copy every field with its
+default from there, so that each can be overridden from the command line.
+
+Overrides have one syntax, `--config.a.b=value`, wherever a config is read
+(train.py, sweep.py and its budgets, the benchmarks): `load(path, overrides)`.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Sequence
+
 import ml_collections
+from absl import flags
+from ml_collections import config_flags
+
+import models
+import tasks
+from errors import ConfigError
 
 
 def task(name: str, **params) -> ml_collections.ConfigDict:
-    """`config.task`: the task name (see `tasks.TASKS`, or a TFDS catalog name) and its parameters."""
-    return ml_collections.ConfigDict({"name": name, **params})
+    """`config.task`: the task name (see `tasks.TASKS`, or a TFDS catalog name) and every parameter
+    of its dataclass, with `params` replacing their defaults."""
+    return ml_collections.ConfigDict({"name": name, **_replaced(tasks.parameters_of(name), params, f"task {name}")})
 
 
 def model(name: str, **fields) -> ml_collections.ConfigDict:
-    """`config.model` for another family than the Transformer: its name and its own fields.
+    """`config.model`: the model family's name (see `models.MODELS`) and every field of its
+    dataclass, with `fields` replacing their defaults. Vocabulary sizes and special ids come from
+    the vocabulary, not from here."""
+    return ml_collections.ConfigDict({"name": name, **_replaced(models.fields_of(name), fields, f"model {name}")})
 
-    The fields are those of the family's dataclass in `models.MODELS`; the ones
-    not given keep that dataclass's defaults.
-    """
-    return ml_collections.ConfigDict({"name": name, **fields})
+
+def _replaced(defaults: dict, given: dict, what: str) -> dict:
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ConfigError(f"unknown field(s) of {what}: {', '.join(unknown)}; valid: {', '.join(sorted(defaults))}")
+    return {**defaults, **given}
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -127,29 +149,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.num_threads = 2
     config.data.prefetch_batches = 4
 
-    # The model: "name" picks it from models.MODELS; the other fields are its dataclass's
-    # (models/transformer.py TransformerConfig for "transformer"; models/rnn.py for the recurrent
-    # families, set with model() above). Vocabulary sizes and the
-    # special token ids come from the tokenizer.
-    config.model = ml_collections.ConfigDict()
-    config.model.name = "transformer"
-    config.model.d_model = 128
-    config.model.num_heads = 4
-    config.model.num_encoder_layers = 2
-    config.model.num_decoder_layers = 2
-    config.model.d_ff = 512
-    config.model.dropout_rate = 0.1
-    config.model.attention_dropout_rate = 0.0
-    config.model.relu_dropout_rate = 0.0
-    config.model.pre_layer_norm = False
-    config.model.share_embeddings = True
-    config.model.tie_output = True
-    config.model.positional = "sinusoidal"
-    config.model.max_length = 512
-    config.model.score = "scaled_dot"
-    config.model.use_bias = True
-    # "float32" or "bfloat16" activations (parameters and softmax stay float32).
-    config.model.dtype = "float32"
+    # The model: "name" picks it from models.MODELS, the other fields are its dataclass's; set it
+    # with model() above. The Transformer's defaults are the paper's base model.
+    config.model = model("transformer")
 
     config.decode = ml_collections.ConfigDict()
     # Beam width; 1 = greedy search.
@@ -168,12 +170,6 @@ def get_config() -> ml_collections.ConfigDict:
     return config
 
 
-def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Locks the field set, so a misspelt `--config.x` override fails at once."""
-    config.lock()
-    return config
-
-
 def set_field(config: ml_collections.ConfigDict, dotted_name: str, value) -> None:
     """`set_field(config, "model.d_model", 256)`: what `--config.model.d_model=256` does, from code."""
     *parents, leaf = dotted_name.split(".")
@@ -181,3 +177,33 @@ def set_field(config: ml_collections.ConfigDict, dotted_name: str, value) -> Non
     for parent in parents:
         target = target[parent]
     target[leaf] = value
+
+
+def has_field(config: ml_collections.ConfigDict, dotted_name: str) -> bool:
+    """Whether `config` has the field `a.b.c`."""
+    *parents, leaf = dotted_name.split(".")
+    for parent in parents:
+        config = config.get(parent)
+        if not isinstance(config, ml_collections.ConfigDict):
+            return False
+    return leaf in config
+
+
+def load(path: str | Path, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """The locked config of the file at `path` with `--config.a.b=value` overrides applied.
+
+    The same parser as train.py's flags: an unknown field, a wrong type or an unparsable
+    value raises `ConfigError` naming it.
+    """
+    for override in overrides:
+        if not override.startswith("--config."):
+            raise ConfigError(f"config override {override!r} must look like --config.a.b=value")
+    argv = ["load", f"--config={path}", *overrides]
+    flag_values = flags.FlagValues()
+    try:  # the override flags are made from `argv` when the flag is defined
+        config_flags.DEFINE_config_file("config", str(path), flag_values=flag_values, lock_config=True, sys_argv=argv)
+        flag_values(argv)
+        return flag_values.config
+    except Exception as error:  # ml_collections and absl raise many types; all are about these flags
+        root = error.__cause__ or error.__context__ or error
+        raise ConfigError(f"config {path} {' '.join(overrides)}: {root}") from error

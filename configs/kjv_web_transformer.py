@@ -33,4 +33,4 @@ def get_config():
     config.model.num_decoder_layers = 3
     config.model.d_ff = 1024
     config.decode.beam_size = 4
-    return base.lock(config)
+    return config

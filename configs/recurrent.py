@@ -20,7 +20,6 @@ FAMILIES = ("rnnencdec", "rnnsearch", "luong")
 def _dates():
     """configs/default.py's task and schedule, with 64 bucketed examples a step."""
     config = default.get_config()
-    config.unlock()
     config.update(num_train_steps=3_000, batch_size=64, learning_rate=3e-3, eval_every_steps=1_000,
                   checkpoint_every_steps=1_000)  # fmt: skip
     config.data.max_target_length = 16
@@ -40,7 +39,6 @@ def _reverse():
 def _kjv_web():
     """configs/kjv_web_transformer.py's corpus, vocabulary, schedule and search."""
     config = kjv_web_transformer.get_config()
-    config.unlock()
     config.data.max_source_length = config.data.max_target_length = 96
     config.data.bucket_boundaries = (16, 32, 48, 64, 96)
     return config
@@ -70,4 +68,4 @@ def get_config(family: str, task: str):
     config.data.batching = "bucket"  # the recurrent models read one example per row
     config.grad_clip_norm = 1.0  # Bahdanau et al. section 4.2 clip the gradient norm at 1
     config.schedule = "cosine"
-    return base.lock(config)
+    return config

@@ -40,4 +40,4 @@ def get_config():
     config.model.d_ff = 2048
     config.decode.beam_size = 4
     config.decode.length_penalty = 0.6
-    return base.lock(config)
+    return config

@@ -1,7 +1,9 @@
 """Model registry: `config.model.name` -> (hyperparameter dataclass, model class).
 
 Models import nothing of training or data; the trainer builds one with
-`create_model(name, rngs=..., **fields)`.
+`create_model(name, rngs=..., **fields)`. Each family's fields, their defaults
+and documentation live in its dataclass; `configs/base.py` `model()` starts
+from `fields_of(name)`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from flax import nnx
+
+from errors import ConfigError
 
 from models.rnn import Luong, LuongConfig, RNNEncDec, RNNEncDecConfig, RNNSearch, RNNSearchConfig
 from models.transformer import Transformer, TransformerConfig
@@ -21,17 +25,31 @@ MODELS = {
 }
 
 
+# Fields that come from the vocabulary, not from the config.
+FROM_VOCABULARY = ("vocab_size", "source_vocab_size", "bos_id", "pad_id")
+
+
+def _family(name: str) -> tuple[type, type]:
+    if name not in MODELS:
+        raise ConfigError(f"unknown model.name {name!r}; valid: {', '.join(sorted(MODELS))}")
+    return MODELS[name]
+
+
+def fields_of(name: str) -> dict:
+    """The config fields of model `name` with their defaults (the vocabulary's fields left out)."""
+    config_class, _ = _family(name)
+    return {f.name: f.default for f in dataclasses.fields(config_class) if f.name not in FROM_VOCABULARY}
+
+
 def create_model(name: str, *, rngs: nnx.Rngs, **fields) -> nnx.Module:
     """Builds the model registered as `name` from its hyperparameters.
 
     Raises:
-      ValueError: naming an unknown model or an unknown hyperparameter.
+      ConfigError: naming an unknown model, an unknown hyperparameter or an impossible value.
     """
-    if name not in MODELS:
-        raise ValueError(f"unknown model.name {name!r}; valid: {', '.join(sorted(MODELS))}")
-    config_class, model_class = MODELS[name]
+    config_class, model_class = _family(name)
     known = {f.name for f in dataclasses.fields(config_class)}
     unknown = sorted(set(fields) - known)
     if unknown:
-        raise ValueError(f"unknown field(s) for model {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        raise ConfigError(f"unknown field(s) for model {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
     return model_class(config_class(**fields), rngs=rngs)

@@ -18,15 +18,18 @@ weights and a zero output, with finite gradients.
 
 The math lives in pure functions; the modules only hold parameters. Modules
 record their weights with `sow` under `AttentionWeights` while the caller
-captures them (`nnx.capture(model, AttentionWeights)`); outside a capture they
+captures them (`capture_attention(model, batch)`); outside a capture they
 record nothing and take the fused `jax.nn.dot_product_attention` path where it
-applies.
+applies. Each module carries its `AttentionRole` (what attends to what), which
+`attention_roles(model)` reads without running it, so that a picture or a
+metric knows the axes of the weights it is given.
 """
 
 from __future__ import annotations
 
+import enum
 import math
-from typing import NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +46,14 @@ SCORES = ("scaled_dot", "dot", "general", "additive")
 
 class AttentionWeights(nnx.Intermediate):
     """Variable type under which attention modules sow their weights."""
+
+
+class AttentionRole(enum.Enum):
+    """What an attention module relates: its weights' query and key axes."""
+
+    CROSS = "cross"  # output positions over the source (or an image's locations): [T, S]
+    SOURCE_SELF = "source_self"  # source positions over the source: [S, S]
+    TARGET_SELF = "target_self"  # output positions over earlier outputs: [T, T]
 
 
 # --------------------------------------------------------------------------
@@ -287,6 +298,7 @@ class MultiHeadAttention(nnx.Module):
         dropout_rate: float = 0.0,
         use_bias: bool = True,
         additive_chunk_size: int = 64,
+        role: AttentionRole = AttentionRole.SOURCE_SELF,
         dtype: jnp.dtype | None = None,
         rngs: nnx.Rngs,
     ):
@@ -298,7 +310,7 @@ class MultiHeadAttention(nnx.Module):
             head_dim = in_features // num_heads
         kv_features = in_features if kv_features is None else kv_features
         out_features = in_features if out_features is None else out_features
-        self.num_heads, self.head_dim, self.score = num_heads, head_dim, score
+        self.num_heads, self.head_dim, self.score, self.role = num_heads, head_dim, score, role
         self.additive_chunk_size, self.dtype = additive_chunk_size, dtype
         width = num_heads * head_dim
 
@@ -420,6 +432,7 @@ class Attention(nnx.Module):
         *,
         score: str = "additive",
         attention_dim: int | None = None,
+        role: AttentionRole = AttentionRole.CROSS,
         dtype: jnp.dtype | None = None,
         rngs: nnx.Rngs,
     ):
@@ -428,7 +441,7 @@ class Attention(nnx.Module):
             raise ValueError(f"unknown attention score {score!r}; valid: {', '.join(scores)}")
         if score == "dot" and query_features != key_features:
             raise ValueError(f"dot score needs equal query and key sizes, got {query_features} and {key_features}")
-        self.score = score
+        self.score, self.role = score, role
         additive = score in ("additive", "concat")
         attention_dim = attention_dim or key_features
         self.query_proj = nnx.data(
@@ -480,6 +493,38 @@ class Attention(nnx.Module):
         """
         if capturing(self):
             self.sow(AttentionWeights, "attention_weights", weights[:, None])
+
+
+# --------------------------------------------------------------------------
+# Capturing the weights
+
+
+def capture_attention(model: nnx.Module, batch: Mapping[str, Any], **call_args) -> dict[str, Array]:
+    """Every attention module's weights of one forward pass `model(batch, **call_args)`, by module path.
+
+    Returns:
+      e.g. `{'decoder_layers/1/cross_attention': [B, N, T, S], ...}`; `attention_roles(model)`
+      tells each one's axes.
+    """
+    _, recorded = nnx.capture(model, AttentionWeights)(batch, **call_args)
+    weights = {}
+    for path, variable in nnx.to_flat_state(recorded):
+        (value,) = variable.get_value()  # one call of each module per forward pass
+        weights[_path_name(path[:-1])] = value
+    return weights
+
+
+def attention_roles(model: nnx.Module) -> dict[str, AttentionRole]:
+    """The role of every attention module of `model`, by the module path `capture_attention` uses."""
+    return {
+        _path_name(path): module.role
+        for path, module in nnx.iter_modules(model)
+        if isinstance(module, (MultiHeadAttention, Attention))
+    }
+
+
+def _path_name(path: tuple) -> str:
+    return "/".join(str(part) for part in path)
 
 
 def _check_rank(name: str, x: Array, rank: int) -> None:

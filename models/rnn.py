@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from errors import ConfigError
 from models.attention import Attention
 from models.layers import shift_right
 
@@ -61,9 +62,12 @@ class RNNConfig:
 
     def __post_init__(self):
         if self.cell not in CELLS:
-            raise ValueError(f"model.cell must be one of {', '.join(CELLS)}, got {self.cell!r}")
-        if min(self.num_encoder_layers, self.num_decoder_layers) < 1:
-            raise ValueError("model.num_encoder_layers and model.num_decoder_layers must be at least 1")
+            raise ConfigError(f"model.cell must be one of {', '.join(CELLS)}, got {self.cell!r}")
+        for name in ("embed_dim", "hidden_dim", "num_encoder_layers", "num_decoder_layers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be at least 1, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ConfigError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +96,7 @@ class LuongConfig(RNNConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.num_encoder_layers != self.num_decoder_layers:
-            raise ValueError(
+            raise ConfigError(
                 "the Luong decoder starts from the encoder's final states, so model.num_encoder_layers "
                 f"({self.num_encoder_layers}) must equal model.num_decoder_layers ({self.num_decoder_layers})"
             )
@@ -185,8 +189,10 @@ class LSTMCell(nnx.Module):
         return LSTMState(hidden, jnp.zeros_like(hidden))
 
 
-def make_cell(kind: str, input_dim: int, hidden_dim: int, rngs: nnx.Rngs) -> GRUCell | LSTMCell:
-    return (GRUCell if kind == "gru" else LSTMCell)(input_dim, hidden_dim, rngs=rngs)
+def cell_stack(kind: str, input_dim: int, hidden_dim: int, layers: int, rngs: nnx.Rngs) -> nnx.List:
+    """`layers` cells of `kind`, the first reading `input_dim` features, the others the layer below."""
+    cell_class = GRUCell if kind == "gru" else LSTMCell
+    return nnx.List(cell_class(input_dim if layer == 0 else hidden_dim, hidden_dim, rngs=rngs) for layer in range(layers))
 
 
 def time_major(tree: Any) -> Any:
@@ -230,10 +236,7 @@ class Encoder(nnx.Module):
 
     def __init__(self, config: RNNConfig, *, bidirectional: bool, rngs: nnx.Rngs):
         def stack():
-            return nnx.List(
-                make_cell(config.cell, config.embed_dim if layer == 0 else config.hidden_dim, config.hidden_dim, rngs)
-                for layer in range(config.num_encoder_layers)
-            )
+            return cell_stack(config.cell, config.embed_dim, config.hidden_dim, config.num_encoder_layers, rngs)
 
         self.forward_cells = stack()
         self.backward_cells = nnx.data(stack() if bidirectional else None)
@@ -285,15 +288,27 @@ class RNNDecodeState(NamedTuple):
 
 
 class RNNEncoderDecoder(nnx.Module):
-    """The teacher-forced pass and `decode_step` every recurrent family shares.
+    """The parts, teacher-forced pass and `decode_step` every recurrent family shares.
 
-    A family sets `source_embed`, `target_embed`, `decoder_cells`, `dropout`,
-    `cross_attention` (None without attention) and implements `encode`,
-    `init_decode_state`, `_step` and `_readout`.
+    Built here: the source and target embeddings `E` (separate tables, as in
+    the papers), the decoder's cell stack and the dropout. A family adds its
+    encoder and, if it attends, its `cross_attention`, and implements
+    `encode`, `init_decode_state`, `_step` and `_readout`.
     """
 
-    config: RNNConfig
-    cross_attention: Attention | None
+    def __init__(self, config: RNNConfig, *, first_decoder_input: int, rngs: nnx.Rngs):
+        """`first_decoder_input`: the features the first decoder cell reads (its other inputs,
+        such as a context, are added to its projected input by the family)."""
+        self.config = config
+        init = nnx.initializers.normal(stddev=0.1)
+        source_vocab = config.source_vocab_size or config.vocab_size
+        self.source_embed = nnx.Embed(source_vocab, config.embed_dim, embedding_init=init, rngs=rngs)
+        self.target_embed = nnx.Embed(config.vocab_size, config.embed_dim, embedding_init=init, rngs=rngs)
+        self.decoder_cells = cell_stack(
+            config.cell, first_decoder_input, config.hidden_dim, config.num_decoder_layers, rngs
+        )
+        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.cross_attention = nnx.data(None)  # set by the families that attend
 
     def _step(self, memory: RNNMemory, projected: Array, state: RNNDecodeState, masks: tuple) -> tuple:
         """One decoder step: `projected [B, G*H]` (the first cell's projected embedding of the
@@ -337,7 +352,7 @@ class RNNEncoderDecoder(nnx.Module):
     def __call__(self, batch: dict[str, Array], deterministic: bool = True) -> Array:
         """Teacher-forced logits `[B, T, V]` for `batch['targets']` given `batch['inputs']`."""
         if "inputs_segment_ids" in batch:
-            raise ValueError("the recurrent models do not read packed rows; set data.batching='bucket'")
+            raise ConfigError("the recurrent models do not read packed rows; set data.batching='bucket'")
         targets = batch["targets"]
         memory = self.encode(batch["inputs"], deterministic=deterministic)
         embedded = self.dropout(
@@ -365,14 +380,6 @@ class RNNEncoderDecoder(nnx.Module):
         return self._readout(features, embedded, True), state
 
 
-def _embeddings(config: RNNConfig, rngs: nnx.Rngs) -> tuple[nnx.Embed, nnx.Embed]:
-    """Source and target embeddings `E` (separate tables, as in the papers)."""
-    init = nnx.initializers.normal(stddev=0.1)
-    source = nnx.Embed(config.source_vocab_size or config.vocab_size, config.embed_dim, embedding_init=init, rngs=rngs)
-    target = nnx.Embed(config.vocab_size, config.embed_dim, embedding_init=init, rngs=rngs)
-    return source, target
-
-
 # --------------------------------------------------------------------------
 # RNNencdec and RNNsearch: one decoder, fed a fixed summary or an attended context
 
@@ -394,13 +401,8 @@ class ContextDecoderModel(RNNEncoderDecoder):
     """
 
     def __init__(self, config: RNNEncDecConfig, *, context_dim: int, initial_dim: int, rngs: nnx.Rngs):
-        self.config = config
+        super().__init__(config, first_decoder_input=config.embed_dim, rngs=rngs)
         hidden, maxout = config.hidden_dim, config.maxout_dim
-        self.source_embed, self.target_embed = _embeddings(config, rngs)
-        self.decoder_cells = nnx.List(
-            make_cell(config.cell, config.embed_dim if layer == 0 else hidden, hidden, rngs)
-            for layer in range(config.num_decoder_layers)
-        )
         gates = self.decoder_cells[0].gates * hidden
         self.context_proj = nnx.Linear(context_dim, gates, use_bias=False, rngs=rngs)  # C, C_z, C_r
         self.initial_proj = nnx.Linear(initial_dim, config.num_decoder_layers * hidden, rngs=rngs)  # W_s
@@ -408,7 +410,6 @@ class ContextDecoderModel(RNNEncoderDecoder):
         self.readout_embedding = nnx.Linear(config.embed_dim, 2 * maxout, use_bias=False, rngs=rngs)  # V_o
         self.readout_context = nnx.Linear(context_dim, 2 * maxout, use_bias=False, rngs=rngs)  # C_o
         self.output = nnx.Linear(maxout, config.vocab_size, rngs=rngs)  # W_o
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
     def _context(self, memory: RNNMemory, previous_hidden: Array) -> tuple[Array, Array | None]:
         """`c_i` `[B, Dc]` and the attention weights `[B, S]` (None without attention)."""
@@ -420,9 +421,17 @@ class ContextDecoderModel(RNNEncoderDecoder):
         return RNNDecodeState(tuple(cell.start(h) for cell, h in zip(self.decoder_cells, starts)), None)
 
     def _step(self, memory, projected, state, masks):
-        context, weights = self._context(memory, self._top_hidden(state.layers))  # c_i from s_{i-1}
-        layers = self._stack_step(projected + self.context_proj(context), state.layers, masks)
-        return RNNDecodeState(layers, None), ReadoutFeatures(self._top_hidden(layers), context), weights
+        """Step i of the decoder (Bahdanau et al. appendix A.2.2; Cho et al. eq. 8 for RNNencdec):
+
+        1. the context `c_i` from `s_{i-1}`: the fixed summary `c`, or attention `e_ij =
+           v^T tanh(W s_{i-1} + U h_j)`, `alpha_ij = softmax_j(e_ij)`, `c_i = sum_j alpha_ij h_j` (eqs. 5-7);
+        2. `s_i = f(s_{i-1}, y_{i-1}, c_i)`: every gate of the first cell reads `W E y_{i-1}`
+           (already in `projected`) `+ C c_i`; layers above read the layer below;
+        3. the readout features `(s_i, c_i)` for the deep output (`_readout`, eq. A.2.2's `t~_i`).
+        """
+        context, weights = self._context(memory, self._top_hidden(state.layers))  # 1. c_i from s_{i-1}
+        layers = self._stack_step(projected + self.context_proj(context), state.layers, masks)  # 2. s_i
+        return RNNDecodeState(layers, None), ReadoutFeatures(self._top_hidden(layers), context), weights  # 3.
 
     def _readout(self, features: ReadoutFeatures, embedded: Array, deterministic: bool) -> Array:
         pre_maxout = (
@@ -442,7 +451,6 @@ class RNNEncDec(ContextDecoderModel):
         super().__init__(config, context_dim=config.hidden_dim, initial_dim=config.hidden_dim, rngs=rngs)
         self.encoder = Encoder(config, bidirectional=False, rngs=rngs)
         self.summary_proj = nnx.Linear(config.hidden_dim, config.hidden_dim, rngs=rngs)  # V
-        self.cross_attention = None
 
     def encode(self, inputs: Array, *, deterministic: bool = True) -> RNNMemory:
         """`inputs [B, S]` -> memory whose `initial` is the summary `c [B, H]`."""
@@ -497,14 +505,9 @@ class Luong(RNNEncoderDecoder):
     """
 
     def __init__(self, config: LuongConfig, *, rngs: nnx.Rngs):
-        self.config = config
+        super().__init__(config, first_decoder_input=config.embed_dim, rngs=rngs)
         hidden = config.hidden_dim
-        self.source_embed, self.target_embed = _embeddings(config, rngs)
         self.encoder = Encoder(config, bidirectional=False, rngs=rngs)
-        self.decoder_cells = nnx.List(
-            make_cell(config.cell, config.embed_dim if layer == 0 else hidden, hidden, rngs)
-            for layer in range(config.num_decoder_layers)
-        )
         gates = self.decoder_cells[0].gates * hidden
         self.feed_proj = nnx.data(
             nnx.Linear(hidden, gates, use_bias=False, rngs=rngs) if config.input_feeding else None
@@ -512,7 +515,6 @@ class Luong(RNNEncoderDecoder):
         self.cross_attention = Attention(hidden, hidden, score=config.score, attention_dim=config.attention_dim, rngs=rngs)
         self.attentional = nnx.Linear(2 * hidden, hidden, use_bias=False, rngs=rngs)  # W_c
         self.output = nnx.Linear(hidden, config.vocab_size, rngs=rngs)  # W_s
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
     def encode(self, inputs: Array, *, deterministic: bool = True) -> RNNMemory:
         """`inputs [B, S]` -> the top layer's states `h_s [B, S, H]`, their key projection, and the final states."""
@@ -525,12 +527,19 @@ class Luong(RNNEncoderDecoder):
         return RNNDecodeState(memory.initial, feed)
 
     def _step(self, memory, projected, state, masks):
+        """Step t of the decoder (Luong et al. sections 3.1 and 3.3):
+
+        1. input feeding: the first layer reads `[E y_{t-1}; h~_{t-1}]` (section 3.3);
+        2. `h_t` from the stacked cells;
+        3. scores `score(h_t, h_s)` (eq. 8), `a_t = softmax` (eq. 7), `c_t = sum_s a_ts h_s`;
+        4. the attentional state `h~_t = tanh(W_c [c_t; h_t])` (eq. 5), read out by `_readout` (eq. 6).
+        """
         if state.feed is not None:
-            projected = projected + self.feed_proj(state.feed)
+            projected = projected + self.feed_proj(state.feed)  # 1.
         layers = self._stack_step(projected, state.layers, masks)
-        hidden = self._top_hidden(layers)  # h_t
-        context, weights = self.cross_attention(hidden, memory.keys, memory.annotations, memory.mask)
-        attentional = jnp.tanh(self.attentional(jnp.concatenate([context, hidden], axis=-1)))  # h~_t
+        hidden = self._top_hidden(layers)  # 2. h_t
+        context, weights = self.cross_attention(hidden, memory.keys, memory.annotations, memory.mask)  # 3.
+        attentional = jnp.tanh(self.attentional(jnp.concatenate([context, hidden], axis=-1)))  # 4. h~_t
         return RNNDecodeState(layers, attentional if state.feed is not None else None), attentional, weights
 
     def _readout(self, features: Array, embedded: Array, deterministic: bool) -> Array:

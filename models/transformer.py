@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from errors import ConfigError
 from models import attention
-from models.attention import KVCache, MultiHeadAttention
+from models.attention import AttentionRole, KVCache, MultiHeadAttention
 from models.layers import Embed, FeedForward, LearnedPositions, layer_norm, shift_right, sinusoidal_encoding
 
 Array = jax.Array
@@ -56,13 +57,24 @@ class TransformerConfig:
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
-            raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise ConfigError(f"model.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.positional not in ("sinusoidal", "learned"):
-            raise ValueError(f"model.positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
+            raise ConfigError(f"model.positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
+        for name in ("d_model", "num_heads", "d_ff", "max_length"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+        for name in ("num_encoder_layers", "num_decoder_layers"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"model.{name} must not be negative, got {getattr(self, name)}")
+        for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.d_model % self.num_heads:
-            raise ValueError(f"model.d_model {self.d_model} is not divisible by model.num_heads {self.num_heads}")
+            raise ConfigError(f"model.d_model {self.d_model} is not divisible by model.num_heads {self.num_heads}")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
         if self.share_embeddings and self.source_vocab_size not in (None, self.vocab_size):
-            raise ValueError(
+            raise ConfigError(
                 f"model.share_embeddings needs one vocabulary, got source {self.source_vocab_size} "
                 f"and target {self.vocab_size}"
             )
@@ -105,13 +117,14 @@ class Residual(nnx.Module):
         return x if self.pre_norm else self.norm(x)
 
 
-def _attention(config: TransformerConfig, rngs: nnx.Rngs) -> MultiHeadAttention:
+def _attention(config: TransformerConfig, role: AttentionRole, rngs: nnx.Rngs) -> MultiHeadAttention:
     return MultiHeadAttention(
         config.num_heads,
         config.d_model,
         score=config.score,
         dropout_rate=config.attention_dropout_rate,
         use_bias=config.use_bias,
+        role=role,
         dtype=config.compute_dtype,
         rngs=rngs,
     )
@@ -125,7 +138,7 @@ def _feed_forward(config: TransformerConfig, rngs: nnx.Rngs) -> FeedForward:
 
 class EncoderLayer(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.self_attention = _attention(config, rngs)
+        self.self_attention = _attention(config, AttentionRole.SOURCE_SELF, rngs)
         self.attention_residual = Residual(config, rngs=rngs)
         self.feed_forward = _feed_forward(config, rngs)
         self.feed_forward_residual = Residual(config, rngs=rngs)
@@ -140,9 +153,9 @@ class EncoderLayer(nnx.Module):
 
 class DecoderLayer(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.self_attention = _attention(config, rngs)
+        self.self_attention = _attention(config, AttentionRole.TARGET_SELF, rngs)
         self.self_attention_residual = Residual(config, rngs=rngs)
-        self.cross_attention = _attention(config, rngs)
+        self.cross_attention = _attention(config, AttentionRole.CROSS, rngs)
         self.cross_attention_residual = Residual(config, rngs=rngs)
         self.feed_forward = _feed_forward(config, rngs)
         self.feed_forward_residual = Residual(config, rngs=rngs)

@@ -2,7 +2,12 @@
 
 `load_task(name, data_dir, **params)` returns a `Task`: random-access sources
 of records per split (`train`, `dev`, `test`), the record keys of source and
-target text, and the task metric. Built data is cached under `data_dir`.
+target text, the task metric, and where the task knows them, the true
+alignment spans of a record. Built data is cached under `data_dir`.
+
+Each task's parameters, with their defaults and documentation, live in its
+config dataclass (`parameters_of(name)` lists them); `configs/base.py` `task()`
+starts from there.
 """
 
 from __future__ import annotations
@@ -12,8 +17,11 @@ import dataclasses
 import fcntl
 import functools
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
+from errors import ConfigError
 from tasks import base, catalog, dates, parallel_text, synthetic
 
 
@@ -24,21 +32,49 @@ class Task:
     metric: str  # "exact_match" or "bleu"
     source_key: str = "source"
     target_key: str = "target"
+    # record -> int32 [K, 4] spans `(target start, target end, source start, end)`, in characters:
+    # the target characters [t0, t1) are produced from the source characters [s0, s1).
+    # None: the task does not know its alignments.
+    alignment: Callable[[Mapping[str, Any]], np.ndarray] | None = None
 
     def pair(self, record: Mapping[str, Any]) -> tuple[str, str]:
         """The (source, target) texts of one record."""
         return base.text(record[self.source_key]), base.text(record[self.target_key])
 
 
-# name -> (prepare(data_dir=..., **params) -> (splits, build report), metric)
+@dataclasses.dataclass(frozen=True)
+class TaskKind:
+    """A registered task: how to build it, its parameters, its metric, its alignments."""
+
+    prepare: Callable[..., tuple[dict, dict]]  # (data_dir=..., **params) -> (splits, build report)
+    config_class: type  # the parameters' dataclass: their defaults and documentation
+    metric: str
+    alignment: Callable[[Mapping[str, Any]], np.ndarray] | None = None
+
+
 TASKS = {
-    "dates": (functools.partial(base.prepare, dates.Dates), "exact_match"),
+    "dates": TaskKind(functools.partial(base.prepare, dates.Dates), dates.DatesConfig, "exact_match", dates.alignment_spans),
     **{
-        kind: (functools.partial(base.prepare, synthetic.Synthetic, kind=kind), "exact_match")
+        kind: TaskKind(functools.partial(base.prepare, synthetic.Synthetic, kind=kind), synthetic.SyntheticConfig, "exact_match")
         for kind in synthetic.KINDS
     },
-    "parallel_text": (parallel_text.prepare_parallel_text, "bleu"),
+    "parallel_text": TaskKind(parallel_text.prepare_parallel_text, parallel_text.ParallelTextConfig, "bleu"),
 }
+
+
+def parameters_of(name: str) -> dict[str, Any]:
+    """The parameters of task `name` with their defaults (a TFDS catalog name: the catalog's)."""
+    if name in TASKS:
+        parameters = TASKS[name].config_class.defaults()
+        if name in synthetic.KINDS:
+            parameters.pop("kind")  # set by the name
+        return parameters
+    if "/" in name:
+        return {f.name: f.default for f in dataclasses.fields(catalog.CatalogConfig)}
+    raise ConfigError(
+        f"unknown task.name {name!r}; valid: {', '.join(sorted(TASKS))}, "
+        "or a TFDS catalog translation dataset such as 'wmt14_translate/de-en'"
+    )
 
 
 @contextlib.contextmanager
@@ -61,15 +97,13 @@ def load_task(name: str, data_dir: str, **params) -> Task:
 
 
 def _load_task(name: str, data_dir: str, **params) -> Task:
+    unknown = sorted(set(params) - set(parameters_of(name)))  # an unknown name stops here too
+    if unknown:
+        raise ConfigError(f"unknown task parameter(s) for {name}: {', '.join(unknown)}; valid: {', '.join(sorted(parameters_of(name)))}")
     if name in TASKS:
-        prepare, metric = TASKS[name]
-        splits, report = prepare(data_dir=data_dir, **params)
+        kind = TASKS[name]
+        splits, report = kind.prepare(data_dir=data_dir, **params)
         base.log_report(name, report)
-        return Task(name, splits, metric)
-    if "/" in name:
-        splits, source_key, target_key = catalog.load_catalog(name, data_dir, **params)
-        return Task(name, splits, "bleu", source_key, target_key)
-    raise ValueError(
-        f"unknown task.name {name!r}; valid: {', '.join(sorted(TASKS))}, "
-        "or a TFDS catalog translation dataset such as 'wmt14_translate/de-en'"
-    )
+        return Task(name, splits, kind.metric, alignment=kind.alignment)
+    splits, source_key, target_key = catalog.load_catalog(name, data_dir, catalog.CatalogConfig(**params))
+    return Task(name, splits, "bleu", source_key, target_key)

@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 import tensorflow_datasets as tfds
 
+from errors import ConfigError
+
 SPLITS = ("train", "dev", "test")
 
 
@@ -29,12 +31,18 @@ class TaskConfig(tfds.core.BuilderConfig):
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in base}
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every parameter with its default (what `configs/base.py` `task()` starts from)."""
+        base = {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)}
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.name not in base}
+
+    @classmethod
     def create(cls, **params) -> "TaskConfig":
         """A config whose name is a digest of its parameters, e.g. `p3f9c2a1b0d4e`."""
         known = {f.name for f in dataclasses.fields(cls)} - {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)}
         unknown = sorted(set(params) - known)
         if unknown:
-            raise ValueError(f"unknown task parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown task parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
         config = cls(name="pending", **params)
         digest = hashlib.sha256(json.dumps(config.parameters(), sort_keys=True, default=str).encode()).hexdigest()
         config.name = "p" + digest[:12]

@@ -9,7 +9,8 @@ year-month-day. Two-digit years stand for 1950-2049. The target is `YYYY-MM-DD`.
 
 Each example records the ground-truth alignment `[3, 2]`: the `[start, end)`
 character span of the source that produced the year, the month and the day
-(target characters 0-3, 5-6 and 8-9). No source string appears with two
+(target characters 0-3, 5-6 and 8-9: `TARGET_SPANS`); `alignment_spans` pairs
+them up for the alignment metric. No source string appears with two
 different targets, and dev/test sources never appear in train.
 """
 
@@ -20,6 +21,8 @@ import datetime
 import functools
 import numpy as np
 import tensorflow_datasets as tfds
+
+from errors import ConfigError
 from babel import Locale
 from babel.dates import format_date, tokenize_pattern
 
@@ -48,6 +51,12 @@ class DatesConfig(TaskConfig):
     dev_size: int = 1_000
     test_size: int = 1_000
     languages: tuple[str, ...] = LANGUAGES
+
+
+def alignment_spans(record) -> np.ndarray:
+    """`[3, 4]` int32: per field, the target span and the source span it is read from
+    (`tasks.Task.alignment`). The dashes of the target have no source and are not scored."""
+    return np.concatenate([np.array(TARGET_SPANS, np.int32), np.asarray(record["alignment"], np.int32)], axis=1)
 
 
 def ordinal(day: int) -> str:
@@ -118,7 +127,7 @@ def generate(config: DatesConfig) -> dict[str, list[dict]]:
     languages = tuple(config.languages)
     unknown = sorted(set(languages) - set(LANGUAGES))
     if unknown:
-        raise ValueError(f"task.languages: unsupported {', '.join(unknown)}; supported: {', '.join(LANGUAGES)}")
+        raise ConfigError(f"task.languages: unsupported {', '.join(unknown)}; supported: {', '.join(LANGUAGES)}")
     target_of: dict[str, str] = {}  # every source drawn so far -> its target
     held_out: set[str] = set()  # dev and test sources
     splits = {}

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import tensorflow_datasets as tfds
 
+from errors import ConfigError, DataError
+
 from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +44,10 @@ class ParallelTextConfig(TaskConfig):
     test_fraction: float = 0.02
     files_digest: str = ""  # filled in by `with_digest`: content hash of every file read
 
+    @classmethod
+    def defaults(cls) -> dict:
+        return {k: v for k, v in super().defaults().items() if k != "files_digest"}  # not a user's parameter
+
 
 def resolve(path: str) -> Path:
     """`path` from the working directory, else from the project root; a clear error if neither."""
@@ -49,7 +55,7 @@ def resolve(path: str) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(f"parallel_text: file not found: {path} (looked in {', '.join(map(str, candidates))})")
+    raise DataError(f"parallel_text: file not found: {path} (looked in {', '.join(map(str, candidates))})")
 
 
 def files_of(config: ParallelTextConfig, split: str) -> list[Path]:
@@ -57,12 +63,12 @@ def files_of(config: ParallelTextConfig, split: str) -> list[Path]:
     spec = getattr(config, split)
     if not spec:
         if split == "train":
-            raise ValueError("parallel_text: task.train is empty; give a .tsv file or a path prefix")
+            raise ConfigError("parallel_text: task.train is empty; give a .tsv file or a path prefix")
         return []
     if spec.endswith(".tsv"):
         return [resolve(spec)]
     if not (config.source_suffix and config.target_suffix):
-        raise ValueError(
+        raise ConfigError(
             f"parallel_text: {split} file {spec!r} is not a .tsv; for line-aligned files set "
             "task.source_suffix and task.target_suffix"
         )
@@ -108,7 +114,7 @@ def read_pairs(paths: list[Path], skipped: Skipped) -> list[dict]:
     else:
         source_lines, target_lines = (p.read_bytes().splitlines() for p in paths)
         if len(source_lines) != len(target_lines):
-            raise ValueError(
+            raise DataError(
                 f"parallel_text: {paths[0]} has {len(source_lines)} lines but {paths[1]} has {len(target_lines)}"
             )
         rows = [(n, pair) for n, pair in enumerate(zip(source_lines, target_lines), start=1)]
@@ -151,7 +157,7 @@ def read_splits(config: ParallelTextConfig, skipped: Skipped) -> dict[str, list[
     for split, pairs in splits.items():
         if not pairs:
             origin = getattr(config, split) or f"the {split}_fraction of {config.train}"
-            raise ValueError(f"parallel_text: the {split} split is empty (from {origin})")
+            raise DataError(f"parallel_text: the {split} split is empty (from {origin})")
     return splits
 
 

@@ -18,6 +18,8 @@ import dataclasses
 import numpy as np
 import tensorflow_datasets as tfds
 
+from errors import ConfigError
+
 from tasks.base import SPLITS, TaskConfig, TextPairBuilder
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -37,12 +39,12 @@ class SyntheticConfig(TaskConfig):
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise ValueError(f"synthetic task kind {self.kind!r}; valid: {', '.join(KINDS)}")
+            raise ConfigError(f"synthetic task kind {self.kind!r}; valid: {', '.join(KINDS)}")
         if not 1 <= self.vocab_size <= len(ALPHABET):
-            raise ValueError(f"task.vocab_size must be in [1, {len(ALPHABET)}], got {self.vocab_size}")
+            raise ConfigError(f"task.vocab_size must be in [1, {len(ALPHABET)}], got {self.vocab_size}")
         lowest = 3 if self.kind == "addition" else 1  # "a+b" needs three characters
         if not lowest <= self.min_length <= self.max_length:
-            raise ValueError(
+            raise ConfigError(
                 f"task lengths need {lowest} <= min_length <= max_length, got {self.min_length}, {self.max_length}"
             )
 

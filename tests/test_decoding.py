@@ -10,7 +10,7 @@ from flax import nnx
 
 import decoding
 import models
-from tokenizers import BOS_ID, EOS_ID
+from vocabularies import BOS_ID, EOS_ID
 
 A, B = 3, 4  # the two word tokens of the hand-built model
 

@@ -1,6 +1,7 @@
 """The input pipeline: packing, bucketing, sharding, length limits, eval batches, exact restore."""
 
 import collections
+import dataclasses
 import itertools
 
 import grain
@@ -9,7 +10,8 @@ import pytest
 
 import input_pipeline as ip
 import tasks
-import tokenizers as tk
+from configs import base
+import vocabularies as tk
 from tasks import Task
 
 
@@ -27,9 +29,11 @@ def char_tokenizers(copy_task):
 
 
 def settings(**overrides):
-    fields = dict(batch_size=4, max_source_length=24, max_target_length=24, seed=1, num_threads=1)
+    """configs/base.py's data settings with small batches and lengths."""
+    config = base.get_config()
+    fields = dict(batch_size=4, max_source_length=24, max_target_length=24, seed=1, num_threads=1, batching="pack")
     fields.update(overrides)
-    return ip.PipelineSettings(**fields)
+    return dataclasses.replace(ip.PipelineSettings.from_config(config), **fields)
 
 
 def decoded_rows(batch, tokenizers, key="inputs"):
@@ -196,9 +200,10 @@ def test_eval_batches_carry_the_dates_alignment(tmp_path):
     chars = tk.CharTokenizer.train((t for r in task.splits["train"] for t in task.pair(r)), 10**6)
     dataset, _ = ip.eval_batches(task, tk.Tokenizers(chars, chars), "test", settings(batch_size=4, max_source_length=48, max_target_length=12))
     batch = next(iter(dataset))
-    assert batch["alignment"].shape == (4, 3, 2)
+    assert batch["alignment"].shape == (4, 3, 4)  # [B, fields, (target start, end, source start, end)]
     for row in range(4):
         source, target = task.pair(task.splits["test"][row])
-        np.testing.assert_array_equal(batch["alignment"][row], task.splits["test"][row]["alignment"])
-        (start, end) = batch["alignment"][row][0]  # the year's span
+        np.testing.assert_array_equal(batch["alignment"][row, :, 2:], task.splits["test"][row]["alignment"])
+        (target_start, target_end, start, end) = batch["alignment"][row][0]  # the year's spans
+        assert target[target_start:target_end] == target[:4]
         assert source[start:end] in (target[:4], target[2:4])

@@ -13,8 +13,8 @@ from tiny import tiny_config
 
 import models
 import trainer
-import visualize
 from configs import base, recurrent
+from models.attention import capture_attention
 from models.rnn import LSTMState, RNNDecodeState, RNNMemory
 
 V, E, H = 13, 5, 6  # vocabulary, embedding, hidden
@@ -173,7 +173,7 @@ def test_decode_step_by_step_reproduces_teacher_forced_logits(name, fields):
 def test_padded_source_positions_get_zero_attention_and_change_nothing(name):
     model = make(name)
     batch = source_batch()
-    weights = visualize.attention_weights(model, batch)["cross_attention"]  # [B, 1, T, S]
+    weights = capture_attention(model, batch)["cross_attention"]  # [B, 1, T, S]
     padding = np.asarray(batch["inputs"] == 0)[:, None, None, :]
     assert np.all(np.where(padding, np.asarray(weights), 0.0) == 0.0)
     np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, rtol=1e-6)
@@ -221,7 +221,7 @@ def test_rnnsearch_trains_in_the_trainer_and_draws_its_alignment(shared_data_dir
     fields = recurrent.model_fields("rnnsearch", "dates")
     fields.update(embed_dim=16, hidden_dim=16, maxout_dim=8, attention_dim=16)
     config = tiny_config(shared_data_dir, visualize_examples=1, learning_rate=3e-3, num_train_steps=30, eval_every_steps=30)
-    config.unlock()
+    config.unlock()  # tiny_config locks it
     config.model = base.model("rnnsearch", **fields)
     config.data.batching = "bucket"
     final = trainer.train_and_evaluate(config, tmp_path)

@@ -200,7 +200,7 @@ def test_random_and_tpe_sweeps_run_their_number_of_trials(tmp_path):
 ])  # fmt: skip
 def test_bad_sweep_file_fails_with_a_message_naming_it(tmp_path, fields, message):
     path = sweep_file(tmp_path, **fields)
-    config = sweep.load_python(write(tmp_path / "fake_config.py", FAKE_CONFIG), "get_config", "config")
+    config = write(tmp_path / "fake_config.py", FAKE_CONFIG)
     with pytest.raises(sweep.SweepError) as error:
         sweep.load_sweep(path, config)
     assert message in str(error.value) and str(path) in str(error.value)

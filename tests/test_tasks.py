@@ -9,6 +9,7 @@ import tensorflow_datasets as tfds
 from babel import Locale
 
 import tasks
+from errors import DataError
 from tasks import catalog, dates, parallel_text, synthetic
 
 
@@ -212,7 +213,7 @@ def test_edited_file_is_rebuilt(tmp_path, data_dir):
 
 
 def test_missing_file_mismatched_files_and_empty_split_are_named(tmp_path, data_dir):
-    with pytest.raises(FileNotFoundError, match="file not found: nowhere/train.tsv"):
+    with pytest.raises(DataError, match="file not found: nowhere/train.tsv"):
         tasks.load_task("parallel_text", data_dir, train="nowhere/train.tsv")
     write(tmp_path / "c.de", b"a\nb\n")
     write(tmp_path / "c.en", b"A\n")

@@ -14,8 +14,13 @@ import numpy as np
 import pytest
 from tiny import tiny_config
 
+import evaluation
+import inference
 import trainer
 from configs import base
+from errors import NonFiniteLoss
+from input_pipeline import train_dataset
+from run_setup import prepare_run
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TINY_FLAGS = [
@@ -68,16 +73,21 @@ def test_cosine_and_constant_schedules():
 # ----------------------------------------------------------- data parallelism
 
 
+def first_step(run, batch):
+    """One train step of `run` from its initial state on `batch`."""
+    tx = trainer.make_optimizer(run.config)
+    state = trainer.initial_state(run, tx)
+    return trainer.compile_train_step(run, tx, state)(state, run.global_batch(batch))
+
+
 def test_eight_devices_equal_one_device(shared_data_dir, tmp_path):
     assert jax.device_count() == 8
     config = tiny_config(shared_data_dir, batch_size=32)
-    run8 = trainer.prepare_run(config, tmp_path / "eight")
-    run1 = trainer.prepare_run(config, tmp_path / "one", devices=jax.devices()[:1])
-    from input_pipeline import train_dataset
-
+    run8 = prepare_run(config, tmp_path / "eight")
+    run1 = prepare_run(config, tmp_path / "one", devices=jax.devices()[:1])
     batch = next(iter(train_dataset(run8.task, run8.tokens, run8.pipeline())[0]))
-    state8, metrics8 = run8.train_step(run8.initial_state, run8.global_batch(batch))
-    state1, metrics1 = run1.train_step(run1.initial_state, run1.global_batch(batch))
+    state8, metrics8 = first_step(run8, batch)
+    state1, metrics1 = first_step(run1, batch)
     assert all(len(p.sharding.device_set) == 8 for p in jax.tree.leaves(state8["params"]))  # replicated over 8
     np.testing.assert_allclose(metrics8["loss"], metrics1["loss"], rtol=1e-6)
     for p8, p1 in zip(jax.tree.leaves(state8["params"]), jax.tree.leaves(state1["params"])):
@@ -85,13 +95,11 @@ def test_eight_devices_equal_one_device(shared_data_dir, tmp_path):
 
 
 def test_gradient_accumulation_equals_one_big_batch(shared_data_dir, tmp_path):
-    whole = trainer.prepare_run(tiny_config(shared_data_dir, batch_size=32, **{"model.dropout_rate": 0.0}), tmp_path / "a")
-    split = trainer.prepare_run(tiny_config(shared_data_dir, batch_size=32, grad_accum_steps=2, **{"model.dropout_rate": 0.0}), tmp_path / "b")
-    from input_pipeline import train_dataset
-
+    whole = prepare_run(tiny_config(shared_data_dir, batch_size=32, **{"model.dropout_rate": 0.0}), tmp_path / "a")
+    split = prepare_run(tiny_config(shared_data_dir, batch_size=32, grad_accum_steps=2, **{"model.dropout_rate": 0.0}), tmp_path / "b")
     batch = next(iter(train_dataset(whole.task, whole.tokens, whole.pipeline())[0]))
-    state_a, metrics_a = whole.train_step(whole.initial_state, whole.global_batch(batch))
-    state_b, metrics_b = split.train_step(split.initial_state, split.global_batch(batch))
+    state_a, metrics_a = first_step(whole, batch)
+    state_b, metrics_b = first_step(split, batch)
     np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(state_a["params"]), jax.tree.leaves(state_b["params"])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
@@ -128,7 +136,7 @@ def test_run_writes_its_outputs(finished_run):
 
 def test_predict_writes_hypotheses_and_scores_by_length(finished_run, tmp_path):
     config, workdir, final = finished_run
-    path = trainer.predict(config, workdir)
+    path = evaluation.predict(config, workdir)
     rows = path.read_text().splitlines()
     assert path.name == "step_20.tsv" and rows[0] == "source\treference\thypothesis" and len(rows) == 25
     results = json.loads((workdir / "eval" / "step_20.json").read_text())["test"]
@@ -136,29 +144,27 @@ def test_predict_writes_hypotheses_and_scores_by_length(finished_run, tmp_path):
     assert results["exact_match"] == final["test"]["exact_match"]
     lines = tmp_path / "mine.txt"
     lines.write_text("3 March 2021\n\n12/24/99\n")
-    path = trainer.predict(config, workdir, input_file=str(lines))
+    path = inference.translate_file(config, workdir, str(lines))
     rows = path.read_text().splitlines()
     assert path.name == "step_20_mine.tsv" and [r.split("\t")[0] for r in rows[1:]] == ["3 March 2021", "12/24/99"]
 
 
 def test_average_of_the_last_checkpoints(finished_run):
     config, workdir, _ = finished_run
-    run = trainer.prepare_run(config, workdir)
-    steps, averaged = trainer.averaged_params(run, 2, 20)
+    run = prepare_run(config, workdir)
+    steps, averaged = run.averaged_params(2, 20)
     assert steps == [10, 20]
-    states = [run.checkpoints.restore(run.abstract_state, step=s)[1]["params"] for s in steps]
+    states = [run.restore_params(s)[1] for s in steps]
     for mean, a, b in zip(jax.tree.leaves(averaged), *(jax.tree.leaves(p) for p in states)):
         np.testing.assert_allclose(np.asarray(mean), (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
     config = tiny_config(config.data_dir, average_last=2)
-    outcome = trainer.evaluate(config, workdir)
+    outcome = evaluation.evaluate(config, workdir)
     assert set(outcome) == {"test", "test_average_last_2"}
 
 
-def test_visualize_command_draws_a_sentence(finished_run, capsys):
-    import visualize
-
+def test_inference_command_draws_a_sentence(finished_run, capsys):
     _, workdir, _ = finished_run
-    assert visualize.main(["--workdir", str(workdir), "--text", "3 March 2021"]) == 0
+    assert inference.main(["--workdir", str(workdir), "--text", "3 March 2021"]) == 0
     assert "pictures and weights" in capsys.readouterr().out
     assert (workdir / "attention" / "text" / "step_20.npz").exists()
     assert list((workdir / "attention" / "text").glob("step_20_decoder_layers_0_cross_attention.png"))
@@ -166,7 +172,7 @@ def test_visualize_command_draws_a_sentence(finished_run, capsys):
 
 def test_eval_mode_reproduces_the_final_eval(finished_run):
     config, workdir, final = finished_run
-    results = trainer.evaluate(config, workdir)
+    results = evaluation.evaluate(config, workdir)
     assert results == final["test"]
 
 
@@ -177,8 +183,8 @@ def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp
     for path in (copy / "checkpoints" / "20" / "state").rglob("*"):
         if path.is_file():
             path.write_bytes(b"\x00garbage")
-    run = trainer.prepare_run(config, copy)
-    step, state = run.checkpoints.restore(run.abstract_state)
+    run = prepare_run(config, copy)
+    step, _ = run.restore_params()
     assert step == 10
     assert "checkpoint at step 20" in caplog.text and "unreadable" in caplog.text
     assert "fell back to the checkpoint at step 10" in caplog.text
@@ -187,7 +193,7 @@ def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp
 def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
     config = tiny_config(shared_data_dir, num_train_steps=40, keep_checkpoints=1, best_metric="loss", best_metric_larger_is_better=False)
     trainer.train_and_evaluate(config, tmp_path)
-    run = trainer.prepare_run(config, tmp_path)
+    run = prepare_run(config, tmp_path)
     dev_loss = {r["step"]: r["loss"] for r in metric_rows(tmp_path) if r["split"] == "dev"}
     best = min(dev_loss, key=dev_loss.get)
     assert run.checkpoints.best_step() == best
@@ -219,10 +225,11 @@ def test_sigkill_and_rerun_equal_an_uninterrupted_run(shared_data_dir, tmp_path)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
     assert strip(metric_rows(tmp_path / "cut")) == strip(metric_rows(tmp_path / "whole"))
     config = tiny_config(shared_data_dir, num_train_steps=120)
-    whole = trainer.prepare_run(config, tmp_path / "whole", devices=jax.devices()[:1])
-    cut = trainer.prepare_run(config, tmp_path / "cut", devices=jax.devices()[:1])
-    _, whole_state = whole.checkpoints.restore(whole.abstract_state, step=120)
-    _, cut_state = cut.checkpoints.restore(cut.abstract_state, step=120)
+    whole = prepare_run(config, tmp_path / "whole", devices=jax.devices()[:1])
+    cut = prepare_run(config, tmp_path / "cut", devices=jax.devices()[:1])
+    abstract = whole.abstract(trainer.initial_state(whole, trainer.make_optimizer(config)))
+    _, whole_state = whole.checkpoints.restore(abstract, step=120)
+    _, cut_state = cut.checkpoints.restore(abstract, step=120)
     for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(cut_state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit-identical
 
@@ -243,16 +250,16 @@ def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
 
 def test_sigterm_during_eval_still_saves(shared_data_dir, tmp_path, monkeypatch):
     """The signal lands after the step decided not to save (CI once lost the checkpoint this way)."""
-    evaluate_split = trainer.evaluate_split
+    evaluate_split = evaluation.evaluate_split
 
     def evaluate_then_signal(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         return evaluate_split(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "evaluate_split", evaluate_then_signal)
+    monkeypatch.setattr(evaluation, "evaluate_split", evaluate_then_signal)
     config = tiny_config(shared_data_dir, num_train_steps=1000, checkpoint_every_steps=1000, eval_every_steps=10)
     trainer.train_and_evaluate(config, tmp_path)
-    assert trainer.prepare_run(config, tmp_path).checkpoints.steps() == [10]
+    assert prepare_run(config, tmp_path).checkpoints.steps() == [10]
     assert max(row["step"] for row in metric_rows(tmp_path)) == 10
 
 def test_two_processes_train_and_checkpoint(shared_data_dir, tmp_path):
@@ -302,9 +309,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_di
         shared_data_dir, learning_rate=1e30, schedule="constant", num_train_steps=60,
         checkpoint_every_steps=5, eval_every_steps=1000,
     )  # fmt: skip
-    with pytest.raises(trainer.NonFiniteLoss, match=r"loss is (nan|inf) at step 1[1-5]"):
+    with pytest.raises(NonFiniteLoss, match=r"loss is (nan|inf) at step 1[1-5]"):
         trainer.train_and_evaluate(exploding, tmp_path)
-    run = trainer.prepare_run(exploding, tmp_path)
+    run = prepare_run(exploding, tmp_path)
     assert run.checkpoints.steps() == [10]
-    _, state = run.checkpoints.restore(run.abstract_state)
-    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state["params"]))
+    _, params = run.restore_params()
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))

@@ -7,25 +7,22 @@ from flax import nnx
 import metrics
 import models
 import visualize
+from models.attention import AttentionRole, attention_roles, capture_attention
+from tasks import dates
 
 
 def test_alignment_accuracy_hand_worked():
     # source "3 Jan 2021": day at 0, month at 2-5, year at 6-10; target "2021-01-03"
-    spans = np.array([[6, 10], [2, 5], [0, 1]])
+    spans = dates.alignment_spans({"alignment": np.array([[6, 10], [2, 5], [0, 1]])})
+    np.testing.assert_array_equal(spans, [[0, 4, 6, 10], [5, 7, 2, 5], [8, 10, 0, 1]])
     weights = np.zeros((11, 10))
     most_attended = [6, 7, 8, 1, 0, 3, 4, 0, 0, 9, 0]  # per target position
     for position, source in enumerate(most_attended):
         weights[position, source] = 1.0
     # year 0-3: 6,7,8 in [6,10) yes, 1 no -> 3; month 5,6: 3,4 in [2,5) -> 2; day 8,9: 0 yes, 9 no -> 1
     assert metrics.alignment_accuracy(weights, spans) == pytest.approx(6 / 8)
-
-
-def test_alignment_error_rate_hand_worked():
-    sure, possible = {(0, 0), (1, 1)}, {(2, 1)}
-    predicted = {(0, 0), (2, 1), (3, 3)}
-    # |A&S| = 1, |A&P| = 2 (P includes S), |A| = 3, |S| = 2  ->  1 - 3/5
-    assert metrics.alignment_error_rate(predicted, sure, possible) == pytest.approx(0.4)
-    assert metrics.alignment_error_rate(sure, sure, possible) == 0.0
+    # positions past the end of a short hypothesis are not scored: only the year's 4 remain
+    assert metrics.alignment_accuracy(weights[:4], spans) == pytest.approx(3 / 4)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +35,12 @@ def model():
 
 def test_attention_weights_of_every_module(model):
     batch = {"inputs": np.array([[4, 5, 6, 2, 0]]), "targets": np.array([[7, 8, 2]])}
-    weights = visualize.attention_weights(model, batch)
+    weights = capture_attention(model, batch)
+    roles = attention_roles(model)
+    assert set(roles) == set(weights)
+    assert {m for m, r in roles.items() if r is AttentionRole.CROSS} == {"decoder_layers/0/cross_attention", "decoder_layers/1/cross_attention"}
+    assert roles["encoder_layers/0/self_attention"] is AttentionRole.SOURCE_SELF
+    assert roles["decoder_layers/1/self_attention"] is AttentionRole.TARGET_SELF
     assert sorted(weights) == [
         "decoder_layers/0/cross_attention", "decoder_layers/0/self_attention",
         "decoder_layers/1/cross_attention", "decoder_layers/1/self_attention", "encoder_layers/0/self_attention",
@@ -49,9 +51,13 @@ def test_attention_weights_of_every_module(model):
 
 def test_draw_example_writes_pictures_and_weights(model, tmp_path):
     batch = {"inputs": np.array([[4, 5, 6, 2]]), "targets": np.array([[7, 8, 2]])}
-    cut = visualize.example_weights(visualize.attention_weights(model, batch), 0, 4, 3)
+    roles = attention_roles(model)
+    cut = visualize.example_weights(capture_attention(model, batch), roles, 0, 4, 3)
+    assert cut["encoder_layers/0/self_attention"].shape == (2, 4, 4)  # [N, S, S]
+    assert cut["decoder_layers/0/self_attention"].shape == (2, 3, 3)  # [N, T, T]
+    assert cut["decoder_layers/0/cross_attention"].shape == (2, 3, 4)  # [N, T, S]
     source, output = ["a", "b", "c", "</s>"], ["x", "y", "</s>"]
-    pictures = visualize.draw_example(tmp_path, "example_0", cut, source, output)
+    pictures = visualize.draw_example(tmp_path, "example_0", cut, roles, source, output)
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "example_0_decoder_layers_0_cross_attention.png", "example_0_decoder_layers_1_cross_attention.png",
     ]  # fmt: skip
@@ -59,5 +65,5 @@ def test_draw_example_writes_pictures_and_weights(model, tmp_path):
     saved = np.load(tmp_path / "example_0.npz")
     assert saved["source_tokens"].tolist() == source and saved["output_tokens"].tolist() == output
     np.testing.assert_array_equal(saved["decoder_layers_1_cross_attention"], cut["decoder_layers/1/cross_attention"])
-    visualize.draw_example(tmp_path / "all", "e", cut, source, output, self_attention=True)
+    visualize.draw_example(tmp_path / "all", "e", cut, roles, source, output, self_attention=True)
     assert len(list((tmp_path / "all").glob("*.png"))) == 5

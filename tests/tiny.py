@@ -6,7 +6,6 @@ def tiny_config(data_dir, **overrides):
     from configs import base, default
 
     config = default.get_config()
-    config.unlock()
     config.data_dir = str(data_dir)
     config.task.update(train_size=600, dev_size=24, test_size=24)
     config.model.update(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1)

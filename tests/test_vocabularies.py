@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 
-import tokenizers as tk
+import vocabularies as tk
+from configs import base
+from errors import ConfigError, DataError
+
+
+def settings(**fields):
+    """configs/base.py's tokenizer settings, with `fields` changed."""
+    config = base.get_config()
+    config.tokenizer.update(fields)
+    return tk.TokenizerSettings.from_config(config)
 
 CORPUS = [
     ("the cat sat on the mat", "die Katze sass auf der Matte"),
@@ -40,26 +49,26 @@ def test_sentencepiece_round_trip_and_special_ids(model_type):
 
 
 def test_tokenizers_are_saved_reloaded_and_checked(tmp_path):
-    settings = tk.TokenizerSettings(kind="sentencepiece", vocab_size=50, shared=False)
-    trained = tk.load_or_train(tmp_path, settings, CORPUS)
+    sentencepiece = settings(kind="sentencepiece", vocab_size=50, shared=False)
+    trained = tk.load_or_train(tmp_path, sentencepiece, CORPUS)
     assert trained.source is not trained.target
     assert "Katze" not in "".join(trained.source.pieces(range(trained.source.vocab_size)))
-    reloaded = tk.load_or_train(tmp_path, settings)  # no text needed: read from the directory
+    reloaded = tk.load_or_train(tmp_path, sentencepiece)  # no text needed: read from the directory
     for text in ("the cat sat", "die Katze"):
         np.testing.assert_array_equal(reloaded.source.encode(text), trained.source.encode(text))
         np.testing.assert_array_equal(reloaded.target.encode(text), trained.target.encode(text))
-    with pytest.raises(ValueError, match="trained with"):
-        tk.load_or_train(tmp_path, tk.TokenizerSettings(kind="char"))
+    with pytest.raises(DataError, match="trained with"):
+        tk.load_or_train(tmp_path, settings(kind="char"))
 
 
 def test_shared_vocabulary_is_one_tokenizer(tmp_path):
-    shared = tk.load_or_train(tmp_path, tk.TokenizerSettings(kind="char", shared=True), CORPUS)
+    shared = tk.load_or_train(tmp_path, settings(kind="char", shared=True), CORPUS)
     assert shared.source is shared.target
     assert set("KzH") <= set(shared.source.chars)
 
 
 def test_bad_settings_are_named():
-    with pytest.raises(ValueError, match="tokenizer.kind"):
-        tk.TokenizerSettings(kind="words")
-    with pytest.raises(FileNotFoundError, match="no tokenizer"):
-        tk.load_or_train("/nonexistent/tokenizer", tk.TokenizerSettings())
+    with pytest.raises(ConfigError, match="tokenizer.kind"):
+        settings(kind="words")
+    with pytest.raises(DataError, match="no tokenizer"):
+        tk.load_or_train("/nonexistent/tokenizer", settings())

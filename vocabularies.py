@@ -1,4 +1,4 @@
-"""Character and SentencePiece tokenizers with fixed special ids.
+"""Vocabularies: character and SentencePiece tokenizers with fixed special ids.
 
 Ids 0-3 are the same for every tokenizer: pad 0, bos 1, eos 2, unk 3. A
 tokenizer is trained on the train split (up to `max_corpus_chars` characters),
@@ -16,6 +16,8 @@ from typing import Iterable, Iterator, Protocol
 
 import numpy as np
 import sentencepiece as spm
+
+from errors import ConfigError, DataError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_PIECES = ("<pad>", "<s>", "</s>", "<unk>")
@@ -137,17 +139,26 @@ KINDS = {"char": CharTokenizer, "sentencepiece": SentencePieceTokenizer}
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerSettings:
-    kind: str = "char"  # "char" or "sentencepiece"
-    vocab_size: int = 8000  # sentencepiece only
-    model_type: str = "unigram"  # sentencepiece only: "unigram" or "bpe"
-    shared: bool = True  # one vocabulary for source and target
-    max_corpus_chars: int = 10_000_000
+    """`config.tokenizer`, checked; the fields and their defaults are documented in configs/base.py."""
+
+    kind: str
+    vocab_size: int
+    model_type: str
+    shared: bool
+    max_corpus_chars: int
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise ValueError(f"tokenizer.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+            raise ConfigError(f"tokenizer.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.model_type not in ("unigram", "bpe"):
-            raise ValueError(f"tokenizer.model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
+            raise ConfigError(f"tokenizer.model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
+        for name in ("vocab_size", "max_corpus_chars"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"tokenizer.{name} must be positive, got {getattr(self, name)}")
+
+    @classmethod
+    def from_config(cls, config) -> "TokenizerSettings":
+        return cls(**config.tokenizer.to_dict())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +179,8 @@ def load_or_train(
     """The tokenizers saved in `directory`, or new ones trained on `train_pairs` and saved there.
 
     Raises:
-      ValueError: the saved tokenizers were made with other settings than `settings`.
+      DataError: the saved tokenizers were made with other settings than `settings`, or
+        there are none and no text to train them on.
     """
     directory = Path(directory)
     settings_file = directory / "settings.json"
@@ -177,14 +189,14 @@ def load_or_train(
     if settings_file.exists():
         saved = json.loads(settings_file.read_text())
         if saved != dataclasses.asdict(settings):
-            raise ValueError(
+            raise DataError(
                 f"the tokenizer in {directory} was trained with {saved}, but the config asks for "
                 f"{dataclasses.asdict(settings)}; use a fresh workdir or the original tokenizer settings"
             )
         loaded = [KINDS[settings.kind].load(directory / f"{name}{suffix}") for name in names]
     else:
         if train_pairs is None:
-            raise FileNotFoundError(f"no tokenizer in {directory} and no training text to make one")
+            raise DataError(f"no tokenizer in {directory} and no training text to make one")
         pairs = list(train_pairs)
         if settings.shared:
             loaded = [_train(settings, (text for pair in pairs for text in pair))]

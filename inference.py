@@ -1,0 +1,231 @@
+"""Inference from a run folder, in Python or from the command line.
+
+    translator = inference.load("runs/X")                 # latest checkpoint; or step=N, best=True, average_last=K
+    translator.translate(["3rd of March, 2021"], beam_size=4)      # -> ["2021-03-03"]
+    translator.score(["3rd of March, 2021"], ["2021-03-03"])       # -> summed log-probabilities, eos included
+    translator.attention("3rd of March, 2021")                     # -> {module: weights [N, T, S]}
+
+    python inference.py --workdir=runs/X --text "3rd of March, 2021" [--self_attention]
+
+`load` reads only the run folder: `config.json`, the vocabulary in
+`tokenizer/` and the parameters of a checkpoint (no optimizer state, no
+training data), so a run folder copied to another machine decodes. The command
+prints the output and draws its attention into `WORKDIR/attention/text/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+import decoding
+import reporting
+import visualize
+from errors import DataError, UserError
+from models.attention import attention_roles, capture_attention
+from run_setup import Run, prepare_run
+from vocabularies import EOS_ID
+
+BATCH_ROWS = 32  # sources decoded together; batches are padded to this many rows (one compilation)
+
+
+def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict:
+    """The resolved config a run wrote to `workdir/config.json`."""
+    path = Path(workdir) / "config.json"
+    if not path.is_file():
+        raise DataError(f"{workdir} holds no config.json: not a run folder")
+    return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+class Translator:
+    """A trained model with its vocabulary and search; see the module docstring."""
+
+    def __init__(self, run: Run, step: int, params):
+        self.run, self.step, self.params = run, step, params
+        self.roles = attention_roles(run.model(params))
+
+    @property
+    def config(self) -> ml_collections.ConfigDict:
+        return self.run.config
+
+    def _source_ids(self, sources: Sequence[str]) -> list[np.ndarray]:
+        limit = self.config.data.max_source_length - 1  # room for eos, as in evaluation
+        return [np.append(self.run.tokens.source.encode(text)[:limit], EOS_ID).astype(np.int32) for text in sources]
+
+    def _target_ids(self, targets: Sequence[str]) -> list[np.ndarray]:
+        return [np.append(self.run.tokens.target.encode(text), EOS_ID).astype(np.int32) for text in targets]
+
+    @staticmethod
+    def _padded(rows: Sequence[np.ndarray]) -> np.ndarray:
+        """`[BATCH_ROWS, L]` with L the next power of two of the longest row (few shapes, few compilations)."""
+        length = 1 << max(len(r) for r in rows).bit_length()
+        array = np.zeros((max(BATCH_ROWS, len(rows)), length), np.int32)
+        for i, row in enumerate(rows):
+            array[i, : len(row)] = row
+        return array
+
+    @functools.lru_cache(maxsize=8)
+    def _search(self, beam_size: int, alpha: float, max_length_offset: int, output_length: int):
+        run = self.run
+
+        @jax.jit
+        def search(params, inputs):
+            return decoding.decode(
+                run.model(params), inputs, beam_size=beam_size, alpha=alpha,
+                max_length_offset=max_length_offset, length=output_length,
+            )  # fmt: skip
+
+        return search
+
+    def translate(
+        self,
+        sources: Sequence[str],
+        *,
+        beam_size: int | None = None,
+        length_penalty: float | None = None,
+        max_length_offset: int | None = None,
+    ) -> list[str]:
+        """The model's output for each source, with the run's search unless told otherwise."""
+        ids = self.translate_ids(sources, beam_size=beam_size, length_penalty=length_penalty, max_length_offset=max_length_offset)
+        return [self.run.tokens.target.decode(row) for row in ids]
+
+    def translate_ids(self, sources, *, beam_size=None, length_penalty=None, max_length_offset=None) -> list[np.ndarray]:
+        """As `translate`, as output ids ending in eos."""
+        decode = self.config.decode
+        offset = decode.max_length_offset if max_length_offset is None else max_length_offset
+        search = self._search(
+            decode.beam_size if beam_size is None else beam_size,
+            decode.length_penalty if length_penalty is None else length_penalty,
+            offset,
+            self.config.data.max_source_length + offset,
+        )
+        outputs = []
+        source_ids = self._source_ids(sources)
+        for start in range(0, len(source_ids), BATCH_ROWS):
+            chunk = source_ids[start : start + BATCH_ROWS]
+            tokens = np.asarray(search(self.params, jnp.asarray(self._padded(chunk))))[: len(chunk)]
+            outputs += [row[: int(np.argmax(row == EOS_ID)) + 1] for row in tokens]
+        return outputs
+
+    @functools.cached_property
+    def _log_probs(self):
+        run = self.run
+
+        @jax.jit
+        def log_probs(params, batch):
+            logits = run.model(params)(batch, deterministic=True)
+            token_log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][..., None], axis=-1)[..., 0]
+            return jnp.sum(jnp.where(batch["targets"] != 0, token_log_probs, 0.0), axis=-1)  # [B]
+
+        return log_probs
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+        """`log P(target | source)` of each pair, summed over the target's tokens, eos included: `[len(sources)]`."""
+        if len(sources) != len(targets):
+            raise UserError(f"score needs as many targets as sources, got {len(targets)} and {len(sources)}")
+        source_ids, target_ids = self._source_ids(sources), self._target_ids(targets)
+        scores = []
+        for start in range(0, len(source_ids), BATCH_ROWS):
+            inputs = self._padded(source_ids[start : start + BATCH_ROWS])
+            outputs = self._padded(target_ids[start : start + BATCH_ROWS])
+            batch = {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(outputs)}
+            scores.append(np.asarray(self._log_probs(self.params, batch))[: len(source_ids[start : start + BATCH_ROWS])])
+        return np.concatenate(scores)
+
+    def attention(self, source: str, target: str | None = None) -> dict[str, np.ndarray]:
+        """Every attention module's weights `[N, Tq, Tk]` for `source` and `target` (default: the
+        model's own output), cut to their real tokens, by module path (roles in `self.roles`)."""
+        inputs, output = self._attention_inputs(source, target)
+        weights = capture_attention(self.run.model(self.params), {"inputs": inputs[None], "targets": output[None]})
+        return visualize.example_weights(weights, self.roles, 0, len(inputs), len(output))
+
+    def _attention_inputs(self, source: str, target: str | None) -> tuple[np.ndarray, np.ndarray]:
+        inputs = self._source_ids([source])[0]
+        output = self.translate_ids([source])[0] if target is None else self._target_ids([target])[0]
+        return inputs, output
+
+    def draw_attention(self, source: str, directory: Path, *, self_attention: bool = False) -> str:
+        """Decodes `source` and draws its attention into `directory`; returns the output text."""
+        inputs, output = self._attention_inputs(source, None)
+        weights = self.attention(source, self.run.tokens.target.decode(output))
+        visualize.draw_example(
+            directory, f"step_{self.step}", weights, self.roles,
+            self.run.tokens.source.pieces(inputs), self.run.tokens.target.pieces(output), self_attention=self_attention,
+        )  # fmt: skip
+        return self.run.tokens.target.decode(output)
+
+
+def load(
+    workdir: str | Path,
+    *,
+    step: int | None = None,
+    best: bool = False,
+    average_last: int = 0,
+    config: ml_collections.ConfigDict | None = None,
+) -> Translator:
+    """A `Translator` of the run in `workdir`: checkpoint `step`, the best, or the latest; with
+    `average_last=K > 1`, the mean parameters of the last K checkpoints up to that one.
+
+    `config` replaces `workdir/config.json` (eval and predict pass theirs, with its decode settings).
+    """
+    config = read_run_config(workdir) if config is None else config
+    run = prepare_run(config, workdir, devices=jax.devices()[:1], with_data=False)
+    restored_step, params = run.restore_params(step, best=best)
+    if average_last > 1:
+        _, params = run.averaged_params(average_last, restored_step)
+    return Translator(run, restored_step, params)
+
+
+def translate_file(config: ml_collections.ConfigDict, workdir: str | Path, input_file: str) -> Path:
+    """`train.py --mode=predict --input_file=FILE` (`-`: standard input): one source per line into
+    `predictions/step_<N>_<name>.tsv` (source, empty reference, hypothesis). Blank lines are skipped."""
+    text = sys.stdin.read() if input_file == "-" else _read_text(input_file)
+    sources = [line.strip() for line in text.splitlines() if line.strip()]
+    if not sources:
+        raise DataError(f"--input_file {input_file} holds no source line")
+    restore_step = config.restore_step if config.restore_step >= 0 else None
+    translator = load(workdir, step=restore_step, best=config.restore_best, average_last=config.average_last, config=config)
+    hypotheses = translator.translate(sources)
+    name = "stdin" if input_file == "-" else Path(input_file).stem
+    path = Path(workdir) / "predictions" / f"step_{translator.step}_{name}.tsv"
+    reporting.write_predictions(path, [(source, "", hypothesis) for source, hypothesis in zip(sources, hypotheses)])
+    return path
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"--input_file {path} cannot be read: {error}") from error
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", required=True, help="a run folder")
+    parser.add_argument("--text", required=True, help="a source sentence")
+    parser.add_argument("--step", type=int, default=None, help="the checkpoint (default: the latest)")
+    parser.add_argument("--self_attention", action="store_true", help="draw self-attention too")
+    args = parser.parse_args(argv)
+    try:
+        translator = load(args.workdir, step=args.step)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    directory = Path(args.workdir) / "attention" / "text"
+    output = translator.draw_attention(args.text, directory, self_attention=args.self_attention)
+    print(f"{args.text!r} -> {output!r}")
+    print(f"pictures and weights: {directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,223 @@
+"""The set-up that training, evaluation and inference share: devices, data and vocabulary, the model,
+its checkpoints, and restoring (or averaging) its parameters.
+
+`prepare_run(config, workdir)` returns a `Run`. trainer.py, evaluation.py and
+inference.py each build on it and import nothing of each other (trainer.py
+calls evaluation.py to evaluate during training, one way).
+
+Devices: one `Mesh` over every device of every process, batches sharded along
+`data`, parameters replicated. Inside a jitted function the model is
+`run.model(params)`: the NNX graph merged with the (traced) parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import models
+import tasks
+import vocabularies
+from checkpoints import Checkpoints
+from errors import CheckpointError, ConfigError
+from input_pipeline import PipelineSettings
+
+# ----------------------------------------------------------------------------- devices
+
+
+def setup_distributed(config: ml_collections.ConfigDict) -> None:
+    """Joins the other processes when the config or the environment names a coordinator."""
+    if jax.distributed.is_initialized():
+        return
+    if config.coordinator_address:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
+        jax.distributed.initialize(
+            coordinator_address=config.coordinator_address,
+            num_processes=config.num_processes,
+            process_id=config.process_id,
+        )
+    elif os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize()
+
+
+def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A one-axis mesh (`data`) over `devices` (default: every device of every process)."""
+    return Mesh(np.array(jax.devices() if devices is None else devices), ("data",))
+
+
+def gathered(array) -> np.ndarray:
+    """A global array in full on every process."""
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+# ----------------------------------------------------------------------------- data and vocabulary
+
+
+def load_task_and_tokenizers(config: ml_collections.ConfigDict, workdir: Path) -> tuple[tasks.Task, vocabularies.Tokenizers]:
+    """The task's data (built if needed) and the run's tokenizers (trained on its train split if needed).
+
+    With several processes, the first builds and trains while the others wait, then they
+    read what it wrote: concurrent builds into one data_dir or workdir would race.
+    """
+
+    def load() -> tuple[tasks.Task, vocabularies.Tokenizers]:
+        params = {k: v for k, v in config.task.to_dict().items() if k != "name"}
+        task = tasks.load_task(config.task.name, config.data_dir, **params)
+        train = task.splits["train"]
+        pairs = (task.pair(train[i]) for i in range(len(train)))
+        return task, vocabularies.load_or_train(workdir / "tokenizer", vocabularies.TokenizerSettings.from_config(config), pairs)
+
+    chief = jax.process_index() == 0
+    if chief:
+        loaded = load()
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("attend: data and tokenizer ready")
+    return loaded if chief else load()
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def model_fields(config: ml_collections.ConfigDict, tokens: vocabularies.Tokenizers) -> dict:
+    """`config.model`'s fields and the vocabulary's sizes and special ids."""
+    fields = {k: v for k, v in config.model.to_dict().items() if k != "name"}
+    fields.update(
+        vocab_size=tokens.target.vocab_size,
+        source_vocab_size=tokens.source.vocab_size,
+        bos_id=vocabularies.BOS_ID,
+        pad_id=vocabularies.PAD_ID,
+    )
+    return fields
+
+
+def build_model(config: ml_collections.ConfigDict, tokens: vocabularies.Tokenizers) -> nnx.Module:
+    rngs = nnx.Rngs(params=config.seed, dropout=config.seed + 1)
+    return models.create_model(config.model.name, rngs=rngs, **model_fields(config, tokens))
+
+
+def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """`(graphdef, params, rngs)`; the model must hold nothing else."""
+    graphdef, params, rngs, rest = nnx.split(model, nnx.Param, nnx.RngState, ...)
+    if jax.tree.leaves(rest):
+        raise TypeError(f"the model holds state that is neither parameters nor RNG: {rest}")
+    return graphdef, params, rngs
+
+
+def merge_model(graphdef: nnx.GraphDef, params: nnx.State, rngs: nnx.State) -> nnx.Module:
+    """The model inside a traced function. The RNG state is copied so that its Variables belong to
+    this trace (NNX States hold Variables, and a closed-over one cannot be reseeded here)."""
+    return nnx.merge(graphdef, params, jax.tree.map(lambda x: x, rngs))
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+@dataclasses.dataclass
+class Run:
+    """What training, evaluation and inference share: config, data, vocabulary, devices, model, checkpoints.
+
+    `task` is None for a run prepared without its data (inference reads only the run folder).
+    """
+
+    config: ml_collections.ConfigDict
+    workdir: Path
+    task: tasks.Task | None
+    tokens: vocabularies.Tokenizers
+    mesh: Mesh
+    graphdef: nnx.GraphDef
+    params: nnx.State  # the initial parameters, replicated over the mesh
+    rngs: nnx.State
+    checkpoints: Checkpoints
+
+    @property
+    def is_chief(self) -> bool:
+        return jax.process_index() == 0
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    @property
+    def batch_sharding(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec("data"))
+
+    def model(self, params: nnx.State) -> nnx.Module:
+        """The model with `params` (inside a traced function: see `merge_model`)."""
+        return merge_model(self.graphdef, params, self.rngs)
+
+    def abstract(self, tree: Any) -> Any:
+        """Shapes, dtypes and the replicated sharding of `tree`, for restoring into."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated), tree)
+
+    def global_batch(self, local: dict) -> dict:
+        """Process-local numpy rows -> global arrays sharded along `data`."""
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, v) for k, v in local.items()}
+
+    def pipeline(self) -> PipelineSettings:
+        return PipelineSettings.from_config(self.config)
+
+    def restore_params(self, step: int | None = None, *, best: bool = False) -> tuple[int, nnx.State]:
+        """The parameters (no optimizer state) of checkpoint `step`, the best one, or the latest readable."""
+        if best:
+            step = self.checkpoints.best_step()
+            if step is None:
+                raise CheckpointError(f"no checkpoint in {self.workdir / 'checkpoints'} has eval metrics to pick the best")
+        return self.checkpoints.restore_params(self.abstract(self.params), step=step)
+
+    def averaged_params(self, last: int, up_to: int) -> tuple[list[int], nnx.State]:
+        """The mean parameters of the last `last` checkpoints at or before step `up_to`."""
+        steps = [s for s in self.checkpoints.steps() if s <= up_to][-last:]
+        total = None
+        for step in steps:
+            _, params = self.checkpoints.restore_params(self.abstract(self.params), step=step)
+            total = params if total is None else jax.tree.map(jnp.add, total, params)
+        return steps, jax.tree.map(lambda p: p / len(steps), total)
+
+
+def check_settings(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
+    """What can be checked before anything is read or written (a bad data setting stops here)."""
+    PipelineSettings.from_config(config)
+    vocabularies.TokenizerSettings.from_config(config)
+    if config.batch_size % (mesh.size * config.grad_accum_steps):
+        raise ConfigError(
+            f"batch_size {config.batch_size} must be divisible by the {mesh.size} devices "
+            f"times grad_accum_steps {config.grad_accum_steps}"
+        )
+
+
+def prepare_run(
+    config: ml_collections.ConfigDict,
+    workdir: str | Path,
+    devices: Sequence[jax.Device] | None = None,
+    *,
+    with_data: bool = True,
+) -> Run:
+    """Devices, data and vocabulary (or, `with_data=False`, the vocabulary saved in `workdir` only),
+    the model with its initial parameters, and the checkpoint manager of `workdir`."""
+    setup_distributed(config)
+    mesh = make_mesh(devices)
+    check_settings(config, mesh)
+    workdir = Path(workdir)
+    if with_data:
+        workdir.mkdir(parents=True, exist_ok=True)
+        task, tokens = load_task_and_tokenizers(config, workdir)
+    else:
+        task, tokens = None, vocabularies.load_or_train(workdir / "tokenizer", vocabularies.TokenizerSettings.from_config(config))
+    graphdef, params, rngs = split_model(build_model(config, tokens))
+    checkpoints = Checkpoints(
+        workdir / "checkpoints",
+        keep=config.keep_checkpoints,
+        best_metric=config.best_metric,
+        larger_is_better=config.best_metric_larger_is_better,
+    )
+    return Run(config, workdir, task, tokens, mesh, graphdef, jax.device_put(params, NamedSharding(mesh, PartitionSpec())), rngs, checkpoints)
