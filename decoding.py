@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from vocabularies import BOS_ID, EOS_ID, PAD_ID
+from vocabularies import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 Array = jax.Array
 NEVER = -1e9  # log-probability of what may not be chosen (finite: see models/attention.py)
@@ -177,7 +177,7 @@ class WithoutCache:
     A reference for cached decoding (same tokens and scores) and a baseline for what the cache saves.
     """
 
-    FILLER = 3  # unknown future targets: any word token (the causal mask hides them; pad would mask the row)
+    FILLER = UNK_ID  # unknown future targets: any non-pad token (the causal mask hides them; pad would mask the row)
 
     def __init__(self, model: Any):
         self.model = model
