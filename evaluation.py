@@ -195,6 +195,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """
     run = prepare_run(config, workdir)
     step, evaluated = evaluated_params(run)
+    run.checkpoints.close()
     evaluator = Evaluator(run)
     outcome = {}
     for name, params in evaluated.items():
@@ -208,6 +209,7 @@ def predict(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
     hypothesis) and writes its metrics, with the task metric by source length, to `eval/step_<N>.json`."""
     run = prepare_run(config, workdir)
     step, evaluated = evaluated_params(run)
+    run.checkpoints.close()
     name = list(evaluated)[-1]  # the averaged parameters when asked for
     split = config.eval_split
     results, decoded = evaluate_split(Evaluator(run), evaluated[name], split)

@@ -33,7 +33,7 @@ import visualize
 from errors import DataError, UserError
 from models.attention import attention_roles, capture_attention
 from run_setup import Run, prepare_run
-from vocabularies import EOS_ID
+from vocabularies import EOS_ID, PAD_ID
 
 BATCH_ROWS = 32  # sources decoded together; batches are padded to this many rows (one compilation)
 
@@ -124,7 +124,7 @@ class Translator:
         def log_probs(params, batch):
             logits = run.model(params)(batch, deterministic=True)
             token_log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][..., None], axis=-1)[..., 0]
-            return jnp.sum(jnp.where(batch["targets"] != 0, token_log_probs, 0.0), axis=-1)  # [B]
+            return jnp.sum(jnp.where(batch["targets"] != PAD_ID, token_log_probs, 0.0), axis=-1)  # [B]
 
         return log_probs
 
@@ -182,6 +182,7 @@ def load(
     restored_step, params = run.restore_params(step, best=best)
     if average_last > 1:
         _, params = run.averaged_params(average_last, restored_step)
+    run.checkpoints.close()
     return Translator(run, restored_step, params)
 
 

@@ -13,6 +13,7 @@ sizes are the dataclass defaults in `models/rnn.py`.
 from __future__ import annotations
 
 from configs import base, default, kjv_web_transformer
+from errors import ConfigError
 
 FAMILIES = ("rnnencdec", "rnnsearch", "luong")
 
@@ -59,7 +60,7 @@ def model_fields(family: str, task: str) -> dict:
     if family == "luong":
         layers = 1 if small else 2
         return dict(common, cell="lstm", num_encoder_layers=layers, num_decoder_layers=layers, score="general")
-    raise ValueError(f"unknown recurrent family {family!r}; valid: {', '.join(FAMILIES)}")
+    raise ConfigError(f"unknown recurrent family {family!r}; valid: {', '.join(FAMILIES)}")
 
 
 def get_config(family: str, task: str):

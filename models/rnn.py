@@ -39,6 +39,7 @@ from models.layers import shift_right
 
 Array = jax.Array
 CELLS = ("gru", "lstm")
+LUONG_SCORES = ("dot", "general", "concat")  # Luong et al. eq. 8
 
 
 # --------------------------------------------------------------------------
@@ -95,6 +96,8 @@ class LuongConfig(RNNConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.score not in LUONG_SCORES:
+            raise ConfigError(f"model.score must be one of {', '.join(LUONG_SCORES)}, got {self.score!r}")
         if self.num_encoder_layers != self.num_decoder_layers:
             raise ConfigError(
                 "the Luong decoder starts from the encoder's final states, so model.num_encoder_layers "

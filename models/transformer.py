@@ -58,6 +58,8 @@ class TransformerConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ConfigError(f"model.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.score not in attention.SCORES:
+            raise ConfigError(f"model.score must be one of {', '.join(attention.SCORES)}, got {self.score!r}")
         if self.positional not in ("sinusoidal", "learned"):
             raise ConfigError(f"model.positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
         for name in ("d_model", "num_heads", "d_ff", "max_length"):
