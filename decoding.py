@@ -1,24 +1,34 @@
-"""Greedy and beam search over the common decoding interface (`encode`, `init_decode_state`, `decode_step`).
+"""Greedy search, beam search and sampling over the common decoding interface
+(`encode`, `init_decode_state`, `decode_step`): any object that has those three
+methods decodes, NNX module or not.
 
-Both are compiled with `lax.while_loop` and work on batches. Each row may emit
-at most `max_lengths[b]` tokens (eos included; the trainer uses the source
-length plus `decode.max_length_offset`), and eos is forced there. Rows are
-independent: a padded batch decodes as each example alone would.
+All are compiled with `lax.while_loop` and work on batches. Each row may emit
+at most `max_lengths[b]` tokens, eos included (evaluation uses the source
+length plus `decode.max_length_offset`). At a row's last allowed step eos is
+the only choice, and it is charged its real log-probability: a hypothesis cut
+at the cap pays for ending there, as one that ends on its own does. Pad and
+bos are never produced. Rows are independent: a padded batch decodes as each
+example alone would.
 
-Outputs are `[B, L]` ids, each row ending with eos followed by padding.
+Outputs are `[B, L]` ids, each row ending with eos followed by padding, and a
+score per row: greedy search and sampling return `log P(Y)`, beam search
+`log P(Y) / lp(|Y|)` with the length penalty of Wu et al. (2016); `|Y|`
+counts the eos.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from errors import ConfigError
 from vocabularies import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 Array = jax.Array
 NEVER = -1e9  # log-probability of what may not be chosen (finite: see models/attention.py)
+METHODS = ("search", "sample")  # decode.method: greedy/beam search, or sampling
 
 
 def source_lengths(inputs: Array) -> Array:
@@ -27,26 +37,31 @@ def source_lengths(inputs: Array) -> Array:
 
 
 def next_token_log_probs(logits: Array, step: Array, max_lengths: Array) -> Array:
-    """Log-softmax with pad and bos excluded, and eos forced at each row's last allowed step.
+    """The model's log-softmax over the tokens allowed next, NEVER elsewhere.
+
+    Pad and bos are never allowed; at each row's last allowed step only eos is,
+    with its real log-probability (not 0: a forced end is not free).
 
     Args:
       logits: `[R, V]`.  step: the position being produced.  max_lengths: `[R]`.
+    Returns:
+      `[R, V]` float32.
     """
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-    log_probs = log_probs.at[:, PAD_ID].set(NEVER).at[:, BOS_ID].set(NEVER)
+    vocab = jnp.arange(log_probs.shape[-1])
     last = (step + 1 >= max_lengths)[:, None]  # [R, 1]
-    only_eos = jnp.full_like(log_probs, NEVER).at[:, EOS_ID].set(0.0)
-    return jnp.where(last, only_eos, log_probs)
+    allowed = (vocab != PAD_ID) & (vocab != BOS_ID) & (~last | (vocab == EOS_ID))  # [R, V]
+    return jnp.where(allowed, log_probs, NEVER)
 
 
-def greedy_search(model: Any, inputs: Array, max_lengths: Array, length: int) -> tuple[Array, Array]:
-    """The most likely next token at every step.
+Chooser = Callable[[Array, Array], Array]  # (allowed log-probabilities [B, V], step) -> tokens [B]
 
-    Args:
-      inputs: `[B, S]` source ids.  max_lengths: `[B]` tokens allowed per row (<= length).
-      length: static size of the output buffer.
+
+def one_per_row(model: Any, inputs: Array, max_lengths: Array, length: int, choose: Chooser) -> tuple[Array, Array]:
+    """Decodes one hypothesis per row, taking at each step the token `choose` picks.
+
     Returns:
-      `(tokens [B, length], log-probability of each row's tokens [B])`.
+      `(tokens [B, length], log-probability of each row's tokens under the model [B])`.
     """
     batch = inputs.shape[0]
     memory = model.encode(inputs)
@@ -61,7 +76,7 @@ def greedy_search(model: Any, inputs: Array, max_lengths: Array, length: int) ->
         step, previous, state, tokens, scores, done = carry
         logits, state = model.decode_step(memory, previous, state)
         log_probs = next_token_log_probs(logits, step, max_lengths)
-        chosen = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+        chosen = choose(log_probs, step).astype(jnp.int32)
         gained = jnp.take_along_axis(log_probs, chosen[:, None], axis=-1)[:, 0]
         chosen = jnp.where(done, PAD_ID, chosen)
         scores = scores + jnp.where(done, 0.0, gained)
@@ -71,6 +86,52 @@ def greedy_search(model: Any, inputs: Array, max_lengths: Array, length: int) ->
     start = (0, jnp.full((batch,), BOS_ID, jnp.int32), state, jnp.zeros((batch, length), jnp.int32), jnp.zeros(batch), jnp.zeros(batch, bool))
     _, _, _, tokens, scores, _ = jax.lax.while_loop(not_finished, step_once, start)
     return tokens, scores
+
+
+def greedy_search(model: Any, inputs: Array, max_lengths: Array, length: int) -> tuple[Array, Array]:
+    """The most likely next token at every step.
+
+    Args:
+      inputs: `[B, S]` source ids (or images: anything the model's `encode` reads).
+      max_lengths: `[B]` tokens allowed per row (<= length).  length: static size of the output buffer.
+    Returns:
+      `(tokens [B, length], log P(tokens) [B])`.
+    """
+    return one_per_row(model, inputs, max_lengths, length, lambda log_probs, step: jnp.argmax(log_probs, axis=-1))
+
+
+def filtered_log_probs(log_probs: Array, temperature: float, top_k: int, top_p: float) -> Array:
+    """The sampling distribution: `log_probs / temperature`, restricted to the `top_k` most likely
+    tokens (0: all) and to the smallest set whose probability reaches `top_p` (Holtzman et al.
+    2020; 1: all). Unnormalised; NEVER outside."""
+    scaled = jnp.where(log_probs > NEVER / 2, log_probs / temperature, NEVER)
+    if top_k:
+        kth = jax.lax.top_k(scaled, top_k)[0][:, -1:]  # [R, 1]
+        scaled = jnp.where(scaled >= kth, scaled, NEVER)
+    if top_p < 1.0:
+        order = jnp.argsort(-scaled, axis=-1)
+        sorted_probs = jax.nn.softmax(jnp.take_along_axis(scaled, order, axis=-1), axis=-1)
+        before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of the more likely tokens
+        keep_sorted = before < top_p  # the most likely token is always kept
+        keep = jnp.zeros_like(keep_sorted).at[jnp.arange(len(order))[:, None], order].set(keep_sorted)
+        scaled = jnp.where(keep, scaled, NEVER)
+    return scaled
+
+
+def sample(
+    model: Any, inputs: Array, max_lengths: Array, length: int, *, key: Array,
+    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+) -> tuple[Array, Array]:  # fmt: skip
+    """Ancestral sampling, one hypothesis per row, from the filtered distribution (`filtered_log_probs`).
+
+    Returns:
+      `(tokens [B, length], log P(tokens) [B] under the model itself, not the filtered distribution)`.
+    """
+
+    def choose(log_probs: Array, step: Array) -> Array:
+        return jax.random.categorical(jax.random.fold_in(key, step), filtered_log_probs(log_probs, temperature, top_k, top_p))
+
+    return one_per_row(model, inputs, max_lengths, length, choose)
 
 
 def length_penalty(length: Array, alpha: float) -> Array:
@@ -97,20 +158,28 @@ def _gather_beams(tree: Any, origins: Array, batch: int, beams: int) -> Any:
     return jax.tree.map(gather, tree)
 
 
-def beam_search(
-    model: Any, inputs: Array, max_lengths: Array, length: int, *, beam_size: int, alpha: float
+def beam_search_n_best(
+    model: Any, inputs: Array, max_lengths: Array, length: int, *, beam_size: int, alpha: float, num_hypotheses: int
 ) -> tuple[Array, Array]:
-    """Beam search with the length penalty of Wu et al. (2016).
+    """Beam search with the length penalty of Wu et al. (2016); the `num_hypotheses` best per row.
 
-    Every step extends the live beams, keeps the `2K` best candidates, moves
-    those ending in eos to the finished set (score `log P / lp(|Y|)`, kept once
-    final) and keeps the `K` best others live. The search stops when no live
-    beam can beat the best finished one: for `alpha >= 0` a live beam's score
-    can at best become `log P / lp(max_length)`.
+    Every step extends the `K` live beams, keeps the `min(2K, K V)` best candidates,
+    moves those ending in eos to the finished set (score `log P / lp(|Y|)`, kept
+    once final) and keeps the `K` best others live. The search stops when no live
+    beam can beat the N-th best finished one: for `alpha >= 0` a live beam's score
+    can at best become `log P / lp(max_length)`. A beam of one is greedy search: its
+    one hypothesis ends when eos is its best continuation.
 
     Returns:
-      `(tokens [B, length], scores [B])` of the best finished hypothesis per row.
+      `(tokens [B, N, length], scores [B, N])`, best first; a row with fewer than N finished
+      hypotheses has score NEVER in the empty slots.
     """
+    if not 1 <= num_hypotheses <= beam_size:
+        raise ValueError(f"num_hypotheses must be between 1 and the beam size {beam_size}, got {num_hypotheses}")
+    if beam_size == 1:
+        tokens, log_probs = greedy_search(model, inputs, max_lengths, length)
+        lengths = jnp.argmax(tokens == EOS_ID, axis=-1) + 1.0
+        return tokens[:, None], (log_probs / length_penalty(lengths, alpha))[:, None]
     batch, beams = inputs.shape[0], beam_size
     max_lengths = jnp.minimum(max_lengths, length)
     memory = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0), model.encode(inputs))  # rows [B*K]
@@ -127,8 +196,8 @@ def beam_search(
 
     def can_improve(b: Beams) -> Array:
         best_live = jnp.max(b.live_log_probs, axis=1) / length_penalty(max_lengths, alpha)  # [B]
-        best_finished = jnp.max(b.finished_scores, axis=1)
-        return (b.step < length) & jnp.any(best_live > best_finished)
+        last_kept = b.finished_scores[:, num_hypotheses - 1]  # the N-th best finished (sorted; NEVER if none)
+        return (b.step < length) & jnp.any((best_live > last_kept) & (best_live > NEVER / 2))
 
     def step_once(b: Beams) -> Beams:
         previous = jnp.where(b.step == 0, BOS_ID, b.live_tokens[:, :, jnp.maximum(b.step - 1, 0)]).reshape(-1)
@@ -136,38 +205,84 @@ def beam_search(
         log_probs = next_token_log_probs(logits, b.step, row_limits).reshape(batch, beams, -1)  # [B, K, V]
         vocab = log_probs.shape[-1]
         candidates = (b.live_log_probs[:, :, None] + log_probs).reshape(batch, beams * vocab)
-        top_scores, top_index = jax.lax.top_k(candidates, 2 * beams)  # [B, 2K]
+        top_scores, top_index = jax.lax.top_k(candidates, min(2 * beams, beams * vocab))  # [B, C]
         origin, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
-        sequences = jnp.take_along_axis(b.live_tokens, origin[:, :, None], axis=1)  # [B, 2K, L]
+        valid = top_scores > NEVER / 2  # neither an empty slot's extension nor a token never allowed
+        sequences = jnp.take_along_axis(b.live_tokens, origin[:, :, None], axis=1)  # [B, C, L]
         sequences = sequences.at[:, :, b.step].set(token)
         ends = token == EOS_ID
 
-        live_scores = jnp.where(ends, NEVER, top_scores)
+        live_scores = jnp.where(ends | ~valid, NEVER, top_scores)
         live_scores, keep = jax.lax.top_k(live_scores, beams)  # [B, K]
         live_tokens = jnp.take_along_axis(sequences, keep[:, :, None], axis=1)
         state = _gather_beams(state, jnp.take_along_axis(origin, keep, axis=1), batch, beams)
 
-        new_finished = jnp.where(ends, top_scores / length_penalty(b.step + 1.0, alpha), NEVER)
-        new_finished = jnp.where(top_scores > NEVER / 2, new_finished, NEVER)  # extensions of empty slots
-        pooled_scores = jnp.concatenate([b.finished_scores, new_finished], axis=1)  # [B, 3K]
+        new_finished = jnp.where(ends & valid, top_scores / length_penalty(b.step + 1.0, alpha), NEVER)
+        pooled_scores = jnp.concatenate([b.finished_scores, new_finished], axis=1)  # [B, K + C]
         pooled_tokens = jnp.concatenate([b.finished_tokens, sequences], axis=1)
         finished_scores, best = jax.lax.top_k(pooled_scores, beams)
         finished_tokens = jnp.take_along_axis(pooled_tokens, best[:, :, None], axis=1)
         return Beams(b.step + 1, live_tokens, live_scores, finished_tokens, finished_scores, state)
 
     final = jax.lax.while_loop(can_improve, step_once, start)
-    best = jnp.argmax(final.finished_scores, axis=1)  # [B]
-    tokens = jnp.take_along_axis(final.finished_tokens, best[:, None, None], axis=1)[:, 0]
-    scores = jnp.take_along_axis(final.finished_scores, best[:, None], axis=1)[:, 0]
-    return tokens, scores
+    return final.finished_tokens[:, :num_hypotheses], final.finished_scores[:, :num_hypotheses]  # top_k sorted them
 
 
-def decode(model: Any, inputs: Array, *, beam_size: int, alpha: float, max_length_offset: int, length: int) -> Array:
-    """The configured search: greedy for `beam_size == 1`, else beam search. Returns `[B, length]` ids."""
+def beam_search(
+    model: Any, inputs: Array, max_lengths: Array, length: int, *, beam_size: int, alpha: float
+) -> tuple[Array, Array]:
+    """The best hypothesis of `beam_search_n_best`: `(tokens [B, length], scores [B])`."""
+    tokens, scores = beam_search_n_best(
+        model, inputs, max_lengths, length, beam_size=beam_size, alpha=alpha, num_hypotheses=1
+    )
+    return tokens[:, 0], scores[:, 0]
+
+
+def decode(
+    model: Any, inputs: Array, *, length: int, max_length_offset: int, method: str = "search", beam_size: int = 1,
+    alpha: float = 0.0, num_hypotheses: int = 1, key: Array | None = None, temperature: float = 1.0,
+    top_k: int = 0, top_p: float = 1.0,
+) -> tuple[Array, Array]:  # fmt: skip
+    """The configured decoding (`config.decode`): beam search (greedy for a beam of one) or sampling,
+    with outputs of at most the source length + `max_length_offset` tokens.
+
+    Returns:
+      `(tokens [B, N, length], scores [B, N])` with N = `num_hypotheses` (1 when sampling).
+    """
     max_lengths = source_lengths(inputs) + max_length_offset
-    if beam_size == 1:
-        return greedy_search(model, inputs, max_lengths, length)[0]
-    return beam_search(model, inputs, max_lengths, length, beam_size=beam_size, alpha=alpha)[0]
+    if method == "sample":
+        tokens, scores = sample(model, inputs, max_lengths, length, key=key, temperature=temperature, top_k=top_k, top_p=top_p)
+        return tokens[:, None], scores[:, None]
+    return beam_search_n_best(
+        model, inputs, max_lengths, length, beam_size=beam_size, alpha=alpha, num_hypotheses=num_hypotheses
+    )
+
+
+def options(decode_config: Any) -> dict:
+    """`decode()`'s keyword arguments from `config.decode` (see configs/base.py)."""
+    return dict(
+        method=decode_config.method, beam_size=decode_config.beam_size, alpha=decode_config.length_penalty,
+        num_hypotheses=decode_config.num_hypotheses, temperature=decode_config.temperature,
+        top_k=decode_config.top_k, top_p=decode_config.top_p, max_length_offset=decode_config.max_length_offset,
+    )  # fmt: skip
+
+
+def check_options(decode_config: Any) -> None:
+    """Raises ConfigError naming the `decode.*` field that cannot work."""
+    d = decode_config
+    if d.method not in METHODS:
+        raise ConfigError(f"decode.method must be one of {', '.join(METHODS)}, got {d.method!r}")
+    if d.beam_size < 1:
+        raise ConfigError(f"decode.beam_size must be at least 1, got {d.beam_size}")
+    if not 1 <= d.num_hypotheses <= (d.beam_size if d.method == "search" else 1):
+        raise ConfigError(
+            f"decode.num_hypotheses must be between 1 and decode.beam_size ({d.beam_size}) for search, "
+            f"and 1 for sampling; got {d.num_hypotheses}"
+        )
+    if d.temperature <= 0 or d.top_k < 0 or not 0 < d.top_p <= 1:
+        raise ConfigError(f"decode needs temperature > 0, top_k >= 0, 0 < top_p <= 1; got {d.temperature}, {d.top_k}, {d.top_p}")
+    if d.length_penalty < 0 or d.max_length_offset < 0:
+        raise ConfigError(f"decode.length_penalty and decode.max_length_offset must not be negative, got {d.length_penalty}, {d.max_length_offset}")
 
 
 class WithoutCache:

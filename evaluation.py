@@ -50,17 +50,15 @@ class Evaluator:
         def loss_sums(params, batch) -> dict:
             return metrics.token_sums(run.model(params)(batch, deterministic=True), batch["targets"])
 
-        def decode(params, inputs) -> jax.Array:
-            return decoding.decode(
-                run.model(params), inputs, beam_size=config.decode.beam_size, alpha=config.decode.length_penalty,
-                max_length_offset=config.decode.max_length_offset, length=self.output_length,
-            )  # fmt: skip
+        def decode(params, inputs, key) -> tuple[jax.Array, jax.Array]:
+            return decoding.decode(run.model(params), inputs, length=self.output_length, key=key, **decoding.options(config.decode))
 
         def attention(params, batch) -> dict:
             return capture_attention(run.model(params), batch)
 
         self.loss_sums = jax.jit(loss_sums, in_shardings=(params_sharding, batch_sharding))
-        self.decode = jax.jit(decode, in_shardings=(params_sharding, batch_sharding))
+        self.decode = jax.jit(decode, in_shardings=(params_sharding, batch_sharding, None))
+        self.sampling_key = jax.random.key(config.seed + 3)  # sampling: one key per batch, folded from here
         self.attention = jax.jit(attention, in_shardings=(params_sharding, batch_sharding))
         self.roles = attention_roles(nnx.merge(run.graphdef, run.params, run.rngs))
 
@@ -74,11 +72,19 @@ class Evaluator:
             batch = run.global_batch({"inputs": local["inputs"], "targets": local["targets"]})
             yield batch, gathered(run.global_batch({"index": local["index"]})["index"]), local
 
-    def hypotheses(self, params: nnx.State, batch: dict, index: np.ndarray) -> tuple[jax.Array, list[tuple[int, str]]]:
-        """The batch decoded: the global `[B, L]` ids, and `(record index, text)` of its real rows."""
-        decoded = self.decode(params, batch["inputs"])
-        texts = [(int(i), self.run.tokens.target.decode(row)) for i, row in zip(index, gathered(decoded)) if i >= 0]
-        return decoded, texts
+    def hypotheses(
+        self, params: nnx.State, batch: dict, index: np.ndarray, number: int = 0
+    ) -> tuple[jax.Array, list[tuple[int, list[tuple[str, float]]]]]:
+        """Batch `number` decoded: the global `[B, L]` ids of the best hypotheses, and for each real
+        row `(record index, [(text, score)] best first)` (one entry unless `decode.num_hypotheses`)."""
+        tokens, scores = self.decode(params, batch["inputs"], jax.random.fold_in(self.sampling_key, number))
+        decode_text = self.run.tokens.target.decode
+        texts = [
+            (int(i), [(decode_text(t), float(s)) for t, s in zip(row_tokens, row_scores) if s > decoding.NEVER / 2])
+            for i, row_tokens, row_scores in zip(index, gathered(tokens), gathered(scores))  # [B, N, L], [B, N]
+            if i >= 0
+        ]  # fmt: skip
+        return tokens[:, 0], texts
 
     def alignment_scores(self, params: nnx.State, batch: dict, spans: np.ndarray, index: np.ndarray) -> dict[str, list[float]]:
         """Per cross-attention module: the alignment accuracy of each real row of a teacher-forced pass
@@ -98,7 +104,7 @@ def evaluate_split(
     `max_decoded` examples (0 = all).
 
     Returns:
-      `(metrics, [(record index, hypothesis text)])`.
+      `(metrics, [(record index, [(hypothesis text, score)] best first)])`.
     """
     run = evaluator.run
     totals, decoded, alignment = None, [], {}
@@ -106,24 +112,29 @@ def evaluate_split(
         sums = evaluator.loss_sums(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         if max_decoded == 0 or len(decoded) < max_decoded:
-            decoded += evaluator.hypotheses(params, batch, index)[1]
+            decoded += evaluator.hypotheses(params, batch, index, number)[1]
         if run.task.alignment is not None:
             spans = gathered(run.global_batch({"alignment": local["alignment"]})["alignment"])
             for module, scores in evaluator.alignment_scores(params, batch, spans, index).items():
                 alignment.setdefault(module, []).extend(scores)
     decoded = sorted(decoded)[: max_decoded or None]
     results = metrics.summarize(jax.device_get(totals))
-    results.update(text_metrics(run, split, decoded))
+    results.update(text_metrics(run, split, best_of(decoded)))
     results["decoded_examples"] = len(decoded)
     results.update(alignment_results(alignment))
     return results, decoded
+
+
+def best_of(decoded: list[tuple[int, list[tuple[str, float]]]]) -> list[tuple[int, str]]:
+    """`(record index, best hypothesis)` of each decoded example."""
+    return [(index, hypotheses[0][0]) for index, hypotheses in decoded]
 
 
 def text_metrics(run: Run, split: str, decoded: list[tuple[int, str]]) -> dict:
     """The task metric of the hypotheses against their references."""
     records = run.task.splits[split]
     references = [run.task.pair(records[i])[1] for i, _ in decoded]
-    return metrics.text_metrics(run.task.metric, [h for _, h in decoded], references)
+    return metrics.text_metrics(run.task.metric, [h for _, h in decoded], references, run.config.metrics.bleu_tokenize)
 
 
 def alignment_results(alignment: dict[str, list[float]]) -> dict:
@@ -185,6 +196,7 @@ def evaluated_params(run: Run) -> tuple[int, dict[str, nnx.State]]:
     if config.average_last > 1:
         steps, averaged = run.averaged_params(config.average_last, step)
         evaluated[f"{config.eval_split}_average_last_{len(steps)}"] = averaged
+    run.checkpoints.close()
     return step, evaluated
 
 
@@ -194,13 +206,13 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     Returns the split's results, or with `average_last` both results by name.
     """
     run = prepare_run(config, workdir)
-    step, evaluated = evaluated_params(run)
-    run.checkpoints.close()
-    evaluator = Evaluator(run)
-    outcome = {}
-    for name, params in evaluated.items():
-        outcome[name], _ = evaluate_split(evaluator, params, config.eval_split, max_decoded=config.eval_decode_examples)
-    report(run, step, outcome)
+    with reporting.log_file(run.workdir, enabled=run.is_chief):
+        step, evaluated = evaluated_params(run)
+        evaluator = Evaluator(run)
+        outcome = {}
+        for name, params in evaluated.items():
+            outcome[name], _ = evaluate_split(evaluator, params, config.eval_split, max_decoded=config.eval_decode_examples)
+        report(run, step, outcome)
     return outcome[config.eval_split] if len(outcome) == 1 else outcome
 
 
@@ -208,16 +220,18 @@ def predict(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
     """`--mode=predict`: decodes `config.eval_split` into `predictions/step_<N>.tsv` (source, reference,
     hypothesis) and writes its metrics, with the task metric by source length, to `eval/step_<N>.json`."""
     run = prepare_run(config, workdir)
-    step, evaluated = evaluated_params(run)
-    run.checkpoints.close()
-    name = list(evaluated)[-1]  # the averaged parameters when asked for
-    split = config.eval_split
-    results, decoded = evaluate_split(Evaluator(run), evaluated[name], split)
+    with reporting.log_file(run.workdir, enabled=run.is_chief):
+        step, evaluated = evaluated_params(run)
+        name = list(evaluated)[-1]  # the averaged parameters when asked for
+        split = config.eval_split
+        results, decoded = evaluate_split(Evaluator(run), evaluated[name], split, max_decoded=config.eval_decode_examples)
     path = run.workdir / "predictions" / f"step_{step}.tsv"
     if run.is_chief:
         records = run.task.splits[split]
-        reporting.write_predictions(path, [(*run.task.pair(records[index]), hypothesis) for index, hypothesis in decoded])
-        results["by_source_length"] = scores_by_length(run, split, decoded, config.length_bucket_width)
+        reporting.write_predictions(path, [(*run.task.pair(records[index]), hypothesis) for index, hypothesis in best_of(decoded)])
+        if config.decode.num_hypotheses > 1:
+            reporting.write_n_best(path.with_suffix(".nbest.tsv"), [(run.task.pair(records[i])[0], n_best) for i, n_best in decoded])
+        results["by_source_length"] = scores_by_length(run, split, best_of(decoded), config.length_bucket_width)
     report(run, step, {name: results})
     return path
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -30,20 +29,12 @@ import numpy as np
 import decoding
 import reporting
 import visualize
-from errors import DataError, UserError
+from errors import ConfigError, DataError, UserError
 from models.attention import attention_roles, capture_attention
-from run_setup import Run, prepare_run
+from run_setup import Run, prepare_run, read_run_config
 from vocabularies import EOS_ID, PAD_ID
 
 BATCH_ROWS = 32  # sources decoded together; batches are padded to this many rows (one compilation)
-
-
-def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict:
-    """The resolved config a run wrote to `workdir/config.json`."""
-    path = Path(workdir) / "config.json"
-    if not path.is_file():
-        raise DataError(f"{workdir} holds no config.json: not a run folder")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
 class Translator:
@@ -73,47 +64,53 @@ class Translator:
             array[i, : len(row)] = row
         return array
 
+    def _decode_settings(self, overrides: dict) -> tuple:
+        """`config.decode` with `overrides` (e.g. `beam_size=4`), checked, as a hashable tuple of items."""
+        settings = self.config.decode.to_dict()
+        unknown = sorted(set(overrides) - set(settings))
+        if unknown:
+            raise ConfigError(f"unknown decode option(s) {', '.join(unknown)}; valid: {', '.join(sorted(settings))}")
+        settings.update({k: v for k, v in overrides.items() if v is not None})
+        decoding.check_options(ml_collections.ConfigDict(settings))
+        return tuple(sorted(settings.items()))
+
     @functools.lru_cache(maxsize=8)
-    def _search(self, beam_size: int, alpha: float, max_length_offset: int, output_length: int):
-        run = self.run
+    def _search(self, settings: tuple):
+        run, options = self.run, decoding.options(ml_collections.ConfigDict(dict(settings)))
+        output_length = self.config.data.max_source_length + options["max_length_offset"]
 
         @jax.jit
-        def search(params, inputs):
-            return decoding.decode(
-                run.model(params), inputs, beam_size=beam_size, alpha=alpha,
-                max_length_offset=max_length_offset, length=output_length,
-            )  # fmt: skip
+        def search(params, inputs, key):
+            return decoding.decode(run.model(params), inputs, length=output_length, key=key, **options)
 
         return search
 
-    def translate(
-        self,
-        sources: Sequence[str],
-        *,
-        beam_size: int | None = None,
-        length_penalty: float | None = None,
-        max_length_offset: int | None = None,
-    ) -> list[str]:
-        """The model's output for each source, with the run's search unless told otherwise."""
-        ids = self.translate_ids(sources, beam_size=beam_size, length_penalty=length_penalty, max_length_offset=max_length_offset)
-        return [self.run.tokens.target.decode(row) for row in ids]
+    def translate(self, sources: Sequence[str], **decode_options) -> list[str]:
+        """The model's output for each source, with the run's `config.decode` unless options
+        (`beam_size=4`, `length_penalty=0.6`, `method="sample"`, `temperature=0.7`, ...) say otherwise."""
+        return [hypotheses[0][0] for hypotheses in self.n_best(sources, **decode_options)]
 
-    def translate_ids(self, sources, *, beam_size=None, length_penalty=None, max_length_offset=None) -> list[np.ndarray]:
-        """As `translate`, as output ids ending in eos."""
-        decode = self.config.decode
-        offset = decode.max_length_offset if max_length_offset is None else max_length_offset
-        search = self._search(
-            decode.beam_size if beam_size is None else beam_size,
-            decode.length_penalty if length_penalty is None else length_penalty,
-            offset,
-            self.config.data.max_source_length + offset,
-        )
+    def n_best(self, sources: Sequence[str], **decode_options) -> list[list[tuple[str, float]]]:
+        """The `num_hypotheses` best outputs of each source with their scores, best first."""
+        return [
+            [(self.run.tokens.target.decode(ids), score) for ids, score in hypotheses]
+            for hypotheses in self.translate_ids(sources, **decode_options)
+        ]
+
+    def translate_ids(self, sources: Sequence[str], **decode_options) -> list[list[tuple[np.ndarray, float]]]:
+        """As `n_best`, with output ids ending in eos instead of text."""
+        search = self._search(self._decode_settings(decode_options))
+        key = jax.random.key(self.config.seed + 3)
         outputs = []
         source_ids = self._source_ids(sources)
         for start in range(0, len(source_ids), BATCH_ROWS):
             chunk = source_ids[start : start + BATCH_ROWS]
-            tokens = np.asarray(search(self.params, jnp.asarray(self._padded(chunk))))[: len(chunk)]
-            outputs += [row[: int(np.argmax(row == EOS_ID)) + 1] for row in tokens]
+            tokens, scores = search(self.params, jnp.asarray(self._padded(chunk)), jax.random.fold_in(key, start))
+            for row_tokens, row_scores in zip(np.asarray(tokens)[: len(chunk)], np.asarray(scores)[: len(chunk)]):
+                outputs.append([
+                    (ids[: int(np.argmax(ids == EOS_ID)) + 1], float(score))
+                    for ids, score in zip(row_tokens, row_scores) if score > decoding.NEVER / 2
+                ])  # fmt: skip
         return outputs
 
     @functools.cached_property
@@ -150,7 +147,7 @@ class Translator:
 
     def _attention_inputs(self, source: str, target: str | None) -> tuple[np.ndarray, np.ndarray]:
         inputs = self._source_ids([source])[0]
-        output = self.translate_ids([source])[0] if target is None else self._target_ids([target])[0]
+        output = self.translate_ids([source])[0][0][0] if target is None else self._target_ids([target])[0]
         return inputs, output
 
     def draw_attention(self, source: str, directory: Path, *, self_attention: bool = False) -> str:
@@ -177,7 +174,10 @@ def load(
 
     `config` replaces `workdir/config.json` (eval and predict pass theirs, with its decode settings).
     """
-    config = read_run_config(workdir) if config is None else config
+    if config is None:
+        config = read_run_config(workdir)
+        if config is None:
+            raise DataError(f"{workdir} holds no config.json: not a run folder")
     run = prepare_run(config, workdir, devices=jax.devices()[:1], with_data=False)
     restored_step, params = run.restore_params(step, best=best)
     if average_last > 1:

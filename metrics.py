@@ -81,9 +81,14 @@ def symbol_accuracy(hypotheses: Sequence[str], references: Sequence[str]) -> flo
     return right / max(total, 1)
 
 
-def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
-    """Corpus BLEU (sacrebleu's defaults: 13a tokenisation) and its signature."""
-    metric = sacrebleu.BLEU()
+# sacreBLEU's tokenizers that need no extra download or package (ja-mecab, ko-mecab and the
+# SentencePiece ones do).
+BLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none")
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a") -> tuple[float, str]:
+    """Corpus BLEU with sacreBLEU's `tokenize` (13a, its default) and its signature."""
+    metric = sacrebleu.BLEU(tokenize=tokenize)
     score = metric.corpus_score(list(hypotheses), [list(references)])
     return score.score, str(metric.get_signature())
 
@@ -95,14 +100,14 @@ def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, s
     return score.score, str(metric.get_signature())
 
 
-def text_metrics(task_metric: str, hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+def text_metrics(task_metric: str, hypotheses: Sequence[str], references: Sequence[str], bleu_tokenize: str = "13a") -> dict:
     """The task metric of decoded text: exact match (and symbol accuracy), or BLEU and chrF with their signatures."""
     if task_metric == "exact_match":
         return {
             "exact_match": exact_match(hypotheses, references),
             "symbol_accuracy": symbol_accuracy(hypotheses, references),
         }
-    bleu_score, bleu_signature = bleu(hypotheses, references)
+    bleu_score, bleu_signature = bleu(hypotheses, references, bleu_tokenize)
     chrf_score, chrf_signature = chrf(hypotheses, references)
     return {
         "bleu": bleu_score,

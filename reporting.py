@@ -10,18 +10,30 @@ tokens/s and ETA; otherwise a plain log line is written every log interval.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from tensorboardX import SummaryWriter
 
 
 def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def read_jsonl(workdir: Path) -> list[dict]:
+    """The rows of `workdir/metrics.jsonl` (none if it does not exist)."""
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
@@ -83,11 +95,12 @@ class Reporter:
         self._line(text, final=not self.interactive)
 
     def _line(self, text: str, *, final: bool) -> None:
+        """A progress bar redrawn in place on a terminal; finished lines are logged (console and log.txt)."""
         if self.interactive:
-            sys.stderr.write("\r\033[K" + text + ("\n" if final else ""))
+            sys.stderr.write("\r\033[K" + ("" if final else text))
             sys.stderr.flush()
-        else:
-            print(text, flush=True)
+        if final or not self.interactive:
+            logging.info(text)
 
     def close(self) -> None:
         if self.tensorboard is not None:
@@ -110,3 +123,38 @@ def write_predictions(path: Path, rows: Sequence[tuple[str, str, str]]) -> None:
         f.write("source\treference\thypothesis\n")
         for row in rows:
             f.write("\t".join(text.replace("\t", " ") for text in row) + "\n")
+
+
+def write_n_best(path: Path, rows: Sequence[tuple[str, Sequence[tuple[str, float]]]]) -> None:
+    """`source<TAB>rank<TAB>score<TAB>hypothesis` lines, ranks from 1 (best) for each source."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        f.write("source\trank\tscore\thypothesis\n")
+        for source, hypotheses in rows:
+            for rank, (text, score) in enumerate(hypotheses, start=1):
+                f.write(f"{source.replace(chr(9), ' ')}\t{rank}\t{score:.6f}\t{text.replace(chr(9), ' ')}\n")
+
+
+@contextlib.contextmanager
+def log_file(workdir: Path, enabled: bool = True) -> Iterator[None]:
+    """While active, what is logged also goes to `workdir/log.txt` (appended: a resumed run continues it)."""
+    path = workdir / "log.txt"
+    if not enabled or _stderr_is(path):  # a sweep sends a trial's whole output there already
+        yield
+        return
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def _stderr_is(path: Path) -> bool:
+    try:
+        return path.exists() and os.path.samefile(f"/proc/self/fd/{sys.stderr.fileno()}", path)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False

@@ -13,6 +13,8 @@ Devices: one `Mesh` over every device of every process, batches sharded along
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,11 +27,13 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+import decoding
+import metrics
 import models
 import tasks
 import vocabularies
 from checkpoints import Checkpoints
-from errors import CheckpointError, ConfigError
+from errors import CheckpointError, ConfigError, DataError
 from input_pipeline import PipelineSettings
 
 # ----------------------------------------------------------------------------- devices
@@ -83,6 +87,107 @@ def load_task_and_tokenizers(config: ml_collections.ConfigDict, workdir: Path) -
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("attend: data and tokenizer ready")
     return loaded if chief else load()
+
+
+# ----------------------------------------------------------------------------- the run's config
+
+# The fields that make a run what it is: its checkpoints, vocabulary and data only fit these.
+RUN_IDENTITY = ("seed", "model", "task", "tokenizer", "data")
+# The fields --mode=eval and --mode=predict may set for a run folder (data_dir: the folder moved).
+EVALUATION_FIELDS = (
+    "eval_split", "restore_step", "restore_best", "average_last", "decode", "eval_decode_examples",
+    "length_bucket_width", "visualize_examples", "visualize_self_attention", "data_dir", "metrics",
+)  # fmt: skip
+
+
+def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict | None:
+    """The resolved config a run wrote to `workdir/config.json` (lists back as tuples), or None."""
+    path = Path(workdir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise DataError(f"{path} is not a readable config ({error}); restore it or use a fresh workdir") from error
+    return ml_collections.ConfigDict(_tuples(saved))
+
+
+def _tuples(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _tuples(v) for k, v in tree.items()}
+    return tuple(tree) if isinstance(tree, list) else tree
+
+
+def flat_fields(config: ml_collections.ConfigDict, groups: Sequence[str]) -> dict[str, Any]:
+    """`{"model.d_model": 128, ...}`: the fields of `groups` (a group or a single field) by dotted name."""
+    flat = {}
+    for group in groups:
+        value = config.get(group)
+        if isinstance(value, ml_collections.ConfigDict):
+            flat.update({f"{group}.{k}": v for k, v in flatten(value.to_dict()).items()})
+        else:
+            flat[group] = value
+    return flat
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return flat
+
+
+def differences(saved: ml_collections.ConfigDict, new: ml_collections.ConfigDict, groups: Sequence[str]) -> list[str]:
+    """`"name: saved -> new"` for each field of `groups` that differs."""
+    before, after = flat_fields(saved, groups), flat_fields(new, groups)
+    return [
+        f"{name}: {before.get(name, '(absent)')!r} -> {after.get(name, '(absent)')!r}"
+        for name in sorted(set(before) | set(after))
+        if before.get(name) != after.get(name)
+    ]
+
+
+def check_resume(config: ml_collections.ConfigDict, workdir: Path) -> None:
+    """A rerun on a run folder must be the same run: a changed model, task, vocabulary, data or seed
+    field stops here, before anything is written. Other changes (steps, schedule, intervals,
+    decoding, logging) are allowed and logged."""
+    saved = read_run_config(workdir)
+    if saved is None:
+        return
+    changed = differences(saved, config, RUN_IDENTITY)
+    if changed:
+        raise ConfigError(
+            f"{workdir} holds a run with another config: {'; '.join(changed)}. Resume with the same "
+            "model, task, tokenizer, data and seed fields, or use a fresh workdir"
+        )
+    other = [group for group in config if group not in RUN_IDENTITY]
+    for change in differences(saved, config, other):
+        logging.info("resuming with a changed field, %s", change)
+
+
+def evaluation_config(
+    saved: ml_collections.ConfigDict, requested: ml_collections.ConfigDict, overridden: Sequence[str]
+) -> ml_collections.ConfigDict:
+    """The config --mode=eval/predict runs with: the run's own (`saved`), with the evaluation fields
+    of `requested` (a config file or overrides). A model, task, vocabulary, data or seed field of
+    `requested` that differs from the run's stops with its name. `eval_decode_examples` (decode a
+    subset) carries over only when `overridden` names it: by default the whole split is decoded."""
+    changed = differences(saved, requested, RUN_IDENTITY)
+    if changed:
+        raise ConfigError(
+            f"eval/predict read the run's config.json; these fields differ from it: {'; '.join(changed)}. "
+            f"Only evaluation fields may change: {', '.join(EVALUATION_FIELDS)}"
+        )
+    config = ml_collections.ConfigDict(saved.to_dict())
+    for name in EVALUATION_FIELDS:
+        config[name] = requested[name]
+    if "eval_decode_examples" not in overridden:
+        config.eval_decode_examples = 0
+    config.lock()
+    return config
 
 
 # ----------------------------------------------------------------------------- the model
@@ -185,9 +290,32 @@ class Run:
 
 
 def check_settings(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
-    """What can be checked before anything is read or written (a bad data setting stops here)."""
+    """What can be checked before anything is read or written: every field of the data, vocabulary,
+    model and decoding settings, and how they fit together."""
     PipelineSettings.from_config(config)
     vocabularies.TokenizerSettings.from_config(config)
+    decoding.check_options(config.decode)
+    if config.metrics.bleu_tokenize not in metrics.BLEU_TOKENIZERS:
+        raise ConfigError(f"metrics.bleu_tokenize must be one of {', '.join(metrics.BLEU_TOKENIZERS)}, got {config.metrics.bleu_tokenize!r}")
+    if config.early_stopping_patience < 0:
+        raise ConfigError(f"early_stopping_patience must not be negative, got {config.early_stopping_patience}")
+    model = models.checked_config(config.model.name, **{k: v for k, v in config.model.to_dict().items() if k != "name"})
+    if getattr(model, "share_embeddings", False) and not config.tokenizer.shared:
+        raise ConfigError(
+            "model.share_embeddings=True needs one vocabulary for source and target, but tokenizer.shared=False "
+            "trains two; set tokenizer.shared=True or model.share_embeddings=False"
+        )
+    limit = getattr(model, "length_limit", None)
+    lengths = {
+        "data.max_source_length": config.data.max_source_length,
+        "data.max_target_length": config.data.max_target_length,
+        "data.max_source_length + decode.max_length_offset": config.data.max_source_length + config.decode.max_length_offset,
+    }
+    for name, length in lengths.items():
+        if limit is not None and length > limit:
+            raise ConfigError(f"{name} = {length} is longer than model.max_length = {limit}, the model's longest sequence")
+    if config.grad_accum_steps < 1:
+        raise ConfigError(f"grad_accum_steps must be at least 1, got {config.grad_accum_steps}")
     if config.batch_size % (mesh.size * config.grad_accum_steps):
         raise ConfigError(
             f"batch_size {config.batch_size} must be divisible by the {mesh.size} devices "

@@ -8,7 +8,7 @@ A sweep file (`configs/sweeps/NAME.py`, see `smoke.py`) declares the search
 space over config fields, the method (grid, random or TPE), the number of
 trials, the objective and its direction, and the budget: config overrides
 every trial gets. Each trial is a `train.py` run in its own folder
-`WORKDIR/trials/trial_<N>`, its output in `train.log` there. The worker
+`WORKDIR/trials/trial_<N>`, its output in `log.txt` there. The worker
 follows the trial's `metrics.jsonl` and reports the objective at each
 evaluation; a median pruner stops trials that lag (SIGTERM: train.py saves
 and stops).
@@ -358,7 +358,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
     reported: set[int] = set()
     metrics = MetricsFollower(workdir)
     outcome, heartbeat = None, 0.0
-    with open(workdir / "train.log", "a") as log:
+    with open(workdir / "log.txt", "a") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
         while True:
             running = process.poll() is None
@@ -393,7 +393,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
     elif process.returncode != 0 or not final or sweep.objective_metric not in final[-1]:
         have = sorted(k for k in (final[-1] if final else {}) if k not in ("step", "split"))
         error = (
-            f"train.py exited with {process.returncode}: {last_lines(workdir / 'train.log')}" if process.returncode
+            f"train.py exited with {process.returncode}: {last_lines(workdir / 'log.txt')}" if process.returncode
             else f"no {sweep.objective} at step {num_train_steps} in {workdir / 'metrics.jsonl'} (have: {', '.join(have) or 'nothing'})"
         )  # fmt: skip
         trial.set_user_attr("error", error)

@@ -2,9 +2,17 @@
 
 With no flags it trains `configs/default.py` (the embedded default task) into a
 fresh `runs/default-<time>` folder. Re-running the same command on the same
-workdir resumes from its latest checkpoint. `--mode=eval` and `--mode=predict`
-restore a checkpoint (the latest, `--config.restore_step=N`, or the best with
-`--config.restore_best=true`) and never train.
+workdir resumes from its latest checkpoint (a changed model, task, tokenizer,
+data or seed field is refused). `--mode=eval` and `--mode=predict` read the
+run's own `DIR/config.json`, with evaluation fields (`eval_split`,
+`restore_step`, `restore_best`, `average_last`, `decode.*`, ...) overridable,
+restore a checkpoint and never train; they decode the whole split unless
+`--config.eval_decode_examples` is given.
+
+Overrides are `--config.a.b=value` (also `--config.task.name=...` and
+`--config.model.name=...`, which switch the task or the model family and its
+fields). Logs go to the console and to `DIR/log.txt`; absl's `--verbosity`
+and `--stderrthreshold` work.
 """
 
 from __future__ import annotations
@@ -14,51 +22,65 @@ import sys
 import time
 from pathlib import Path
 
+import ml_collections
 from absl import app, flags
-from ml_collections import config_flags
 
 import evaluation
 import inference
+import run_setup
 import trainer
-from errors import UserError
+from configs import base
+from errors import ConfigError, UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parent
+DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.py"
 
-
-def one_line(error: BaseException) -> str:
-    text = error.args[0] if isinstance(error, KeyError) and error.args else error  # KeyError's str() is a repr
-    return " ".join(line.strip() for line in str(text).splitlines() if line.strip()) or type(error).__name__
-
-
-def exit_with_flag_error(error: BaseException) -> None:
-    """One line for a bad flag or config: the outer message (it names the culprit) and its root cause."""
-    root = error
-    while root.__cause__ is not None or root.__context__ is not None:
-        root = root.__cause__ or root.__context__
-    message, cause = one_line(error), one_line(root)
-    print(f"error: {message}" + ("" if cause in message else f" ({cause})"), file=sys.stderr)
-    sys.exit(2)
-
-
-try:  # ml_collections reads the --config.* overrides of sys.argv here, at definition
-    config_flags.DEFINE_config_file(
-        "config", str(PROJECT_ROOT / "configs" / "default.py"), "Experiment config file.", lock_config=True
-    )
-except Exception as error:
-    exit_with_flag_error(error)
+flags.DEFINE_string("config", str(DEFAULT_CONFIG), "Experiment config file (eval/predict: default the run's config.json).")
 flags.DEFINE_string("workdir", None, "Run folder (default: a fresh runs/<config>-<time>).")
 flags.DEFINE_enum("mode", "train", ["train", "eval", "predict"], "What to do.")
 flags.DEFINE_string("input_file", None, "--mode=predict: decode these lines (one source each; - = standard input) instead of a split.")
 FLAGS = flags.FLAGS
+OVERRIDES: list[str] = []  # the --config.a.b=value arguments, taken out before absl parses the rest
 
+
+def one_line(error: BaseException) -> str:
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
+
+
+def exit_with_error(error: BaseException) -> None:
+    """A user error in one line on stderr, exit code 2."""
+    print(f"error: {one_line(error)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing of the flags; the `--config.*` overrides go to `configs.base.load` instead."""
+    OVERRIDES.extend(arg for arg in argv[1:] if arg.startswith("--config."))
+    try:
+        return FLAGS([argv[0], *(arg for arg in argv[1:] if not arg.startswith("--config."))])
+    except flags.Error as error:
+        exit_with_error(error)
 
 
 def default_workdir() -> Path:
-    name = Path(config_flags.get_config_filename(FLAGS["config"])).stem
-    return PROJECT_ROOT / "runs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return PROJECT_ROOT / "runs" / f"{Path(FLAGS.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_mode(config, workdir: Path):
+def config_for(mode: str, workdir: Path) -> ml_collections.ConfigDict:
+    """Training: the config file with the overrides. Eval and predict: the run's config.json with the
+    evaluation fields of the overrides (or of `--config`, when given)."""
+    if mode == "train":
+        return base.load(FLAGS.config, OVERRIDES)
+    saved = run_setup.read_run_config(workdir)
+    if saved is None:
+        raise ConfigError(f"--mode={mode} needs a run folder, and {workdir} holds no config.json")
+    saved = base.with_defaults(saved)
+    requested = base.load(FLAGS.config if FLAGS["config"].present else saved, OVERRIDES)
+    overridden = [arg.removeprefix("--config.").split("=", 1)[0] for arg in OVERRIDES]
+    return run_setup.evaluation_config(saved, requested, overridden)
+
+
+def run_mode(config: ml_collections.ConfigDict, workdir: Path):
     if FLAGS.mode == "train":
         return trainer.train_and_evaluate(config, workdir)
     if FLAGS.mode == "eval":
@@ -71,29 +93,19 @@ def run_mode(config, workdir: Path):
 def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    logging.getLogger().setLevel(logging.WARNING)
-    try:
-        config = FLAGS.config  # the config file is loaded here, on first access: anything raised is about it
-    except Exception as error:
-        exit_with_flag_error(error)
+    if FLAGS.verbosity < 1:  # the libraries' INFO lines (Orbax and TFDS log through absl's logger) with --verbosity=1
+        for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
+            logging.getLogger(library).setLevel(logging.WARNING)
     workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
     try:
-        result = run_mode(config, workdir)
+        result = run_mode(config_for(FLAGS.mode, workdir), workdir)
     except UserError as error:  # the message names the culprit; anything else is a bug and keeps its traceback
-        exit_with_flag_error(error)
+        exit_with_error(error)
     if FLAGS.mode == "eval":
         print({k: v for k, v in result.items() if not k.endswith("signature")})
     elif FLAGS.mode == "predict":
         print(f"predictions: {result}")
     return 0
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with a bad `--config...` (unknown key, wrong type) reported in one line."""
-    try:
-        return FLAGS(argv)
-    except Exception as error:  # anything raised while parsing flags is about the flags
-        exit_with_flag_error(error)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +33,7 @@ import metrics
 from errors import ConfigError, NonFiniteLoss
 import reporting
 from reporting import Reporter
-from run_setup import Run, prepare_run
+from run_setup import Run, check_resume, prepare_run
 from stopping import StopSignals
 
 TrainState = dict  # {"step": int32 [], "params": nnx.State, "opt_state": optax state}
@@ -179,24 +179,59 @@ def write_config(config: ml_collections.ConfigDict, workdir: Path) -> None:
 
 
 def evaluate_during_training(
-    evaluator: evaluation.Evaluator, params: nnx.State, step: int, last: bool, reporter: Reporter
+    evaluator: evaluation.Evaluator, params: nnx.State, step: int, splits: Sequence[str], reporter: Reporter
 ) -> dict[str, dict]:
-    """The dev split (and at the end the test split too), with pictures of dev examples."""
+    """`splits` evaluated (on `eval_decode_examples` decoded examples), with pictures of dev examples."""
     run = evaluator.run
     results = {}
-    for split in ("dev", "test") if last else ("dev",):
+    for split in splits:
         results[split], _ = evaluation.evaluate_split(evaluator, params, split, max_decoded=run.config.eval_decode_examples)
         reporter.write(step, split, results[split])
         if run.is_chief:
             reporting.write_eval(run.workdir, step, split, results[split])
-    if run.config.visualize_examples:
-        evaluation.draw_attention(evaluator, params, "dev", step, reporter)
+        if split == "dev" and run.config.visualize_examples:
+            evaluation.draw_attention(evaluator, params, "dev", step, reporter)
     return results
 
 
+class EarlyStopping:
+    """Counts the dev evaluations since `best_metric` last improved; `patience` of them (0: never)
+    end the run. The count is rebuilt from metrics.jsonl on resume, so it survives one."""
+
+    def __init__(self, config: ml_collections.ConfigDict, earlier_dev_rows: Sequence[dict]):
+        self.patience, self.metric = config.early_stopping_patience, config.best_metric
+        self.sign = 1.0 if config.best_metric_larger_is_better else -1.0
+        self.best, self.best_step, self.waited = None, None, 0
+        for row in earlier_dev_rows:
+            self.update(row["step"], row)
+
+    def update(self, step: int, dev_results: dict) -> bool:
+        """Records an evaluation; True when the run should stop."""
+        value = dev_results.get(self.metric)
+        if value is None:
+            return False
+        if self.best is None or self.sign * value > self.sign * self.best:
+            self.best, self.best_step, self.waited = value, step, 0
+        else:
+            self.waited += 1
+        return 0 < self.patience <= self.waited
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-    """Trains (or resumes) in `workdir`; returns the final eval metrics by split."""
+    """Trains (or resumes) in `workdir`; returns the final eval metrics by split.
+
+    A rerun on a workdir must be the same run: `run_setup.check_resume` refuses a changed model,
+    task, tokenizer, data or seed field before anything is written; config.json records the rest.
+    """
+    check_resume(config, Path(workdir))
     run = prepare_run(config, workdir)
+    with reporting.log_file(run.workdir, enabled=run.is_chief):
+        return train(run)
+
+
+def train(run: Run) -> dict:
+    """The loop of `train_and_evaluate` on a prepared run."""
+    config = run.config
     if run.is_chief:
         write_config(config, run.workdir)
     tx = make_optimizer(config)
@@ -210,8 +245,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     if run.checkpoints.steps():
         abstract_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         start_step, state = run.checkpoints.restore(abstract_state, data_iterator)
-        logging.warning("resuming from the checkpoint at step %d in %s", start_step, run.checkpoints.manager.directory)
+        logging.info("resuming from the checkpoint at step %d in %s", start_step, run.checkpoints.manager.directory)
     reporter = Reporter(run.workdir, num_steps=config.num_train_steps, start_step=start_step, enabled=run.is_chief)
+    early_stopping = EarlyStopping(config, [row for row in reporting.read_jsonl(run.workdir) if row["split"] == "dev"])
     if start_step == 0:
         reporter.write(0, "data", {f"train_{k}": v for k, v in length_report.items() if k != "policy"})
     schedule = learning_rate_schedule(config)
@@ -234,14 +270,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
                         reporter.write(step, "train", row)
                     reporter.progress(step, row["loss"], row["learning_rate"], row["tokens_per_second"], row["steps_per_second"])
                     window, window_start = [], time.time()
-                eval_metrics = None
+                eval_metrics, stop_early = None, False
                 if evaluate_now:
-                    final = evaluate_during_training(evaluator, state["params"], step, last, reporter)
+                    final = evaluate_during_training(evaluator, state["params"], step, ("dev", "test") if last else ("dev",), reporter)
                     eval_metrics = {k: v for k, v in final["dev"].items() if isinstance(v, float)}
-                if save_now or stop.requested:  # a signal may have come during this step's eval
+                    stop_early = early_stopping.update(step, final["dev"]) and not last
+                    if stop_early:
+                        logging.info("early stopping at step %d: dev %s has not improved for %d evaluations (best %.4g at step %d)",
+                                     step, config.best_metric, early_stopping.waited, early_stopping.best, early_stopping.best_step)  # fmt: skip
+                        final.update(evaluate_during_training(evaluator, state["params"], step, ("test",), reporter))
+                if save_now or stop.requested or stop_early:  # a signal may have come during this step's eval
                     run.checkpoints.save(step, state, data_iterator, metrics=eval_metrics)
-                if stop.requested:
-                    logging.warning("stopped at step %d after saving a checkpoint", step)
+                if stop.requested or stop_early:
+                    logging.info("stopped at step %d after saving a checkpoint", step)
                     break
     finally:
         run.checkpoints.close()  # waits for pending saves, which may still read the data iterator's state

@@ -28,6 +28,9 @@ Overrides have one syntax, `--config.a.b=value`, wherever a config is read
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -37,7 +40,7 @@ from ml_collections import config_flags
 
 import models
 import tasks
-from errors import ConfigError
+from errors import ConfigError, UserError
 
 
 def task(name: str, **params) -> ml_collections.ConfigDict:
@@ -102,6 +105,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Eval metric that picks the best checkpoint, and whether larger is better.
     config.best_metric = "loss"
     config.best_metric_larger_is_better = False
+    # Stop after this many dev evaluations without an improvement of best_metric (then save and
+    # evaluate the test split, as at the end); 0 = never stop early.
+    config.early_stopping_patience = 0
     # --mode=eval/predict: the step to restore; -1 = the latest, or the best with restore_best.
     config.restore_step = -1
     config.restore_best = False
@@ -153,9 +159,24 @@ def get_config() -> ml_collections.ConfigDict:
     # with model() above. The Transformer's defaults are the paper's base model.
     config.model = model("transformer")
 
+    config.metrics = ml_collections.ConfigDict()
+    # sacreBLEU's tokenizer for BLEU: "13a" (its default), "intl", "zh", "char" or "none"; the
+    # signature in eval/step_<N>.json records it.
+    config.metrics.bleu_tokenize = "13a"
+
     config.decode = ml_collections.ConfigDict()
+    # "search" (beam search; greedy with beam_size 1) or "sample" (ancestral sampling).
+    config.decode.method = "search"
     # Beam width; 1 = greedy search.
     config.decode.beam_size = 1
+    # Hypotheses kept per source (an n-best list, at most beam_size): predict writes them to
+    # predictions/step_<N>.nbest.tsv; metrics use the best.
+    config.decode.num_hypotheses = 1
+    # Sampling: temperature, the top_k most likely tokens only (0 = all), the smallest set of
+    # tokens with probability top_p only (1 = all; Holtzman et al. 2020).
+    config.decode.temperature = 1.0
+    config.decode.top_k = 0
+    config.decode.top_p = 1.0
     # Length penalty alpha of Wu et al. (2016); 0 = none.
     config.decode.length_penalty = 0.6
     # Output length limit: source length + this offset.
@@ -179,31 +200,89 @@ def set_field(config: ml_collections.ConfigDict, dotted_name: str, value) -> Non
     target[leaf] = value
 
 
+def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` (a run's config.json, say) completed with the common fields it lacks, at their
+    defaults: a run folder written before a field existed still loads."""
+    completed = get_config()
+    saved = config.to_dict()
+    families = {name: saved.pop(name) for name in ("task", "model") if name in saved}
+    completed.update(saved)
+    for name, fields in families.items():  # a task's or model's fields as saved, not merged with others'
+        completed[name] = ml_collections.ConfigDict(fields)
+    return completed
+
+
 def has_field(config: ml_collections.ConfigDict, dotted_name: str) -> bool:
     """Whether `config` has the field `a.b.c`."""
     *parents, leaf = dotted_name.split(".")
     for parent in parents:
-        config = config.get(parent)
-        if not isinstance(config, ml_collections.ConfigDict):
-            return False
-    return leaf in config
+        config = config.get(parent) if isinstance(config, ml_collections.ConfigDict) else None
+    return isinstance(config, ml_collections.ConfigDict) and leaf in config
 
 
-def load(path: str | Path, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-    """The locked config of the file at `path` with `--config.a.b=value` overrides applied.
+def load(source: str | Path | ml_collections.ConfigDict, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """The locked config of a config file (or a copy of a ConfigDict, such as a run's config.json)
+    with `--config.a.b=value` overrides applied.
 
-    The same parser as train.py's flags: an unknown field, a wrong type or an unparsable
-    value raises `ConfigError` naming it.
+    The same parser as train.py's flags, so an unknown field, a wrong type or an unparsable value
+    raises `ConfigError` naming it. `--config.task.name=X` or `--config.model.name=Y` switch the task
+    or the model family first, whatever their place among the overrides: the other family's own
+    fields are dropped (with a note) and the new one's, with their defaults, can then be overridden.
     """
     for override in overrides:
-        if not override.startswith("--config."):
+        if not override.startswith("--config.") or "=" not in override:
             raise ConfigError(f"config override {override!r} must look like --config.a.b=value")
-    argv = ["load", f"--config={path}", *overrides]
+    if isinstance(source, ml_collections.ConfigDict):
+        config, where = ml_collections.ConfigDict(source.to_dict()), "the config"
+    else:
+        config, where = _from_file(Path(source)), f"config {source}"
+    assignments = dict(o.removeprefix("--config.").split("=", 1) for o in overrides)
+    _switch_families(config, assignments)
+    for name in assignments:
+        if not has_field(config, name):
+            group, path = config, []
+            for part in name.split(".")[:-1]:  # the deepest group the name does reach
+                if not isinstance(group.get(part), ml_collections.ConfigDict):
+                    break
+                group, path = group[part], [*path, part]
+            inside = f" in {'.'.join(path)}" if path else ""
+            raise ConfigError(f"{where}: unknown config field {name!r}; valid{inside}: {', '.join(sorted(group))}")
+    argv = ["load", *overrides]
     flag_values = flags.FlagValues()
     try:  # the override flags are made from `argv` when the flag is defined
-        config_flags.DEFINE_config_file("config", str(path), flag_values=flag_values, lock_config=True, sys_argv=argv)
+        config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, lock_config=True, sys_argv=argv)
         flag_values(argv)
         return flag_values.config
     except Exception as error:  # ml_collections and absl raise many types; all are about these flags
         root = error.__cause__ or error.__context__ or error
-        raise ConfigError(f"config {path} {' '.join(overrides)}: {root}") from error
+        raise ConfigError(f"{where} {' '.join(overrides)}: {root}") from error
+
+
+def _from_file(path: Path) -> ml_collections.ConfigDict:
+    """`get_config()` of the experiment file at `path`."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        config = module.get_config()
+    except UserError:
+        raise
+    except Exception as error:
+        raise ConfigError(f"config file {path} does not load: {type(error).__name__}: {error}") from error
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"config file {path}: get_config() must return an ml_collections.ConfigDict")
+    return config
+
+
+def _switch_families(config: ml_collections.ConfigDict, assignments: dict[str, str]) -> None:
+    """Replaces `config.task` / `config.model` when an override names another task or model."""
+    for field, make in (("task", task), ("model", model)):
+        name = assignments.get(f"{field}.name")
+        if name is not None and name != config[field].name:
+            dropped = sorted(set(config[field]) - {"name"})
+            with config.unlocked() if config.is_locked else contextlib.nullcontext():
+                config[field] = make(name)
+            logging.info("%s.name %s -> %s: its own fields are now %s's (dropped: %s)",
+                         field, config[field].name, name, name, ", ".join(dropped) or "none")

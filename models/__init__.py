@@ -41,6 +41,16 @@ def fields_of(name: str) -> dict:
     return {f.name: f.default for f in dataclasses.fields(config_class) if f.name not in FROM_VOCABULARY}
 
 
+def checked_config(name: str, **fields):
+    """The hyperparameter dataclass of model `name` built from config fields alone (the vocabulary's
+    fields as placeholders), so that every field is checked before anything is built or written."""
+    config_class, _ = _family(name)
+    unknown = sorted(set(fields) - set(fields_of(name)))
+    if unknown:
+        raise ConfigError(f"unknown field(s) for model {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(fields_of(name)))}")
+    return config_class(vocab_size=1, **fields)
+
+
 def create_model(name: str, *, rngs: nnx.Rngs, **fields) -> nnx.Module:
     """Builds the model registered as `name` from its hyperparameters.
 

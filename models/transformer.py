@@ -82,6 +82,11 @@ class TransformerConfig:
             )
 
     @property
+    def length_limit(self) -> int | None:
+        """The longest sequence the model can read or write: learned positions end at `max_length`."""
+        return self.max_length if self.positional == "learned" else None
+
+    @property
     def compute_dtype(self) -> jnp.dtype:
         return DTYPES[self.dtype]
 

@@ -19,9 +19,9 @@ os.environ.update(
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+from tiny import tiny_config, xla_flags  # noqa: E402,F401  (re-exported for the tests)
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402  (after XLA_FLAGS on purpose)
@@ -36,9 +36,20 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 import pytest  # noqa: E402
 
-from tiny import tiny_config  # noqa: E402,F401  (re-exported for the tests)
 
 
 @pytest.fixture(scope="session")
 def shared_data_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("tfds")
+
+
+@pytest.fixture(scope="session")
+def finished_run(shared_data_dir, tmp_path_factory):
+    """A tiny Transformer trained 20 steps on dates, evaluated at 10 and 20, with pictures:
+    `(config, workdir, final eval results)`. Tests that change the folder work on a copy."""
+    import trainer
+
+    workdir = tmp_path_factory.mktemp("finished")
+    config = tiny_config(shared_data_dir, visualize_examples=3)
+    final = trainer.train_and_evaluate(config, workdir)
+    return config, workdir, final

@@ -1,5 +1,6 @@
 """Greedy and beam search: hand-built cases, equivalences, the length penalty, batching."""
 
+import itertools
 import math
 
 import jax
@@ -57,6 +58,95 @@ def test_length_limit_forces_eos():
     np.testing.assert_array_equal(tokens, [[EOS_ID, 0, 0, 0, 0], [A, EOS_ID, 0, 0, 0]])
 
 
+class RandomMarkovModel(MarkovModel):
+    """Next-token logits drawn at random for each previous token; eos made unlikely so that
+    many hypotheses run to the length cap."""
+
+    def __init__(self, seed: int, vocab: int = 5, eos_logit: float = -3.0):
+        logits = np.random.default_rng(seed).normal(scale=2.0, size=(vocab, vocab))
+        logits[:, EOS_ID] += eos_logit
+        self.logits = jnp.asarray(logits, jnp.float32)
+
+
+def exhaustive(model, cap: int, alpha: float) -> list[tuple[float, tuple[int, ...]]]:
+    """Every hypothesis of word tokens (3, 4) ending in eos within `cap` tokens, scored
+    `log P / lp(|Y|)` with the model's full softmax (float64), best first."""
+    log_probs = np.asarray(model.logits, np.float64)
+    log_probs = log_probs - np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    scored = []
+    for length in range(1, cap + 1):
+        for words in itertools.product((3, 4), repeat=length - 1):
+            sequence = (*words, EOS_ID)
+            total = sum(log_probs[previous, token] for previous, token in zip((BOS_ID, *sequence), sequence))
+            scored.append((total / ((5 + length) / 6) ** alpha, sequence))
+    return sorted(scored, reverse=True)
+
+
+def test_beam_search_is_exhaustive_search_when_wide_enough_and_pays_for_the_forced_eos():
+    """30 random Markov models, cap 5, alpha 1: a beam of 32 (wider than the vocabulary, and than
+    the 16 live prefixes) holds every hypothesis, so its best and its n-best list must be the
+    exhaustive search's, with scores that include the forced eos's real log-probability."""
+    cap, capped_best = 5, 0
+    for seed in range(30):
+        model = RandomMarkovModel(seed)
+        tokens, scores = decoding.beam_search_n_best(
+            model, jnp.ones((1, 3), jnp.int32), jnp.array([cap]), cap, beam_size=32, alpha=1.0, num_hypotheses=5
+        )
+        every = exhaustive(model, cap, alpha=1.0)
+        score_of = {sequence: score for score, sequence in every}
+        found = [tuple(int(t) for t in row[: int(np.argmax(row == EOS_ID)) + 1]) for row in np.asarray(tokens[0])]
+        assert found[0] == every[0][1], seed  # the best (no ties among the bests of these seeds)
+        # the n-best list: the exhaustive top 5 scores, each belonging to the hypothesis it came with
+        # (Markov models tie on reorderings of the same transitions, so the order of ties is free)
+        np.testing.assert_allclose(scores[0], [score for score, _ in every[:5]], rtol=1e-5)
+        np.testing.assert_allclose(scores[0], [score_of[sequence] for sequence in found], rtol=1e-5)
+        assert len(set(found)) == 5
+        capped_best += len(every[0][1]) == cap
+    assert capped_best >= 5  # the cap is reached by the best hypothesis often enough to matter
+
+
+def test_scores_are_teacher_forced_log_probabilities_over_the_length_penalty():
+    model = RandomMarkovModel(3)
+    inputs = jnp.ones((1, 3), jnp.int32)
+    for search in ("greedy", "beam"):
+        if search == "greedy":
+            tokens, scores = decoding.greedy_search(model, inputs, jnp.array([4]), 4)
+            penalty = lambda length: 1.0  # noqa: E731  (greedy returns log P itself)
+        else:
+            tokens, scores = decoding.beam_search(model, inputs, jnp.array([4]), 4, beam_size=3, alpha=0.6)
+            penalty = lambda length: ((5 + length) / 6) ** 0.6  # noqa: E731
+        row = np.asarray(tokens[0])
+        sequence = row[: int(np.argmax(row == EOS_ID)) + 1]
+        log_probs = np.asarray(jax.nn.log_softmax(model.logits))
+        total = sum(log_probs[p, t] for p, t in zip([BOS_ID, *sequence[:-1]], sequence))
+        assert float(scores[0]) == pytest.approx(total / penalty(len(sequence)), rel=1e-5)
+
+
+def test_sampling_follows_the_model_and_its_filters():
+    model = MarkovModel()  # from bos: a 0.6, b 0.4
+    inputs = jnp.ones((4000, 1), jnp.int32)
+    tokens, scores = decoding.sample(model, inputs, jnp.full((4000,), 3), 3, key=jax.random.key(0))
+    first = np.asarray(tokens[:, 0])
+    assert abs((first == A).mean() - 0.6) < 0.03  # 4000 draws: standard error 0.008
+    log_probs = np.asarray(jax.nn.log_softmax(model.logits))
+    for row in range(5):  # the score is the sample's log-probability under the model
+        sequence = np.asarray(tokens[row])[: int(np.argmax(np.asarray(tokens[row]) == EOS_ID)) + 1]
+        total = sum(log_probs[p, t] for p, t in zip([BOS_ID, *sequence[:-1]], sequence))
+        assert float(scores[row]) == pytest.approx(total, rel=1e-5)
+    greedy = decoding.greedy_search(model, inputs[:8], jnp.full((8,), 3), 3)[0]
+    for filters in (dict(top_k=1), dict(top_p=0.5), dict(temperature=1e-3)):  # each leaves only the most likely token
+        sampled = decoding.sample(model, inputs[:8], jnp.full((8,), 3), 3, key=jax.random.key(1), **filters)[0]
+        np.testing.assert_array_equal(sampled, greedy)
+
+
+def test_nucleus_filter_keeps_the_smallest_set_reaching_top_p():
+    log_probs = jnp.log(jnp.array([[0.05, 0.5, 0.3, 0.15]]))
+    kept = np.asarray(decoding.filtered_log_probs(log_probs, 1.0, 0, 0.75)) > decoding.NEVER / 2
+    np.testing.assert_array_equal(kept, [[False, True, True, False]])  # 0.5 + 0.3 >= 0.75
+    kept = np.asarray(decoding.filtered_log_probs(log_probs, 1.0, 2, 1.0)) > decoding.NEVER / 2
+    np.testing.assert_array_equal(kept, [[False, True, True, False]])  # top 2
+
+
 def test_length_penalty_formula():
     assert float(decoding.length_penalty(1.0, 0.6)) == pytest.approx(1.0)
     assert float(decoding.length_penalty(7.0, 1.0)) == pytest.approx(2.0)
@@ -97,30 +187,40 @@ def test_cached_decoding_equals_uncached(transformer, sources, search, kwargs):
     np.testing.assert_allclose(cached_scores, uncached_scores, rtol=1e-4, atol=1e-5)
 
 
-def test_beam_of_one_equals_greedy(transformer, sources):
-    greedy_tokens, greedy_scores = run(decoding.greedy_search, transformer, sources)
-    beam_tokens, beam_scores = run(decoding.beam_search, transformer, sources, beam_size=1, alpha=0.0)
-    np.testing.assert_array_equal(beam_tokens, greedy_tokens)
-    np.testing.assert_allclose(beam_scores, greedy_scores, rtol=1e-5)
+FAMILIES = {
+    "transformer": dict(d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0),
+    "rnnencdec": dict(embed_dim=8, hidden_dim=16, maxout_dim=8),
+    "rnnsearch": dict(embed_dim=8, hidden_dim=16, maxout_dim=8, attention_dim=16),
+    "luong": dict(embed_dim=8, hidden_dim=16, num_encoder_layers=1, num_decoder_layers=1),
+}
 
 
-def test_beam_score_is_the_normalised_log_probability(transformer, sources):
-    tokens, scores = run(decoding.beam_search, transformer, sources, beam_size=4, alpha=0.6)
-    log_probs = jax.nn.log_softmax(transformer({"inputs": sources, "targets": tokens}))
-    for row in range(3):
-        length = int(np.argmax(np.asarray(tokens[row]) == EOS_ID)) + 1
-        total = sum(float(log_probs[row, t, tokens[row, t]]) for t in range(length))
-        assert float(scores[row]) == pytest.approx(total / ((5 + length) / 6) ** 0.6, rel=1e-4)
-    greedy_tokens, greedy_scores = run(decoding.greedy_search, transformer, sources)
-    greedy_lengths = np.argmax(np.asarray(greedy_tokens) == EOS_ID, axis=1) + 1
-    assert np.all(np.asarray(scores) >= np.asarray(greedy_scores) / ((5 + greedy_lengths) / 6) ** 0.6 - 1e-5)
+def sequence_log_probs(model, inputs, tokens):
+    """Teacher-forced `log P(tokens | inputs)` per row, eos included: `[B]`."""
+    log_probs = np.asarray(jax.nn.log_softmax(model({"inputs": inputs, "targets": tokens})), np.float64)
+    picked = np.take_along_axis(log_probs, np.asarray(tokens)[..., None], axis=-1)[..., 0]
+    return np.where(np.asarray(tokens) != 0, picked, 0.0).sum(-1)
 
 
-@pytest.mark.parametrize("search,kwargs", [(decoding.greedy_search, {}), (decoding.beam_search, {"beam_size": 3, "alpha": 0.6})])
-def test_padded_batch_equals_each_example_alone(transformer, sources, search, kwargs):
-    batch_tokens, batch_scores = run(search, transformer, sources, **kwargs)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_search_on_every_family(family, sources):
+    """A beam of one is greedy search; beam search scores are teacher-forced log-probabilities over
+    the length penalty; a padded batch decodes as each example alone (every family)."""
+    model = models.create_model(family, rngs=nnx.Rngs(3), vocab_size=12, **FAMILIES[family])
+    greedy_tokens, greedy_scores = run(decoding.greedy_search, model, sources)
+    beam1_tokens, beam1_scores = run(decoding.beam_search, model, sources, beam_size=1, alpha=0.6)
+    lengths = np.argmax(np.asarray(greedy_tokens) == EOS_ID, axis=1) + 1
+    np.testing.assert_array_equal(beam1_tokens, greedy_tokens)
+    np.testing.assert_allclose(beam1_scores, np.asarray(greedy_scores) / ((5 + lengths) / 6) ** 0.6, rtol=1e-5)
+    np.testing.assert_allclose(greedy_scores, sequence_log_probs(model, sources, greedy_tokens), rtol=1e-4, atol=1e-4)
+
+    tokens, scores = run(decoding.beam_search, model, sources, beam_size=4, alpha=0.6)
+    lengths = np.argmax(np.asarray(tokens) == EOS_ID, axis=1) + 1
+    teacher_forced = sequence_log_probs(model, sources, tokens) / ((5 + lengths) / 6) ** 0.6
+    np.testing.assert_allclose(scores, teacher_forced, rtol=1e-4, atol=1e-4)
+    assert np.all(np.asarray(scores) >= np.asarray(beam1_scores) - 1e-5)  # the wider beam finds no worse
     for row in range(3):
         length = int((sources[row] > 0).sum())
-        alone_tokens, alone_scores = run(search, transformer, sources[row : row + 1, :length], **kwargs)
-        np.testing.assert_array_equal(alone_tokens[0], batch_tokens[row])
-        np.testing.assert_allclose(alone_scores[0], batch_scores[row], rtol=1e-4, atol=1e-5)
+        alone_tokens, alone_scores = run(decoding.beam_search, model, sources[row : row + 1, :length], beam_size=4, alpha=0.6)
+        np.testing.assert_array_equal(alone_tokens[0], tokens[row])
+        np.testing.assert_allclose(alone_scores[0], scores[row], rtol=1e-4, atol=1e-5)

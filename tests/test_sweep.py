@@ -90,7 +90,8 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     ))  # fmt: skip
     path = sweep_file(
         tmp_path, method="grid", objective="dev/token_accuracy", direction="maximize",
-        space={"learning_rate": ("categorical", [1e-3, 3e-3]), "model.d_model": ("categorical", [8, 16])},
+        # the task's size does not change the compiled programs: two train steps, one evaluation, shared by the trials
+        space={"learning_rate": ("categorical", [1e-3, 3e-3]), "task.train_size": ("categorical", [300, 600])},
         budget={"num_train_steps": 10, "eval_every_steps": 10, "checkpoint_every_steps": 10}, pruning=False,
     )  # fmt: skip
     status, output = run_sweep(tmp_path, path, "--parallel=2", config=config, train_script=PROJECT_ROOT / "train.py")
@@ -99,12 +100,12 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     study = load_study(workdir)
     trials = study.trials
     assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials), output
-    assert sorted((t.params["learning_rate"], t.params["model.d_model"]) for t in trials) == [
-        (1e-3, 8), (1e-3, 16), (3e-3, 8), (3e-3, 16)
+    assert sorted((t.params["learning_rate"], t.params["task.train_size"]) for t in trials) == [
+        (1e-3, 300), (1e-3, 600), (3e-3, 300), (3e-3, 600)
     ]  # fmt: skip
     assert len({t.user_attrs["worker"] for t in trials}) == 2  # both workers took trials
     for trial in trials:  # each trained once, from scratch, to the budget's last step
-        log = (Path(trial.user_attrs["workdir"]) / "train.log").read_text()
+        log = (Path(trial.user_attrs["workdir"]) / "log.txt").read_text()
         assert log.count("run folder:") == 1 and "resuming" not in log
         assert trial.user_attrs["steps"] == 10
         assert trial.value == trial.user_attrs["metrics"]["token_accuracy"]
@@ -115,7 +116,7 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     assert rows[0]["trial"] == str(best.number)
     markdown = (workdir / "results.md").read_text()
     assert f"--config.learning_rate={best.params['learning_rate']!r}" in markdown
-    assert f"--config.model.d_model={best.params['model.d_model']}" in markdown
+    assert f"--config.task.train_size={best.params['task.train_size']}" in markdown
     assert (workdir / "objective_by_field.png").stat().st_size > 0
 
 

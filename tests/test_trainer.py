@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from tiny import tiny_config
+from tiny import tiny_config, xla_flags
 
 import evaluation
 import inference
@@ -33,7 +33,7 @@ TINY_FLAGS = [
 
 def run_train_py(workdir, data_dir, *flags, env=None, **popen):
     command = [sys.executable, str(PROJECT_ROOT / "train.py"), f"--workdir={workdir}", f"--config.data_dir={data_dir}", *TINY_FLAGS, *flags]
-    environment = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", **(env or {})}
+    environment = {**os.environ, "XLA_FLAGS": xla_flags(1), **(env or {})}
     return subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 
@@ -106,14 +106,6 @@ def test_gradient_accumulation_equals_one_big_batch(shared_data_dir, tmp_path):
 
 
 # ------------------------------------------------------------ whole runs
-
-
-@pytest.fixture(scope="module")
-def finished_run(shared_data_dir, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("finished")
-    config = tiny_config(shared_data_dir, visualize_examples=3)
-    final = trainer.train_and_evaluate(config, workdir)
-    return config, workdir, final
 
 
 def test_run_writes_its_outputs(finished_run):
@@ -266,7 +258,7 @@ def test_sigterm_during_eval_still_saves(shared_data_dir, tmp_path, monkeypatch)
 def test_two_processes_train_and_checkpoint(shared_data_dir, tmp_path):
     script = PROJECT_ROOT / "tests" / "two_process_worker.py"
     port = 29000 + os.getpid() % 1000
-    environment = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    environment = {**os.environ, "XLA_FLAGS": xla_flags(2)}
     workers = [
         subprocess.Popen(
             [sys.executable, str(script), str(i), f"127.0.0.1:{port}", str(tmp_path), str(shared_data_dir)],

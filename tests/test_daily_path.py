@@ -1,0 +1,213 @@
+"""The path after training: eval and predict from the run folder, resuming with a checked config,
+switching tasks and models from the command line, the inference API, n-best lists, early stopping."""
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from tiny import tiny_config, xla_flags
+
+import evaluation
+import inference
+import metrics
+import trainer
+from configs import base
+from errors import ConfigError
+from run_setup import check_settings, make_mesh
+from vocabularies import EOS_ID
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def train_py(*flags, env=None):
+    command = [sys.executable, str(PROJECT_ROOT / "train.py"), *map(str, flags)]
+    environment = {**os.environ, "XLA_FLAGS": xla_flags(1), **(env or {})}
+    return subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, timeout=300)
+
+
+def copy_of(workdir: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    return copy
+
+
+def rows(workdir):
+    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- eval and predict from the run folder
+
+
+def test_eval_reads_the_run_folder_and_refuses_another_model(finished_run, tmp_path):
+    _, workdir, final = finished_run
+    run = copy_of(workdir, tmp_path)
+    refused = train_py(f"--workdir={run}", "--mode=eval", "--config.model.d_model=32")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "model.d_model: 16 -> 32" in refused.stderr and "Traceback" not in refused.stderr
+    done = train_py(f"--workdir={run}", "--mode=eval", "--config.eval_split=dev", "--config.decode.beam_size=2")
+    assert done.returncode == 0, done.stderr
+    written = json.loads((run / "eval" / "step_20.json").read_text())["dev"]
+    assert written["decoded_examples"] == 24  # the whole split: no training-time subset carries over
+    assert written["loss"] == pytest.approx(final["dev"]["loss"], rel=1e-6)  # same parameters, same data
+
+
+def test_evaluation_config_keeps_the_run_and_takes_evaluation_fields(finished_run):
+    import run_setup
+
+    config, workdir, _ = finished_run
+    saved = base.with_defaults(run_setup.read_run_config(workdir))
+    requested = base.load(saved, ["--config.decode.beam_size=3", "--config.eval_decode_examples=5", "--config.learning_rate=9.0"])
+    merged = run_setup.evaluation_config(saved, requested, ["decode.beam_size", "eval_decode_examples", "learning_rate"])
+    assert (merged.decode.beam_size, merged.eval_decode_examples, merged.learning_rate) == (3, 5, saved.learning_rate)
+    assert run_setup.evaluation_config(saved, requested, ["decode.beam_size"]).eval_decode_examples == 0
+    with pytest.raises(ConfigError, match=r"task.train_size: 600 -> 700"):
+        run_setup.evaluation_config(saved, base.load(saved, ["--config.task.train_size=700"]), ["task.train_size"])
+
+
+def test_predict_with_an_n_best_list_and_standard_input(finished_run, tmp_path, monkeypatch):
+    config, workdir, final = finished_run
+    run = copy_of(workdir, tmp_path)
+    beam = tiny_config(config.data_dir, **{"decode.beam_size": 3, "decode.num_hypotheses": 2})
+    path = evaluation.predict(beam, run)
+    n_best = [line.split("\t") for line in path.with_suffix(".nbest.tsv").read_text().splitlines()[1:]]
+    assert len(n_best) == 2 * 24 and [r[1] for r in n_best[:4]] == ["1", "2", "1", "2"]
+    assert all(float(first[2]) >= float(second[2]) for first, second in zip(n_best[::2], n_best[1::2]))
+    best = [line.split("\t")[2] for line in path.read_text().splitlines()[1:]]
+    assert best == [r[3] for r in n_best[::2]]  # predictions.tsv holds each source's first
+    monkeypatch.setattr(sys, "stdin", io.StringIO("3 March 2021\n\n12/24/99\n"))
+    path = inference.translate_file(config, run, "-")
+    assert path.name == "step_20_stdin.tsv" and len(path.read_text().splitlines()) == 3
+
+
+# ---------------------------------------------------------------- resuming and switching
+
+
+def test_resuming_with_a_changed_model_is_refused_before_anything_is_written(finished_run, tmp_path):
+    config, workdir, _ = finished_run
+    run = copy_of(workdir, tmp_path)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    changed = tiny_config(config.data_dir, **{"model.d_ff": 64, "num_train_steps": 30})
+    with pytest.raises(ConfigError, match=r"model.d_ff: 32 -> 64"):
+        trainer.train_and_evaluate(changed, run)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_readme_own_corpus_command(tmp_path):
+    """The README's command for one's own corpus, with a tiny model and corpus."""
+    corpus = tmp_path / "my"
+    corpus.mkdir()
+    for split, count in (("train", 60), ("dev", 6), ("test", 6)):
+        lines = [f"the {n} cats sat on {n % 7} mats\tdie {n} Katzen sassen auf {n % 7} Matten" for n in range(count)]
+        (corpus / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    workdir = tmp_path / "mine"
+    result = train_py(
+        "--config=configs/kjv_web_transformer.py", f"--workdir={workdir}",
+        "--config.task.name=parallel_text", f"--config.task.train={corpus}/train.tsv",
+        f"--config.task.dev={corpus}/dev.tsv", f"--config.task.test={corpus}/test.tsv",
+        # tiny, so that the test is quick:
+        f"--config.data_dir={tmp_path / 'tfds'}", "--config.tokenizer.vocab_size=60", "--config.model.d_model=16",
+        "--config.model.d_ff=32", "--config.model.num_heads=2", "--config.model.num_encoder_layers=1",
+        "--config.model.num_decoder_layers=1", "--config.batch_size=4", "--config.num_train_steps=4",
+        "--config.warmup_steps=2", "--config.eval_every_steps=4", "--config.checkpoint_every_steps=4",
+        "--config.decode.beam_size=1", "--config.visualize_examples=0", "--config.data.max_source_length=32",
+        "--config.data.max_target_length=32",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["task"]["name"] == "parallel_text" and saved["task"]["train"].endswith("my/train.tsv")
+    assert "bleu" in json.loads((workdir / "eval" / "step_4.json").read_text())["test"]
+    assert "INFO" in (workdir / "log.txt").read_text()  # the run's log, in the run folder
+
+
+def test_switching_task_or_model_in_any_order_and_misspelt_fields():
+    for overrides in (
+        ["--config.task.name=parallel_text", "--config.task.train=x.tsv"],
+        ["--config.task.train=x.tsv", "--config.task.name=parallel_text"],
+    ):
+        config = base.load("configs/default.py", overrides)
+        assert (config.task.name, config.task.train) == ("parallel_text", "x.tsv") and "train_size" not in config.task
+    config = base.load("configs/default.py", ["--config.model.hidden_dim=32", "--config.model.name=rnnsearch"])
+    assert (config.model.name, config.model.hidden_dim, config.model.attention_dim) == ("rnnsearch", 32, 1000)
+    with pytest.raises(ConfigError, match=r"unknown config field 'task.trian'; valid in task: dev, .*train\b"):
+        base.load("configs/default.py", ["--config.task.name=parallel_text", "--config.task.trian=x.tsv"])
+
+
+# ---------------------------------------------------------------- checks before anything runs
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model.share_embeddings": True, "tokenizer.shared": False}, "model.share_embeddings=True .* tokenizer.shared=False"),
+        ({"model.positional": "learned", "model.max_length": 40}, r"data.max_source_length = 48 is longer than model.max_length = 40"),
+        ({"model.positional": "learned", "model.max_length": 60}, r"max_source_length \+ decode.max_length_offset = 98 is longer than model.max_length = 60"),
+        ({"decode.num_hypotheses": 3}, "decode.num_hypotheses must be between 1 and decode.beam_size"),
+        ({"metrics.bleu_tokenize": "ja-mecab"}, "metrics.bleu_tokenize must be one of"),
+        ({"model.d_model": 0}, "model.d_model must be positive"),
+    ],
+)
+def test_settings_that_cannot_work_are_named(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_settings(tiny_config("unused", **overrides), make_mesh(jax.devices()[:1]))
+
+
+# ---------------------------------------------------------------- the Python API
+
+
+def test_inference_api_from_a_copied_run_folder(finished_run, tmp_path):
+    _, workdir, _ = finished_run
+    run = copy_of(workdir, tmp_path)
+    saved = json.loads((run / "config.json").read_text())
+    saved["data_dir"] = str(tmp_path / "no_data_here")  # inference needs no training data
+    (run / "config.json").write_text(json.dumps(saved))
+    translator = inference.load(run)
+    sources = ["3 March 2021", "12/24/99"]
+    outputs = translator.translate(sources)
+    assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)
+    assert not (tmp_path / "no_data_here").exists()
+    # score: the summed log-probabilities of the targets' tokens, eos included, which greedy search
+    # also returns for its own output
+    greedy = translator.n_best(sources, beam_size=1, length_penalty=0.0)  # lp = 1: log P itself
+    np.testing.assert_allclose(translator.score(sources, outputs), [h[0][1] for h in greedy], rtol=1e-4, atol=1e-4)
+    n_best = translator.n_best(sources, beam_size=3, num_hypotheses=3)
+    assert all(len(h) == 3 and h[0][1] >= h[1][1] >= h[2][1] for h in n_best)
+    samples = translator.translate(sources, method="sample", temperature=0.5)
+    assert len(samples) == 2
+    weights = translator.attention(sources[0])
+    output_ids = translator.translate_ids([sources[0]])[0][0][0]
+    cross = weights["decoder_layers/0/cross_attention"]
+    assert cross.shape == (2, len(output_ids), len(translator.run.tokens.source.encode(sources[0])) + 1)
+    np.testing.assert_allclose(cross.sum(-1), 1.0, rtol=1e-5)
+    assert output_ids[-1] == EOS_ID
+    with pytest.raises(ConfigError, match="unknown decode option"):
+        translator.translate(sources, beem_size=2)
+
+
+# ---------------------------------------------------------------- early stopping and BLEU's tokenizer
+
+
+def test_early_stopping_ends_the_run_and_its_count_survives_a_resume(shared_data_dir, tmp_path):
+    # learning rate 0: the dev loss never improves after the first evaluation
+    settings = dict(learning_rate=0.0, schedule="constant", num_train_steps=40, eval_every_steps=5, checkpoint_every_steps=40)
+    final = trainer.train_and_evaluate(tiny_config(shared_data_dir, early_stopping_patience=2, **settings), tmp_path)
+    assert [r["step"] for r in rows(tmp_path) if r["split"] == "dev"] == [5, 10, 15]  # best at 5, then 2 without
+    assert [r["step"] for r in rows(tmp_path) if r["split"] == "test"] == [15] and "test" in final
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [15]
+    # two more evaluations are allowed now only if the count started over: it must not
+    trainer.train_and_evaluate(tiny_config(shared_data_dir, early_stopping_patience=3, **settings), tmp_path)
+    assert [r["step"] for r in rows(tmp_path) if r["split"] == "dev"] == [5, 10, 15, 20]
+
+
+def test_bleu_tokenizer_is_a_field_and_its_signature_is_kept():
+    hypotheses, references = ["猫が座った。"], ["猫が座った"]
+    default = metrics.text_metrics("bleu", hypotheses, references)
+    by_char = metrics.text_metrics("bleu", hypotheses, references, "char")
+    assert "tok:13a" in default["bleu_signature"] and "tok:char" in by_char["bleu_signature"]
+    assert by_char["bleu"] > default["bleu"]  # 13a sees one word; char sees the shared characters
