@@ -59,6 +59,14 @@ def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     return Mesh(np.array(jax.devices() if devices is None else devices), ("data",))
 
 
+def device_memory_bytes(device: jax.Device) -> int:
+    """The memory a device may use: its allocator's limit (accelerators), else the host's RAM."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def gathered(array) -> np.ndarray:
     """A global array in full on every process."""
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
@@ -314,6 +322,16 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
     for name, length in lengths.items():
         if limit is not None and length > limit:
             raise ConfigError(f"{name} = {length} is longer than model.max_length = {limit}, the model's longest sequence")
+    if hasattr(model, "tape_bytes"):  # LSTMN: the backward pass keeps every step's tapes
+        rows = max(config.batch_size // (mesh.size * max(config.grad_accum_steps, 1)), 1)
+        longest = max(config.data.max_source_length, config.data.max_target_length)
+        needed, available = model.tape_bytes(rows, longest), device_memory_bytes(mesh.devices.flat[0])
+        if needed > available // 2:
+            raise ConfigError(
+                f"the LSTMN tapes of {rows} rows of up to {longest} tokens need about {needed / 2**30:.1f} GiB per "
+                f"device in training, more than half of the {available / 2**30:.1f} GiB there; lower batch_size, "
+                "data.max_source_length / data.max_target_length, model.hidden_dim or model.attention_dim"
+            )
     if config.grad_accum_steps < 1:
         raise ConfigError(f"grad_accum_steps must be at least 1, got {config.grad_accum_steps}")
     if config.batch_size % (mesh.size * config.grad_accum_steps):

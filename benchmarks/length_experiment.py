@@ -3,7 +3,7 @@
     python benchmarks/length_experiment.py --workdir=runs/length                 # copy, sources of 5-100
     python benchmarks/length_experiment.py --workdir=runs/length_kjv --task=kjv_web --steps=20000
 
-Trains RNNencdec, RNNsearch and the Transformer under one budget (the same
+Trains RNNencdec, RNNsearch, LSTMN and the Transformer under one budget (the same
 steps, batch of 64 examples bucketed by length, warmup and cosine schedule;
 each family keeps its own learning rate), decodes the whole test split
 greedily, and scores it per bucket of source length: on `copy` (random
@@ -30,10 +30,10 @@ import trainer  # noqa: E402
 import visualize  # noqa: E402
 from configs import base, default, recurrent  # noqa: E402
 
-FAMILIES = ("rnnencdec", "rnnsearch", "transformer")
+FAMILIES = ("rnnencdec", "rnnsearch", "lstmn", "transformer")
 MAX_SOURCE = 100
 STYLES = [dict(marker="o", linestyle="-", markersize=7), dict(marker="s", linestyle="--", markersize=9, fillstyle="none"),
-          dict(marker="^", linestyle=":", markersize=5)]  # fmt: skip
+          dict(marker="D", linestyle="-.", markersize=6, fillstyle="none"), dict(marker="^", linestyle=":", markersize=5)]  # fmt: skip
 
 
 def experiment_config(family: str, task: str, steps: int, data_dir: str):
@@ -51,6 +51,8 @@ def experiment_config(family: str, task: str, steps: int, data_dir: str):
         config.decode.beam_size = 1
     else:
         raise ValueError(f"--task must be copy or kjv_web, got {task!r}")
+    if family == "lstmn":  # the tapes hold the longest source, or the longest output decoded
+        config.model.max_length = config.data.max_source_length + config.decode.max_length_offset
     config.data_dir = data_dir
     config.num_train_steps = steps
     config.batch_size = 64

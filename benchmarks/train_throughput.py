@@ -5,6 +5,14 @@
 
 Overrides take train.py's syntax and apply to every config measured.
 
+    python benchmarks/train_throughput.py --recurrent [--lengths 32,64,128,256] [--width 128]
+
+times one train step (forward, backward, Adam) of RNNsearch and LSTMN (shallow and
+deep fusion) at the same width on batches of 64 rows of source and target of each
+length, and prints LSTMN's time as a multiple of RNNsearch's: the intra-attention
+over the tapes makes an LSTMN step O(t), where RNNsearch's recurrence is O(1) per
+step (both attend over the source).
+
 For each config, in a fresh process: seconds from process start to the end of
 the first train step (imports, data, tokenizer, model, compilation), the number
 of compilations of the train step, steady-state steps/s and non-padding
@@ -95,13 +103,64 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
     }
 
 
+def recurrent_step_seconds(family: str, length: int, width: int, repeats: int, **fields) -> float:
+    """Median seconds of a jitted train step of `family` on 64 rows of `length` source and target tokens."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    import metrics
+    import models
+    from benchmarks.timing import median_seconds
+
+    sizes = dict(embed_dim=width, hidden_dim=width, attention_dim=width)
+    if family == "rnnsearch":
+        sizes["maxout_dim"] = width // 2
+    model = models.create_model(family, rngs=nnx.Rngs(0), vocab_size=1000, **sizes, **fields)
+    graphdef, params = nnx.split(model)
+    tx = optax.adam(1e-3)
+    tokens = jax.random.randint(jax.random.key(length), (2, 64, length), 3, 1000)
+    batch = {"inputs": tokens[0], "targets": tokens[1]}
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        def loss(params):
+            logits = nnx.merge(graphdef, params)(batch)
+            return metrics.token_sums(logits, batch["targets"])["nll_sum"]
+
+        grads = jax.grad(loss)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return median_seconds(step, (params, tx.init(params), batch), repeats)
+
+
+def recurrent_table(lengths: list[int], width: int, repeats: int) -> None:
+    print(f"train step of 64 rows, width {width} (embedding, hidden, attention), source = target length; median of {repeats}")
+    print("| tokens | RNNsearch s/step | LSTMN shallow s/step | LSTMN deep s/step | shallow / RNNsearch | deep / RNNsearch |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for length in lengths:
+        rnnsearch = recurrent_step_seconds("rnnsearch", length, width, repeats)
+        shallow = recurrent_step_seconds("lstmn", length, width, repeats, fusion="shallow", max_length=length + 1)
+        deep = recurrent_step_seconds("lstmn", length, width, repeats, fusion="deep", max_length=length + 1)
+        print(f"| {length} | {rnnsearch:.3f} | {shallow:.3f} | {deep:.3f} | {shallow / rnnsearch:.2f}x | {deep / rnnsearch:.2f}x |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="default,kjv_web_transformer")
     parser.add_argument("--steps", type=int, default=60, help="steady-state steps measured per config")
     parser.add_argument("--window", type=int, default=10, help="steps per timing window")
+    parser.add_argument("--recurrent", action="store_true", help="RNNsearch and LSTMN train steps against length")
+    parser.add_argument("--lengths", default="32,64,128,256", help="--recurrent: the lengths")
+    parser.add_argument("--width", type=int, default=128, help="--recurrent: embedding, hidden and attention size")
+    parser.add_argument("--repeats", type=int, default=5, help="--recurrent: timed steps per model and length")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one config in this process
     args, overrides = parser.parse_known_args()  # the rest: --config.a.b=value overrides
+    if args.recurrent:
+        recurrent_table([int(n) for n in args.lengths.split(",")], args.width, args.repeats)
+        return
     if args.one:
         print(json.dumps(measure(args.one, args.steps, args.window, overrides)))
         return

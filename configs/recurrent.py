@@ -15,7 +15,7 @@ from __future__ import annotations
 from configs import base, default, kjv_web_transformer
 from errors import ConfigError
 
-FAMILIES = ("rnnencdec", "rnnsearch", "luong")
+FAMILIES = ("rnnencdec", "rnnsearch", "luong", "lstmn")
 
 
 def _dates():
@@ -60,13 +60,16 @@ def model_fields(family: str, task: str) -> dict:
     if family == "luong":
         layers = 1 if small else 2
         return dict(common, cell="lstm", num_encoder_layers=layers, num_decoder_layers=layers, score="general")
+    if family == "lstmn":  # tapes as long as the longest sequence the task's data settings allow
+        return dict(common, attention_dim=hidden, max_length=128 if small else 160)
     raise ConfigError(f"unknown recurrent family {family!r}; valid: {', '.join(FAMILIES)}")
 
 
-def get_config(family: str, task: str):
+def get_config(family: str, task: str, **model_overrides):
     config = TASKS[task]()
-    config.model = base.model(family, **model_fields(family, task))
+    config.model = base.model(family, **{**model_fields(family, task), **model_overrides})
     config.data.batching = "bucket"  # the recurrent models read one example per row
+    config.visualize_self_attention = family == "lstmn"  # its intra-attention, as the paper's figure 1 draws it
     config.grad_clip_norm = 1.0  # Bahdanau et al. section 4.2 clip the gradient norm at 1
     config.schedule = "cosine"
     return config

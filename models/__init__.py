@@ -14,6 +14,7 @@ from flax import nnx
 
 from errors import ConfigError
 
+from models.lstmn import LSTMN, LSTMNConfig
 from models.rnn import Luong, LuongConfig, RNNEncDec, RNNEncDecConfig, RNNSearch, RNNSearchConfig
 from models.transformer import Transformer, TransformerConfig
 
@@ -22,6 +23,7 @@ MODELS = {
     "rnnencdec": (RNNEncDecConfig, RNNEncDec),
     "rnnsearch": (RNNSearchConfig, RNNSearch),
     "luong": (LuongConfig, Luong),
+    "lstmn": (LSTMNConfig, LSTMN),
 }
 
 

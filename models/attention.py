@@ -515,11 +515,12 @@ def capture_attention(model: nnx.Module, batch: Mapping[str, Any], **call_args) 
 
 
 def attention_roles(model: nnx.Module) -> dict[str, AttentionRole]:
-    """The role of every attention module of `model`, by the module path `capture_attention` uses."""
+    """The role of every attention module of `model` (any module with an `AttentionRole` as its
+    `role`, such as an LSTMN layer's intra-attention), by the module path `capture_attention` uses."""
     return {
         _path_name(path): module.role
         for path, module in nnx.iter_modules(model)
-        if isinstance(module, (MultiHeadAttention, Attention))
+        if isinstance(getattr(module, "role", None), AttentionRole)
     }
 
 

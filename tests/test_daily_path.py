@@ -151,6 +151,10 @@ def test_switching_task_or_model_in_any_order_and_misspelt_fields():
         ({"decode.num_hypotheses": 3}, "decode.num_hypotheses must be between 1 and decode.beam_size"),
         ({"metrics.bleu_tokenize": "ja-mecab"}, "metrics.bleu_tokenize must be one of"),
         ({"model.d_model": 0}, "model.d_model must be positive"),
+        ({"model": base.model("lstmn", fusion="medium")}, "model.fusion must be one of shallow, deep"),
+        ({"model": base.model("lstmn", max_length=40)}, "data.max_source_length = 48 is longer than model.max_length = 40"),
+        ({"model": base.model("lstmn", max_length=600), "batch_size": 4096, "data.max_source_length": 512},
+         "the LSTMN tapes of 4096 rows of up to 512 tokens need about"),
     ],
 )
 def test_settings_that_cannot_work_are_named(overrides, message):

@@ -192,6 +192,7 @@ FAMILIES = {
     "rnnencdec": dict(embed_dim=8, hidden_dim=16, maxout_dim=8),
     "rnnsearch": dict(embed_dim=8, hidden_dim=16, maxout_dim=8, attention_dim=16),
     "luong": dict(embed_dim=8, hidden_dim=16, num_encoder_layers=1, num_decoder_layers=1),
+    "lstmn": dict(embed_dim=8, hidden_dim=16, attention_dim=16, fusion="deep"),
 }
 
 

@@ -124,7 +124,7 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
 
 
 def test_interrupted_sweep_resumes_without_repeating_finished_trials(tmp_path):
-    path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.25})
+    path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.15})
     workdir = tmp_path / "sweep"
     process = run_sweep(tmp_path, path, wait=False)
     deadline = time.time() + 120
@@ -166,12 +166,12 @@ def test_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
 def test_lagging_trials_are_pruned(tmp_path):
     qualities = [1.0, 0.9, 0.2, 0.97]
     path = sweep_file(tmp_path, method="grid", space={"quality": ("categorical", qualities)}, objective="dev/score",
-                      direction="maximize", budget={"num_train_steps": 20, "seconds_per_step": 0.1})  # fmt: skip
+                      direction="maximize", budget={"num_train_steps": 12, "seconds_per_step": 0.1})  # fmt: skip
     status, output = run_sweep(tmp_path, path)
     assert status == 0, output
     by_quality = {t.params["quality"]: t for t in load_study(tmp_path / "sweep").trials}
     assert by_quality[0.2].state.name == "PRUNED"
-    assert int((Path(by_quality[0.2].user_attrs["workdir"]) / "checkpoint").read_text()) < 20  # stopped early
+    assert int((Path(by_quality[0.2].user_attrs["workdir"]) / "checkpoint").read_text()) < 12  # stopped early
     assert all(by_quality[q].state.name == "COMPLETE" for q in (1.0, 0.9, 0.97))
 
 

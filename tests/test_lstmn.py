@@ -1,0 +1,236 @@
+"""LSTMN (Cheng et al. 2016) against float64 NumPy steps written from eqs. 7-17, and its masks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.test_util import check_grads
+from references import np_masked_softmax
+
+import decoding
+import models
+from errors import ConfigError
+from models.attention import AttentionRole, attention_roles, capture_attention
+from models.lstmn import LSTMNDecodeState, LSTMNMemory, Tapes
+
+V, E, H, A = 13, 5, 6, 7
+
+
+def make(**fields):
+    sizes = dict(vocab_size=V, embed_dim=E, hidden_dim=H, attention_dim=A, num_encoder_layers=1, num_decoder_layers=1)
+    return models.create_model("lstmn", rngs=nnx.Rngs(params=0, dropout=1), **{**sizes, **fields})
+
+
+def f64(x):
+    return np.asarray(x[...] if hasattr(x, "get_value") else x, np.float64)
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def random_tapes(rng, batch, length, written_lengths):
+    written = np.zeros((batch, length), bool)
+    for row, count in enumerate(written_lengths):
+        written[row, :count] = True
+    hidden, memory = rng.normal(size=(batch, length, H)), rng.normal(size=(batch, length, H))
+    return hidden, memory, written, rng.normal(size=(batch, H))  # h_i, c_i, which are written, h~_{t-1}
+
+
+def np_intra_attention(cell, hidden, memory, written, summary, x):
+    """Eqs. 7-9, float64."""
+    keys = hidden @ f64(cell.key_proj.kernel)  # W_h h_i
+    query = x @ f64(cell.input_attention.kernel) + f64(cell.input_attention.bias) + summary @ f64(cell.summary_attention.kernel)
+    a = np.tanh(keys + query[:, None, :]) @ f64(cell.v)  # eq. 7
+    s = np_masked_softmax(a, written)  # eq. 8, positions < t only
+    return np.einsum("bl,blh->bh", s, hidden), np.einsum("bl,blh->bh", s, memory), s  # eq. 9
+
+
+def np_gates(cell, inputs):
+    """Eq. 10: [i; f; o; c^] = [sigma; sigma; sigma; tanh](W inputs + b)."""
+    i, f, o, c_hat = np.split(inputs @ f64(cell.gates.kernel) + f64(cell.gates.bias), 4, axis=-1)
+    return sigmoid(i), sigmoid(f), sigmoid(o), np.tanh(c_hat)
+
+
+def as_tapes(cell, hidden, memory, written, summary):
+    keys = jnp.float32(hidden) @ cell.key_proj.kernel[...]
+    return Tapes(jnp.float32(hidden), jnp.float32(memory), keys, jnp.asarray(written), jnp.float32(summary))
+
+
+@pytest.mark.parametrize("written_lengths", [(0, 2, 4), (3, 1, 4)])  # positions before t = 4
+def test_cell_step_is_eqs_7_to_12(written_lengths):
+    cell = make().encoder_cells[0]
+    rng = np.random.default_rng(sum(written_lengths))
+    hidden, memory, written, summary = random_tapes(rng, 3, 6, written_lengths)
+    x = rng.normal(size=(3, E))
+    position = 4
+    real = np.array([True, True, False])  # the third row is padding at this step
+    tapes, h, weights = cell(as_tapes(cell, hidden, memory, written, summary), jnp.float32(x), jnp.array(position), jnp.asarray(real))
+
+    h_tilde, c_tilde, s = np_intra_attention(cell, hidden, memory, written, summary, x)
+    i, f, o, c_hat = np_gates(cell, np.concatenate([h_tilde, x], axis=-1))
+    c = f * c_tilde + i * c_hat  # eq. 11
+    expected_h = o * np.tanh(c)  # eq. 12
+    np.testing.assert_allclose(weights, s, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h, expected_h, rtol=1e-5, atol=1e-5)
+    for row in range(3):  # written at `position` for real rows; padding leaves the tapes alone
+        expected_hidden = hidden[row].copy()
+        if real[row]:
+            expected_hidden[position] = expected_h[row]
+        np.testing.assert_allclose(tapes.hidden[row], expected_hidden, rtol=1e-5, atol=1e-5)
+        assert bool(tapes.written[row, position]) == real[row]
+    np.testing.assert_allclose(tapes.memory[0, position], c[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tapes.keys[1, position], expected_h[1] @ f64(cell.key_proj.kernel), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tapes.summary[:2], h_tilde[:2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tapes.summary[2], summary[2], rtol=1e-6)
+
+
+def np_lstmn_layer(cell, x, length):
+    """Eqs. 7-12 over the first `length` positions of one sequence `x [L, Din]`, float64: the tapes
+    `(h [L, H], c [L, H])`, zero past `length`."""
+    hidden, memory = np.zeros((len(x), H)), np.zeros((len(x), H))
+    summary = np.zeros(H)
+    for t in range(length):
+        written = (np.arange(len(x)) < t)[None]
+        h_tilde, c_tilde, _ = np_intra_attention(cell, hidden[None], memory[None], written, summary[None], x[t][None])
+        i, f, o, c_hat = np_gates(cell, np.concatenate([h_tilde, x[t][None]], axis=-1))
+        memory[t] = (f * c_tilde + i * c_hat)[0]
+        hidden[t] = (o * np.tanh(memory[t]))[0]
+        summary = h_tilde[0]
+    return hidden, memory
+
+
+def test_two_layer_encoder_tapes_are_eqs_7_to_12_layer_on_layer():
+    """encode(): each padded source against a float64 run of eqs. 7-12, the second layer over the
+    first layer's hidden tape; the memory handed to the decoder is the top layer's two tapes."""
+    model = make(num_encoder_layers=2)
+    inputs = batch_of()["inputs"]
+    memory = model.encode(inputs)
+    table = f64(model.source_embed.embedding)
+    for row, source in enumerate(np.asarray(inputs)):
+        length = int((source > 0).sum())
+        first, _ = np_lstmn_layer(model.encoder_cells[0], table[source], length)
+        hidden, cells = np_lstmn_layer(model.encoder_cells[1], first, length)
+        np.testing.assert_allclose(memory.hidden[row], hidden, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(memory.memory[row], cells, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(memory.mask, np.asarray(inputs) > 0)
+
+
+@pytest.mark.parametrize("fusion", ["shallow", "deep"])
+def test_fused_decoder_step_is_eqs_13_to_17(fusion):
+    model = make(fusion=fusion)
+    rng = np.random.default_rng(7)
+    gamma, alpha = rng.normal(size=(3, 5, H)), rng.normal(size=(3, 5, H))  # the encoder's tapes
+    source_mask = np.ones((3, 5), bool)
+    source_mask[1, 3:] = False
+    memory = LSTMNMemory(jnp.float32(gamma), jnp.float32(alpha), model.cross_attention.project_keys(jnp.float32(gamma)), jnp.asarray(source_mask))
+    cell = model.decoder_cells[0]
+    hidden, memory_tape, written, summary = random_tapes(rng, 3, 6, (2, 2, 2))
+    previous_context = rng.normal(size=(3, H))  # gamma~_{t-1}
+    state = LSTMNDecodeState((as_tapes(cell, hidden, memory_tape, written, summary),), jnp.float32(previous_context), jnp.array(2))
+    token = np.array([4, 7, 1])
+    logits, new_state = model.decode_step(memory, jnp.asarray(token), state)
+
+    x = f64(model.target_embed.embedding)[token]  # x_t, the previous word
+    attention = model.cross_attention  # eq. 13: u^T tanh(W_gamma gamma_j + W_x x_t + W_gamma~ gamma~_{t-1})
+    query = np.concatenate([x, previous_context], axis=-1) @ f64(attention.query_proj.kernel)
+    b = np.tanh(gamma @ f64(attention.key_proj.kernel) + f64(attention.key_proj.bias) + query[:, None, :]) @ f64(attention.v)
+    p = np_masked_softmax(b, source_mask)  # eq. 14
+    gamma_tilde = np.einsum("bj,bjh->bh", p, gamma)  # eq. 15
+    alpha_tilde = np.einsum("bj,bjh->bh", p, alpha)
+    h_tilde, c_tilde, _ = np_intra_attention(cell, hidden, memory_tape, written, summary, x)
+    if fusion == "shallow":  # the context in every gate, as RNNsearch's C c_i
+        i, f, o, c_hat = np_gates(cell, np.concatenate([h_tilde, x, gamma_tilde], axis=-1))
+        c = f * c_tilde + i * c_hat
+    else:
+        i, f, o, c_hat = np_gates(cell, np.concatenate([h_tilde, x], axis=-1))
+        r = sigmoid(np.concatenate([gamma_tilde, x], axis=-1) @ f64(cell.fusion.kernel) + f64(cell.fusion.bias))  # eq. 16
+        c = r * alpha_tilde + f * c_tilde + i * c_hat  # eq. 17
+    h = o * np.tanh(c)
+    expected = np.concatenate([h, gamma_tilde], axis=-1) @ f64(model.output.kernel) + f64(model.output.bias)
+    np.testing.assert_allclose(new_state.context, gamma_tilde, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(new_state.tapes[0].memory[:, 2], c, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def batch_of(seed=0):
+    rng = np.random.default_rng(seed)
+    inputs = rng.integers(3, V, (3, 7))
+    inputs[1, 4:] = 0
+    inputs[2, 6:] = 0
+    targets = rng.integers(3, V, (3, 5))
+    targets[2, 3:] = 0
+    return {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(targets)}
+
+
+@pytest.mark.parametrize("fusion", ["shallow", "deep"])
+def test_intra_attention_sees_only_earlier_real_positions(fusion):
+    model = make(fusion=fusion, num_encoder_layers=2, num_decoder_layers=2)
+    batch = batch_of()
+    logits = np.asarray(model(batch))
+    j = 3  # a later target token changes nothing before it, bit for bit
+    other = (batch["targets"] + 1 - 3) % (V - 3) + 3  # another real token, padding left as it is
+    later = dict(batch, targets=batch["targets"].at[:, j:].set(jnp.where(batch["targets"][:, j:] > 0, other[:, j:], 0)))
+    np.testing.assert_array_equal(np.asarray(model(later))[:, : j + 1], logits[:, : j + 1])
+    memory, later_memory = model.encode(batch["inputs"]), model.encode(later["inputs"].at[:, 5:].set(4))
+    np.testing.assert_array_equal(np.asarray(later_memory.hidden)[0, :5], np.asarray(memory.hidden)[0, :5])
+    for row in range(3):  # a padded row gives what the example gives alone
+        source, target = int((batch["inputs"][row] > 0).sum()), int((batch["targets"][row] > 0).sum())
+        alone = model({"inputs": batch["inputs"][row : row + 1, :source], "targets": batch["targets"][row : row + 1, :target]})
+        np.testing.assert_allclose(np.asarray(alone)[0], logits[row, :target], rtol=1e-5, atol=1e-6)
+    weights = capture_attention(model, batch)
+    roles = attention_roles(model)
+    assert roles["encoder_cells/1"] is AttentionRole.SOURCE_SELF and roles["decoder_cells/0"] is AttentionRole.TARGET_SELF
+    intra = np.asarray(weights["encoder_cells/0"])[:, 0]  # [B, S, S]: word t over the words before it
+    assert np.all(np.triu(intra, k=0) == 0.0)  # only i < t
+    assert np.all(intra[1][:, 4:] == 0.0)  # never padding
+
+
+@pytest.mark.parametrize("fusion", ["shallow", "deep"])
+def test_decode_step_by_step_reproduces_teacher_forcing(fusion):
+    model = make(fusion=fusion, num_decoder_layers=2, dropout_rate=0.3)
+    batch = batch_of(1)
+    teacher_forced = model(batch)
+    memory = model.encode(batch["inputs"])
+    state, previous, steps = model.init_decode_state(memory, 3, 5), jnp.ones(3, jnp.int32), []
+    for t in range(5):
+        logits, state = model.decode_step(memory, previous, state)
+        steps.append(logits)
+        previous = batch["targets"][:, t]
+    real = np.asarray(batch["targets"] > 0)
+    np.testing.assert_allclose(np.asarray(jnp.stack(steps, 1))[real], np.asarray(teacher_forced)[real], rtol=1e-5, atol=1e-5)
+
+
+def test_beam_search_gives_each_padded_row_what_it_gives_alone():
+    model = make(fusion="deep")
+    inputs = batch_of(2)["inputs"]
+    search = jax.jit(lambda x: decoding.beam_search(model, x, decoding.source_lengths(x) + 3, 10, beam_size=3, alpha=0.6))
+    tokens, scores = search(inputs)
+    for row in range(3):
+        alone_tokens, alone_scores = search(inputs[row : row + 1, : int((inputs[row] > 0).sum())])
+        np.testing.assert_array_equal(alone_tokens[0], tokens[row])
+        np.testing.assert_allclose(alone_scores[0], scores[row], rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_through_the_tapes_matches_finite_differences():
+    model = make(fusion="deep", embed_dim=3, hidden_dim=3, attention_dim=3)
+    batch = {k: v[1:] for k, v in batch_of(3).items()}  # a padded source and a padded target among 2 rows
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(params):
+        logits = nnx.merge(graphdef, params, rest)(batch)
+        return jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(batch["targets"], V))
+
+    grads = jax.grad(loss)(params)
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
+    with jax.enable_x64():
+        params64 = jax.tree.map(lambda p: p.astype(jnp.float64), params)
+        check_grads(loss, (params64,), order=1, modes=["rev"], atol=1e-4, rtol=1e-4)
+
+
+def test_bad_fields_are_named():
+    with pytest.raises(ConfigError, match="model.fusion must be one of shallow, deep"):
+        make(fusion="medium")
+    with pytest.raises(ConfigError, match="bucket"):
+        make()(dict(batch_of(), inputs_segment_ids=jnp.ones((3, 7), jnp.int32)))
