@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+import ml_collections
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluation  # noqa: E402
 import trainer  # noqa: E402
@@ -72,7 +74,9 @@ def train_and_score(config, workdir: Path) -> dict:
     finished = workdir / "eval" / f"step_{config.num_train_steps}.json"
     if not (finished.exists() and "by_source_length" in json.loads(finished.read_text()).get("test", {})):
         trainer.train_and_evaluate(config, workdir)
-        evaluation.predict(config, workdir)
+        whole_split = ml_collections.ConfigDict(config.to_dict())
+        whole_split.eval_decode_examples = 0  # training evaluated a subset; the table scores every example
+        evaluation.predict(whole_split, workdir)
     return json.loads(finished.read_text())["test"]["by_source_length"]
 
 

@@ -118,7 +118,7 @@ def recurrent_step_seconds(family: str, length: int, width: int, repeats: int, *
     if family == "rnnsearch":
         sizes["maxout_dim"] = width // 2
     model = models.create_model(family, rngs=nnx.Rngs(0), vocab_size=1000, **sizes, **fields)
-    graphdef, params = nnx.split(model)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = optax.adam(1e-3)
     tokens = jax.random.randint(jax.random.key(length), (2, 64, length), 3, 1000)
     batch = {"inputs": tokens[0], "targets": tokens[1]}
@@ -126,7 +126,7 @@ def recurrent_step_seconds(family: str, length: int, width: int, repeats: int, *
     @jax.jit
     def step(params, opt_state, batch):
         def loss(params):
-            logits = nnx.merge(graphdef, params)(batch)
+            logits = nnx.merge(graphdef, params, rest)(batch)
             return metrics.token_sums(logits, batch["targets"])["nll_sum"]
 
         grads = jax.grad(loss)(params)

@@ -206,7 +206,8 @@ def sequence_log_probs(model, inputs, tokens):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_search_on_every_family(family, sources):
     """A beam of one is greedy search; beam search scores are teacher-forced log-probabilities over
-    the length penalty; a padded batch decodes as each example alone (every family)."""
+    the length penalty; a padded batch decodes as each example alone; sampling's scores are its
+    samples' log-probabilities (every family)."""
     model = models.create_model(family, rngs=nnx.Rngs(3), vocab_size=12, **FAMILIES[family])
     greedy_tokens, greedy_scores = run(decoding.greedy_search, model, sources)
     beam1_tokens, beam1_scores = run(decoding.beam_search, model, sources, beam_size=1, alpha=0.6)
@@ -220,6 +221,8 @@ def test_search_on_every_family(family, sources):
     teacher_forced = sequence_log_probs(model, sources, tokens) / ((5 + lengths) / 6) ** 0.6
     np.testing.assert_allclose(scores, teacher_forced, rtol=1e-4, atol=1e-4)
     assert np.all(np.asarray(scores) >= np.asarray(beam1_scores) - 1e-5)  # the wider beam finds no worse
+    sampled, sampled_scores = run(decoding.sample, model, sources, key=jax.random.key(0), temperature=0.8, top_p=0.9)
+    np.testing.assert_allclose(sampled_scores, sequence_log_probs(model, sources, sampled), rtol=1e-4, atol=1e-4)
     for row in range(3):
         length = int((sources[row] > 0).sum())
         alone_tokens, alone_scores = run(decoding.beam_search, model, sources[row : row + 1, :length], beam_size=4, alpha=0.6)
