@@ -295,7 +295,8 @@ def test_every_family_and_task_config_builds_its_model(family, task):
 def test_rnnsearch_trains_in_the_trainer_and_draws_its_alignment(shared_data_dir, tmp_path):
     fields = recurrent.model_fields("rnnsearch", "dates")
     fields.update(embed_dim=16, hidden_dim=16, maxout_dim=8, attention_dim=16)
-    config = tiny_config(shared_data_dir, visualize_examples=1, learning_rate=3e-3, num_train_steps=30, eval_every_steps=30)
+    config = tiny_config(shared_data_dir, visualize_examples=1, learning_rate=1e-2, schedule="constant", warmup_steps=10,
+                         num_train_steps=200, eval_every_steps=200, checkpoint_every_steps=200)  # fmt: skip
     config.unlock()  # tiny_config locks it
     config.model = base.model("rnnsearch", **fields)
     config.data.batching = "bucket"
@@ -324,10 +325,13 @@ def test_rnnsearch_trains_in_the_trainer_and_draws_its_alignment(shared_data_dir
         hits = [start <= attended[row, t] < end for (t0, t1), (start, end) in fields for t in range(t0, t1)]
         per_example.append(np.mean(hits))
     assert final["dev"]["alignment_accuracy"] == pytest.approx(np.mean(per_example), abs=1e-9)
-    assert list((tmp_path / "attention" / "step_30").glob("example_0_cross_attention.png"))
+    # 200 steps teach even this 16-unit RNNsearch where the fields are: 0.78 when written, against
+    # about 0.2 for attention that ignores the source (the year's 4 characters of ~20)
+    assert final["dev"]["alignment_accuracy"] > 0.6
+    assert list((tmp_path / "attention" / "step_200").glob("example_0_cross_attention.png"))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [row["loss"] for row in rows if row["split"] == "train"]
-    assert losses[-1] < 0.9 * losses[0]  # it learns (3.63 -> 3.18 when written)
+    assert losses[-1] < 0.5 * losses[0]  # it learns
 
 
 @pytest.mark.parametrize("task", ["copy", "kjv_web"])
