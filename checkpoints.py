@@ -86,7 +86,9 @@ class Checkpoints:
     ) -> tuple[int, Any]:
         """Restores `step`, or the newest readable checkpoint (warning about any that is not).
 
-        `data_iterator`, when given, is set to the saved position.
+        `data_iterator`, when given, is set to the saved position: a run resumes. Then the unreadable
+        checkpoints newer than the one restored are moved aside (`<step>.unreadable`, kept for a
+        look), so that the resumed run can save those steps again and keeps its good checkpoints.
 
         Raises:
           CheckpointError: no checkpoint (or not the asked step), or it (every one) is unreadable.
@@ -98,7 +100,7 @@ class Checkpoints:
                 items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
             return ocp.args.Composite(**items)
 
-        return self._restore_readable(step, arguments)
+        return self._restore_readable(step, arguments, set_aside=data_iterator is not None)
 
     def restore_params(self, abstract_params: Any, *, step: int | None = None) -> tuple[int, Any]:
         """Restores only the parameters of `step` (or the newest readable checkpoint): no optimizer
@@ -114,7 +116,7 @@ class Checkpoints:
         restored_step, state = self._restore_readable(step, arguments)
         return restored_step, state["params"]
 
-    def _restore_readable(self, step: int | None, arguments: Callable[[], Any]) -> tuple[int, Any]:
+    def _restore_readable(self, step: int | None, arguments: Callable[[], Any], set_aside: bool = False) -> tuple[int, Any]:
         available = self.steps()
         if step is not None and step not in available:
             raise CheckpointError(f"no checkpoint at step {step} in {self.manager.directory}; have {available}")
@@ -132,11 +134,21 @@ class Checkpoints:
                 continue
             if candidate != candidates[0]:
                 logging.warning("fell back to the checkpoint at step %d", candidate)
+                if set_aside:
+                    self._set_aside([s for s in candidates if s > candidate])
             return candidate, restored["state"]
         raise CheckpointError(f"no readable checkpoint in {self.manager.directory} (tried steps {candidates})")
 
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
+    def _set_aside(self, steps: list[int]) -> None:
+        directory = Path(self.manager.directory)
+        if jax.process_index() == 0:
+            for step in steps:
+                target = directory / f"{step}.unreadable"
+                if target.exists():
+                    shutil.rmtree(target)  # an older copy of the same step, also unreadable
+                (directory / str(step)).rename(target)
+                logging.warning("moved the unreadable checkpoint at step %d to %s", step, target)
+        self.manager.reload()
 
     def close(self) -> None:
         """Waits for pending saves and releases Orbax's threads."""

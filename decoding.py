@@ -7,8 +7,8 @@ at most `max_lengths[b]` tokens, eos included (evaluation uses the source
 length plus `decode.max_length_offset`). At a row's last allowed step eos is
 the only choice, and it is charged its real log-probability: a hypothesis cut
 at the cap pays for ending there, as one that ends on its own does. Pad and
-bos are never produced. Rows are independent: a padded batch decodes as each
-example alone would.
+bos are never produced. Rows are independent: a padded batch searches as each
+example alone would (sampling draws per row, so its samples depend on the row's place).
 
 Outputs are `[B, L]` ids, each row ending with eos followed by padding, and a
 score per row: greedy search and sampling return `log P(Y)`, beam search
@@ -105,7 +105,7 @@ def filtered_log_probs(log_probs: Array, temperature: float, top_k: int, top_p: 
     tokens (0: all) and to the smallest set whose probability reaches `top_p` (Holtzman et al.
     2020; 1: all). Unnormalised; NEVER outside."""
     scaled = jnp.where(log_probs > NEVER / 2, log_probs / temperature, NEVER)
-    if top_k:
+    if 0 < top_k < scaled.shape[-1]:
         kth = jax.lax.top_k(scaled, top_k)[0][:, -1:]  # [R, 1]
         scaled = jnp.where(scaled >= kth, scaled, NEVER)
     if top_p < 1.0:

@@ -33,6 +33,7 @@ import metrics
 import visualize
 from models.attention import AttentionRole, attention_roles, capture_attention
 import reporting
+from errors import ConfigError
 from reporting import Reporter
 from run_setup import Run, gathered, prepare_run
 from vocabularies import EOS_ID, PAD_ID
@@ -205,7 +206,8 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     Returns the split's results, or with `average_last` both results by name.
     """
-    run = prepare_run(config, workdir)
+    run = prepare_run(config, workdir, training=False)
+    check_split(run, config.eval_split)
     with reporting.log_file(run.workdir, enabled=run.is_chief):
         step, evaluated = evaluated_params(run)
         evaluator = Evaluator(run)
@@ -219,7 +221,8 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 def predict(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
     """`--mode=predict`: decodes `config.eval_split` into `predictions/step_<N>.tsv` (source, reference,
     hypothesis) and writes its metrics, with the task metric by source length, to `eval/step_<N>.json`."""
-    run = prepare_run(config, workdir)
+    run = prepare_run(config, workdir, training=False)
+    check_split(run, config.eval_split)
     with reporting.log_file(run.workdir, enabled=run.is_chief):
         step, evaluated = evaluated_params(run)
         name = list(evaluated)[-1]  # the averaged parameters when asked for
@@ -236,13 +239,19 @@ def predict(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
     return path
 
 
+def check_split(run: Run, split: str) -> None:
+    if split not in run.task.splits:
+        raise ConfigError(f"eval_split {split!r} is not a split of task {run.task.name}; valid: {', '.join(run.task.splits)}")
+
+
 def report(run: Run, step: int, outcome: dict[str, dict]) -> None:
-    """Eval results of a checkpoint into `eval/step_<N>.json` and metrics.jsonl (kept, not truncated)."""
+    """Eval results of a checkpoint into `eval/step_<N>.json` and metrics.jsonl (kept, not truncated;
+    the rows say `"mode": "eval"`, so that training's early stopping does not count them)."""
     if not run.is_chief:
         return
     reporter = Reporter(run.workdir, num_steps=step, start_step=step, enabled=True, truncate=False)
     for name, results in outcome.items():
         reporting.write_eval(run.workdir, step, name, results)
-        reporter.write(step, name, results)
+        reporter.write(step, name, {**results, "mode": "eval"})
     reporter.close()
 

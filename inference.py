@@ -43,6 +43,7 @@ class Translator:
     def __init__(self, run: Run, step: int, params):
         self.run, self.step, self.params = run, step, params
         self.roles = attention_roles(run.model(params))
+        self._searches: dict[tuple, object] = {}  # compiled searches by decode settings
 
     @property
     def config(self) -> ml_collections.ConfigDict:
@@ -53,12 +54,17 @@ class Translator:
         return [np.append(self.run.tokens.source.encode(text)[:limit], EOS_ID).astype(np.int32) for text in sources]
 
     def _target_ids(self, targets: Sequence[str]) -> list[np.ndarray]:
-        return [np.append(self.run.tokens.target.encode(text), EOS_ID).astype(np.int32) for text in targets]
+        ids = [np.append(self.run.tokens.target.encode(text), EOS_ID).astype(np.int32) for text in targets]
+        limit = getattr(self.run.model(self.params).config, "length_limit", None)  # learned positions, LSTMN tapes
+        if limit is not None and max(map(len, ids)) > limit:
+            raise UserError(f"a target of {max(map(len, ids))} tokens is longer than model.max_length = {limit}")
+        return ids
 
-    @staticmethod
-    def _padded(rows: Sequence[np.ndarray]) -> np.ndarray:
-        """`[BATCH_ROWS, L]` with L the next power of two of the longest row (few shapes, few compilations)."""
-        length = 1 << max(len(r) for r in rows).bit_length()
+    def _padded(self, rows: Sequence[np.ndarray]) -> np.ndarray:
+        """`[BATCH_ROWS, L]`: L the next power of two of the longest row (few shapes, few compilations),
+        but no longer than the data limits (learned positions end there)."""
+        limit = max(self.config.data.max_source_length, self.config.data.max_target_length)
+        length = min(1 << max(len(r) for r in rows).bit_length(), max(limit, max(len(r) for r in rows)))
         array = np.zeros((max(BATCH_ROWS, len(rows)), length), np.int32)
         for i, row in enumerate(rows):
             array[i, : len(row)] = row
@@ -74,16 +80,18 @@ class Translator:
         decoding.check_options(ml_collections.ConfigDict(settings))
         return tuple(sorted(settings.items()))
 
-    @functools.lru_cache(maxsize=8)
     def _search(self, settings: tuple):
-        run, options = self.run, decoding.options(ml_collections.ConfigDict(dict(settings)))
-        output_length = self.config.data.max_source_length + options["max_length_offset"]
+        """The search compiled for these decode settings (kept on this translator, one per settings)."""
+        if settings not in self._searches:
+            run, options = self.run, decoding.options(ml_collections.ConfigDict(dict(settings)))
+            output_length = self.config.data.max_source_length + options["max_length_offset"]
 
-        @jax.jit
-        def search(params, inputs, key):
-            return decoding.decode(run.model(params), inputs, length=output_length, key=key, **options)
+            @jax.jit
+            def search(params, inputs, key):
+                return decoding.decode(run.model(params), inputs, length=output_length, key=key, **options)
 
-        return search
+            self._searches[settings] = search
+        return self._searches[settings]
 
     def translate(self, sources: Sequence[str], **decode_options) -> list[str]:
         """The model's output for each source, with the run's `config.decode` unless options
@@ -141,19 +149,21 @@ class Translator:
     def attention(self, source: str, target: str | None = None) -> dict[str, np.ndarray]:
         """Every attention module's weights `[N, Tq, Tk]` for `source` and `target` (default: the
         model's own output), cut to their real tokens, by module path (roles in `self.roles`)."""
-        inputs, output = self._attention_inputs(source, target)
-        weights = capture_attention(self.run.model(self.params), {"inputs": inputs[None], "targets": output[None]})
-        return visualize.example_weights(weights, self.roles, 0, len(inputs), len(output))
+        return self._attention_of(*self._attention_inputs(source, target))
 
     def _attention_inputs(self, source: str, target: str | None) -> tuple[np.ndarray, np.ndarray]:
         inputs = self._source_ids([source])[0]
         output = self.translate_ids([source])[0][0][0] if target is None else self._target_ids([target])[0]
         return inputs, output
 
+    def _attention_of(self, inputs: np.ndarray, output: np.ndarray) -> dict[str, np.ndarray]:
+        weights = capture_attention(self.run.model(self.params), {"inputs": inputs[None], "targets": output[None]})
+        return visualize.example_weights(weights, self.roles, 0, len(inputs), len(output))
+
     def draw_attention(self, source: str, directory: Path, *, self_attention: bool = False) -> str:
         """Decodes `source` and draws its attention into `directory`; returns the output text."""
         inputs, output = self._attention_inputs(source, None)
-        weights = self.attention(source, self.run.tokens.target.decode(output))
+        weights = self._attention_of(inputs, output)  # the decoded ids themselves, not their text re-encoded
         visualize.draw_example(
             directory, f"step_{self.step}", weights, self.roles,
             self.run.tokens.source.pieces(inputs), self.run.tokens.target.pieces(output), self_attention=self_attention,
@@ -178,7 +188,9 @@ def load(
         config = read_run_config(workdir)
         if config is None:
             raise DataError(f"{workdir} holds no config.json: not a run folder")
-    run = prepare_run(config, workdir, devices=jax.devices()[:1], with_data=False)
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.update(coordinator_address="", num_processes=-1, process_id=-1)  # one process, whatever trained it
+    run = prepare_run(config, workdir, devices=jax.local_devices()[:1], with_data=False, training=False)
     restored_step, params = run.restore_params(step, best=best)
     if average_last > 1:
         _, params = run.averaged_params(average_last, restored_step)

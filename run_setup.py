@@ -105,6 +105,7 @@ RUN_IDENTITY = ("seed", "model", "task", "tokenizer", "data")
 EVALUATION_FIELDS = (
     "eval_split", "restore_step", "restore_best", "average_last", "decode", "eval_decode_examples",
     "length_bucket_width", "visualize_examples", "visualize_self_attention", "data_dir", "metrics",
+    "coordinator_address", "num_processes", "process_id",  # how this command runs, not what the run is
 )  # fmt: skip
 
 
@@ -297,9 +298,9 @@ class Run:
         return steps, jax.tree.map(lambda p: p / len(steps), total)
 
 
-def check_settings(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
+def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: bool = True) -> None:
     """What can be checked before anything is read or written: every field of the data, vocabulary,
-    model and decoding settings, and how they fit together."""
+    model and decoding settings, and how they fit together (the training memory only for `training`)."""
     PipelineSettings.from_config(config)
     vocabularies.TokenizerSettings.from_config(config)
     decoding.check_options(config.decode)
@@ -322,7 +323,10 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
     for name, length in lengths.items():
         if limit is not None and length > limit:
             raise ConfigError(f"{name} = {length} is longer than model.max_length = {limit}, the model's longest sequence")
-    if hasattr(model, "tape_bytes"):  # LSTMN: the backward pass keeps every step's tapes
+    for name in ("eval_every_steps", "log_every_steps", "checkpoint_every_steps", "length_bucket_width", "num_train_steps"):
+        if config[name] < 1:
+            raise ConfigError(f"{name} must be at least 1, got {config[name]}")
+    if training and hasattr(model, "tape_bytes"):  # LSTMN: the backward pass keeps every step's tapes
         rows = max(config.batch_size // (mesh.size * max(config.grad_accum_steps, 1)), 1)
         longest = max(config.data.max_source_length, config.data.max_target_length)
         needed, available = model.tape_bytes(rows, longest), device_memory_bytes(mesh.devices.flat[0])
@@ -347,12 +351,13 @@ def prepare_run(
     devices: Sequence[jax.Device] | None = None,
     *,
     with_data: bool = True,
+    training: bool = True,
 ) -> Run:
     """Devices, data and vocabulary (or, `with_data=False`, the vocabulary saved in `workdir` only),
     the model with its initial parameters, and the checkpoint manager of `workdir`."""
     setup_distributed(config)
     mesh = make_mesh(devices)
-    check_settings(config, mesh)
+    check_settings(config, mesh, training=training)
     workdir = Path(workdir)
     if with_data:
         workdir.mkdir(parents=True, exist_ok=True)

@@ -205,6 +205,10 @@ class EarlyStopping:
         for row in earlier_dev_rows:
             self.update(row["step"], row)
 
+    @property
+    def stopped(self) -> bool:
+        return 0 < self.patience <= self.waited
+
     def update(self, step: int, dev_results: dict) -> bool:
         """Records an evaluation; True when the run should stop."""
         value = dev_results.get(self.metric)
@@ -214,7 +218,7 @@ class EarlyStopping:
             self.best, self.best_step, self.waited = value, step, 0
         else:
             self.waited += 1
-        return 0 < self.patience <= self.waited
+        return self.stopped
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
@@ -247,7 +251,12 @@ def train(run: Run) -> dict:
         start_step, state = run.checkpoints.restore(abstract_state, data_iterator)
         logging.info("resuming from the checkpoint at step %d in %s", start_step, run.checkpoints.manager.directory)
     reporter = Reporter(run.workdir, num_steps=config.num_train_steps, start_step=start_step, enabled=run.is_chief)
-    early_stopping = EarlyStopping(config, [row for row in reporting.read_jsonl(run.workdir) if row["split"] == "dev"])
+    training_dev_rows = [r for r in reporting.read_jsonl(run.workdir) if r["split"] == "dev" and "mode" not in r and r["step"] <= start_step]
+    early_stopping = EarlyStopping(config, training_dev_rows)
+    if early_stopping.stopped:  # a rerun of a run that stopped early: nothing more to train
+        logging.info("the run stopped early at step %d (dev %s not improved for %d evaluations); not training further",
+                     start_step, config.best_metric, early_stopping.waited)  # fmt: skip
+        start_step = config.num_train_steps
     if start_step == 0:
         reporter.write(0, "data", {f"train_{k}": v for k, v in length_report.items() if k != "policy"})
     schedule = learning_rate_schedule(config)

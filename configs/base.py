@@ -19,7 +19,7 @@ documentation live in one place, their dataclass: `tasks/dates.py`
 `DatesConfig`, `tasks/synthetic.py` `SyntheticConfig`, `tasks/parallel_text.py`
 `ParallelTextConfig`, `tasks/catalog.py` `CatalogConfig`;
 `models/transformer.py` `TransformerConfig`, `models/rnn.py` `RNNEncDecConfig`,
-`RNNSearchConfig`, `LuongConfig`. `task()` and `model()` copy every field with its
+`RNNSearchConfig`, `LuongConfig`, `models/lstmn.py` `LSTMNConfig`. `task()` and `model()` copy every field with its
 default from there, so that each can be overridden from the command line.
 
 Overrides have one syntax, `--config.a.b=value`, wherever a config is read
@@ -280,9 +280,10 @@ def _switch_families(config: ml_collections.ConfigDict, assignments: dict[str, s
     """Replaces `config.task` / `config.model` when an override names another task or model."""
     for field, make in (("task", task), ("model", model)):
         name = assignments.get(f"{field}.name")
-        if name is not None and name != config[field].name:
+        previous = config[field].name
+        if name is not None and name != previous:
             dropped = sorted(set(config[field]) - {"name"})
             with config.unlocked() if config.is_locked else contextlib.nullcontext():
                 config[field] = make(name)
             logging.info("%s.name %s -> %s: its own fields are now %s's (dropped: %s)",
-                         field, config[field].name, name, name, ", ".join(dropped) or "none")
+                         field, previous, name, name, ", ".join(dropped) or "none")

@@ -91,7 +91,7 @@ class LuongConfig(RNNConfig):
     num_decoder_layers: int = 4
     dropout_rate: float = 0.2
     score: str = "general"  # "dot", "general" or "concat" (eq. 8)
-    attention_dim: int | None = None  # concat's hidden size; None: hidden_dim
+    attention_dim: int = 0  # concat's hidden size; 0: hidden_dim
     input_feeding: bool = True  # section 3.3
 
     def __post_init__(self):
@@ -515,7 +515,7 @@ class Luong(RNNEncoderDecoder):
         self.feed_proj = nnx.data(
             nnx.Linear(hidden, gates, use_bias=False, rngs=rngs) if config.input_feeding else None
         )  # the h~_{t-1} half of the first layer's input weights
-        self.cross_attention = Attention(hidden, hidden, score=config.score, attention_dim=config.attention_dim, rngs=rngs)
+        self.cross_attention = Attention(hidden, hidden, score=config.score, attention_dim=config.attention_dim or None, rngs=rngs)
         self.attentional = nnx.Linear(2 * hidden, hidden, use_bias=False, rngs=rngs)  # W_c
         self.output = nnx.Linear(hidden, config.vocab_size, rngs=rngs)  # W_s
 

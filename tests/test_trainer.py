@@ -183,6 +183,19 @@ def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp
     assert "fell back to the checkpoint at step 10" in caplog.text
 
 
+def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp_path):
+    config, workdir, _ = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    for path in (copy / "checkpoints" / "20" / "state").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"\x00garbage")
+    trainer.train_and_evaluate(tiny_config(config.data_dir, visualize_examples=3, num_train_steps=30), copy)
+    names = sorted(p.name for p in (copy / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert "20.unreadable" in names and {"20", "30"} <= set(names)  # saved again, the bad one kept aside
+    assert [r["step"] for r in metric_rows(copy) if r["split"] == "train"] == [5, 10, 15, 20, 25, 30]
+
+
 def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
     config = tiny_config(shared_data_dir, num_train_steps=40, keep_checkpoints=1, best_metric="loss", best_metric_larger_is_better=False)
     trainer.train_and_evaluate(config, tmp_path)
