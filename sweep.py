@@ -31,7 +31,6 @@ import contextlib
 import csv
 import dataclasses
 import fcntl
-import importlib.util
 import json
 import math
 import os
@@ -91,22 +90,6 @@ class Sweep:
         return self.objective.split("/", 1)[1]
 
 
-def load_python(path: str | Path, function: str, what: str) -> Any:
-    """Calls `function()` of the Python file at `path`."""
-    path = Path(path)
-    if not path.is_file():
-        raise SweepError(f"{what} file {path} does not exist")
-    spec = importlib.util.spec_from_file_location(f"_{what}_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as error:
-        raise SweepError(f"{what} file {path} does not load: {type(error).__name__}: {error}") from error
-    if not hasattr(module, function):
-        raise SweepError(f"{what} file {path} has no {function}()")
-    return getattr(module, function)()
-
-
 def override_flags(overrides: dict[str, Any]) -> list[str]:
     """`{"model.d_model": 64}` -> `["--config.model.d_model=64"]`: how a trial's overrides reach train.py."""
     return [f"--config.{name}={format_value(value)}" for name, value in overrides.items()]
@@ -154,7 +137,7 @@ def load_sweep(path: str | Path, config_path: str | Path) -> Sweep:
     Raises:
       SweepError: naming the file and the culprit (unknown key or field, empty space, bad method...).
     """
-    fields = load_python(path, "get_sweep", "sweep")
+    fields = base.call_in_file(path, "get_sweep", "sweep")
     fields = fields.to_dict() if isinstance(fields, ml_collections.ConfigDict) else dict(fields)
     unknown = sorted(set(fields) - set(SWEEP_KEYS))
     if unknown:

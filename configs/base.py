@@ -258,19 +258,31 @@ def load(source: str | Path | ml_collections.ConfigDict, overrides: Sequence[str
         raise ConfigError(f"{where} {' '.join(overrides)}: {root}") from error
 
 
-def _from_file(path: Path) -> ml_collections.ConfigDict:
-    """`get_config()` of the experiment file at `path`."""
+def call_in_file(path: str | Path, function: str, what: str):
+    """`function()` of the Python file at `path` (an experiment or a sweep file).
+
+    Raises:
+      ConfigError: naming the `what` file that is missing, does not load, or lacks `function`.
+    """
+    path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    spec = importlib.util.spec_from_file_location(f"config_{path.stem}", path)
+        raise ConfigError(f"{what} file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"_{what}_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-        config = module.get_config()
+        if not hasattr(module, function):
+            raise ConfigError(f"{what} file {path} has no {function}()")
+        return getattr(module, function)()
     except UserError:
         raise
     except Exception as error:
-        raise ConfigError(f"config file {path} does not load: {type(error).__name__}: {error}") from error
+        raise ConfigError(f"{what} file {path} does not load: {type(error).__name__}: {error}") from error
+
+
+def _from_file(path: Path) -> ml_collections.ConfigDict:
+    """`get_config()` of the experiment file at `path`."""
+    config = call_in_file(path, "get_config", "config")
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config file {path}: get_config() must return an ml_collections.ConfigDict")
     return config
@@ -280,8 +292,10 @@ def _switch_families(config: ml_collections.ConfigDict, assignments: dict[str, s
     """Replaces `config.task` / `config.model` when an override names another task or model."""
     for field, make in (("task", task), ("model", model)):
         name = assignments.get(f"{field}.name")
+        if name is None or not has_field(config, f"{field}.name"):
+            continue  # not switched (a config without this group reports the field as unknown later)
         previous = config[field].name
-        if name is not None and name != previous:
+        if name != previous:
             dropped = sorted(set(config[field]) - {"name"})
             with config.unlocked() if config.is_locked else contextlib.nullcontext():
                 config[field] = make(name)

@@ -44,6 +44,16 @@ def metric_rows(workdir):
 TIMING = ("tokens_per_second", "steps_per_second")
 
 
+def copy_with_a_damaged_checkpoint(workdir: Path, tmp_path: Path, step: int) -> Path:
+    """A copy of a run folder whose checkpoint at `step` has every state file overwritten."""
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    for path in (copy / "checkpoints" / str(step) / "state").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"\x00garbage")
+    return copy
+
+
 # ---------------------------------------------------------------- pure parts
 
 
@@ -171,11 +181,7 @@ def test_eval_mode_reproduces_the_final_eval(finished_run):
 
 def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp_path, caplog):
     config, workdir, _ = finished_run
-    copy = tmp_path / "copy"
-    shutil.copytree(workdir, copy)
-    for path in (copy / "checkpoints" / "20" / "state").rglob("*"):
-        if path.is_file():
-            path.write_bytes(b"\x00garbage")
+    copy = copy_with_a_damaged_checkpoint(workdir, tmp_path, step=20)
     run = prepare_run(config, copy)
     step, _ = run.restore_params()
     assert step == 10
@@ -185,11 +191,7 @@ def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp
 
 def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp_path):
     config, workdir, _ = finished_run
-    copy = tmp_path / "copy"
-    shutil.copytree(workdir, copy)
-    for path in (copy / "checkpoints" / "20" / "state").rglob("*"):
-        if path.is_file():
-            path.write_bytes(b"\x00garbage")
+    copy = copy_with_a_damaged_checkpoint(workdir, tmp_path, step=20)
     trainer.train_and_evaluate(tiny_config(config.data_dir, visualize_examples=3, num_train_steps=30), copy)
     names = sorted(p.name for p in (copy / "checkpoints").iterdir() if not p.name.startswith("."))
     assert "20.unreadable" in names and {"20", "30"} <= set(names)  # saved again, the bad one kept aside
