@@ -326,7 +326,7 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: b
     for name in ("eval_every_steps", "log_every_steps", "checkpoint_every_steps", "length_bucket_width", "num_train_steps"):
         if config[name] < 1:
             raise ConfigError(f"{name} must be at least 1, got {config[name]}")
-    if training and hasattr(model, "tape_bytes"):  # LSTMN: the backward pass keeps every step's tapes
+    if training and hasattr(model, "tape_bytes"):  # LSTMN: the training step holds the tapes and their cotangents
         rows = max(config.batch_size // (mesh.size * max(config.grad_accum_steps, 1)), 1)
         longest = max(config.data.max_source_length, config.data.max_target_length)
         needed, available = model.tape_bytes(rows, longest), device_memory_bytes(mesh.devices.flat[0])

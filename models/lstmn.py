@@ -13,11 +13,13 @@ memory tape `C = (c_1 .. c_{t-1})`, read at every step by intra-attention
     h_t = o_t * tanh(c_t)                                                    (12)
 
 `W_h h_i` does not depend on t: it is computed once, when `h_i` is written to the
-tape, and kept on a third tape of keys. The tapes are fixed-size buffers in the
-`lax.scan` carry, written at position t and read under a mask of the positions
-before t that hold a real token: one compiled program serves every length, no
-step sees a later position or padding, and a padded row computes what the example
-computes alone. At t = 1 the tapes are empty: `h~_1 = c~_1 = 0`.
+tape, and kept on a third tape of keys. The tapes are fixed-size buffers carried
+through a scan (`tape_scan`), written at position t and read under a mask of the
+positions before t that hold a real token: one compiled program serves every
+length, no step sees a later position or padding, and a padded row computes what
+the example computes alone. At t = 1 the tapes are empty: `h~_1 = c~_1 = 0`.
+`tape_scan`'s backward pass reads each step's tapes off the final ones instead of
+keeping a copy per step, so training takes O(L) memory, not O(L^2).
 
 The encoder-decoder (section 4, figure 3) reads the source with inter-attention
 over the encoder's tapes `gamma` (hidden) and `alpha` (memory), eqs. 13-15:
@@ -58,7 +60,8 @@ rows hold one example each (`data.batching="bucket"`).
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+import functools
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -107,12 +110,16 @@ class LSTMNConfig:
         return self.max_length
 
     def tape_bytes(self, batch: int, length: int) -> int:
-        """Memory the training step needs for the tapes: the backward pass of a scan keeps its carry,
-        three tapes of `[batch, length, hidden or attention]` float32, at every one of `length` steps,
-        for every encoder and decoder layer, and builds their cotangents as large (hence the 2: 64
-        rows of 256 tokens at width 128 asked XLA for 25 GB, against 12.9 GB of saved tapes)."""
-        per_step = batch * length * (2 * self.hidden_dim + self.attention_dim) * 4
-        return 2 * (self.num_encoder_layers + self.num_decoder_layers) * length * per_step
+        """Memory the training step needs for the tapes: per encoder and decoder layer, three tapes
+        of `[batch, length, hidden or attention]` (and the written mask) three times over (the
+        values, the copy a step reads in the backward pass, the cotangents; see `tape_scan`), and
+        every step's attention weights over the tape, `[length, batch, length]`, twice (values,
+        cotangents). Float32. Calibrated against XLA's memory analysis of the compiled gradient:
+        64 rows of 128 tokens at width 128 take 0.16 GB in all, of which this counts 0.09 GB (the
+        rest is the vocabulary's logits)."""
+        tapes = 3 * batch * length * (2 * self.hidden_dim + self.attention_dim + 1) * 4
+        weights = 2 * batch * length * length * 4
+        return (self.num_encoder_layers + self.num_decoder_layers) * (tapes + weights)
 
 
 class Tapes(NamedTuple):
@@ -121,24 +128,127 @@ class Tapes(NamedTuple):
     hidden: Array  # h_1 .. [B, L, H]
     memory: Array  # c_1 .. [B, L, H]
     keys: Array  # W_h h_i, [B, L, A]
-    written: Array  # [B, L] bool: position i holds a real token's state
+    written: Array  # [B, L], 1.0 where position i holds a real token's state (float, so that it has a gradient
+    #                 type in `tape_scan`; it is read only as a mask)
     summary: Array  # h~_{t-1} [B, H], the previous adaptive summary (eq. 7's last term)
+
+    @property
+    def positions(self) -> tuple[Array, Array, Array, Array]:
+        """The four per-position tapes, without the summary."""
+        return self.hidden, self.memory, self.keys, self.written
 
 
 def empty_tapes(batch: int, length: int, hidden: int, attention: int) -> Tapes:
     zeros = lambda *shape: jnp.zeros(shape)  # noqa: E731
     return Tapes(zeros(batch, length, hidden), zeros(batch, length, hidden), zeros(batch, length, attention),
-                 jnp.zeros((batch, length), bool), zeros(batch, hidden))  # fmt: skip
+                 zeros(batch, length), zeros(batch, hidden))  # fmt: skip
 
 
-def write_at(tape: Array, position: Array, value: Array, real: Array) -> Array:
-    """`tape [B, L, ...]` with `value [B, ...]` written at `position` in the rows where `real [B]`.
+def write_at(tape: Array, position: Array, value: Array, real: Array | None = None) -> Array:
+    """`tape [B, L, ...]` with `value [B, ...]` written at `position` (in the rows where `real [B]`, when
+    given; the others keep what they held). An in-place update of one position, not a select over the
+    whole tape, so that writing costs O(H) per step rather than O(L H)."""
+    if real is not None:
+        current = jax.lax.dynamic_index_in_dim(tape, position, axis=1, keepdims=False)  # [B, ...]
+        value = jnp.where(real.reshape(real.shape + (1,) * (value.ndim - 1)), value, current)
+    return jax.lax.dynamic_update_index_in_dim(tape, value.astype(tape.dtype), position, axis=1)
 
-    An in-place update of one position (not a select over the whole tape), so that writing, and
-    its gradient, cost O(H) per step rather than O(L H)."""
-    current = jax.lax.dynamic_index_in_dim(tape, position, axis=1, keepdims=False)  # [B, ...]
-    kept = jnp.where(real.reshape(real.shape + (1,) * (value.ndim - 1)), value, current)
-    return jax.lax.dynamic_update_index_in_dim(tape, kept.astype(tape.dtype), position, axis=1)
+
+def split_arrays(*modules: nnx.Module) -> tuple[Callable[[list[Array]], tuple[nnx.Module, ...]], list[Array]]:
+    """The parameters of `modules` as a list of arrays, and the function that rebuilds the modules
+    from it: what `tape_scan`'s step reads must be an argument (a custom VJP cannot close over
+    traced values). Each module is split alone: under `nnx.capture`, a list of modules gets a
+    string key beside its int ones, which `nnx.split` cannot sort."""
+    parts = [nnx.split(module, nnx.Param, ...) for module in modules]  # the rest: capture markers, no arrays
+    leaves, treedef = jax.tree.flatten([params for _, params, _ in parts])
+
+    def rebuild(arrays: list[Array]) -> tuple[nnx.Module, ...]:
+        states = jax.tree.unflatten(treedef, arrays)
+        return tuple(nnx.merge(graphdef, params, rest) for (graphdef, _, rest), params in zip(parts, states))
+
+    return rebuild, leaves
+
+
+def tape_scan(step: Callable, consts: Any, carry: Any, tapes: Any, xs: Any, flags: Any) -> tuple[Any, Any, Any]:
+    """A scan whose steps each write once to fixed-size tapes and read what the earlier steps wrote.
+
+    `step(consts, carry, tapes, x, flag, t) -> (carry, writes, y)`: step t reads `tapes` (a pytree of
+    `[B, L, ...]` arrays) at positions `< t` only (later positions hold zeros when it runs) and returns
+    `writes` (`[B, ...]` leaves), written at position t. `xs` and `flags` are scanned over their
+    leading axis; `flags` get no gradient. `tapes` must start as zeros; they get no gradient either.
+    Returns `(carry, tapes, ys)`, the final carry and tapes and the stacked `y`s.
+
+    Why not `lax.scan` with the tapes in its carry: its backward pass keeps every step's carry,
+    `L` copies of `[B, L, ...]` tapes, O(L^2) memory and as much traffic. A tape position never
+    changes once written, so the backward pass here (a reverse scan) reads step t's tapes off the
+    final ones (positions `< t`) and keeps only the small per-step carries; the tapes' cotangents
+    accumulate in one `[B, L, ...]` buffer, complete at position t by the time step t is reached,
+    since only later steps read it. Memory O(L), and each step's work is recomputed once.
+    """
+    leaves, treedef = jax.tree.flatten(consts)
+    inexact = [jnp.issubdtype(leaf.dtype, jnp.inexact) for leaf in leaves]  # the others (masks) get no gradient
+
+    def step_on_parts(parts, carry, tapes, x, flag, t):
+        differentiable, fixed = iter(parts[0]), iter(parts[1])
+        consts = jax.tree.unflatten(treedef, [next(differentiable) if i else next(fixed) for i in inexact])
+        return step(consts, carry, tapes, x, flag, t)
+
+    parts = ([leaf for leaf, i in zip(leaves, inexact) if i], [leaf for leaf, i in zip(leaves, inexact) if not i])
+    return _tape_scan(step_on_parts, parts, carry, tapes, xs, flags)
+
+
+def _visible(tapes: Any, t: Array) -> Any:
+    """`tapes` with positions `>= t` zeroed: what step t saw when it ran."""
+    def mask(tape):
+        before = jnp.arange(tape.shape[1]) < t
+        return jnp.where(before.reshape((1, -1) + (1,) * (tape.ndim - 2)), tape, 0)
+    return jax.tree.map(mask, tapes)
+
+
+def _scan(step, consts, carry, tapes, xs, flags):
+    """The forward pass of `tape_scan`, also returning each step's incoming carry."""
+    def body(state, inputs):
+        carry, tapes = state
+        t, x, flag = inputs
+        new_carry, writes, y = step(consts, carry, tapes, x, flag, t)
+        tapes = jax.tree.map(lambda tape, value: write_at(tape, t, value), tapes, writes)
+        return (new_carry, tapes), (y, carry)
+
+    length = jax.tree.leaves((xs, flags))[0].shape[0]
+    (carry, tapes), (ys, carries) = jax.lax.scan(body, (carry, tapes), (jnp.arange(length), xs, flags))
+    return carry, tapes, ys, carries
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _tape_scan(step, consts, carry, tapes, xs, flags):
+    return _scan(step, consts, carry, tapes, xs, flags)[:3]
+
+
+def _tape_scan_forward(step, consts, carry, tapes, xs, flags):
+    carry, tapes, ys, carries = _scan(step, consts, carry, tapes, xs, flags)
+    return (carry, tapes, ys), (consts, tapes, xs, flags, carries)
+
+
+def _tape_scan_backward(step, residuals, cotangents):
+    consts, final_tapes, xs, flags, carries = residuals
+    d_carry, d_tapes, d_ys = cotangents
+
+    def body(state, inputs):
+        d_consts, d_carry, d_tapes = state
+        t, x, flag, carry, d_y = inputs
+        seen = _visible(final_tapes, t)
+        _, step_vjp = jax.vjp(lambda k, c, v, x: step(k, c, v, x, flag, t), consts, carry, seen, x)
+        d_writes = jax.tree.map(lambda d: jax.lax.dynamic_index_in_dim(d, t, axis=1, keepdims=False), d_tapes)
+        d_k, d_carry, d_seen, d_x = step_vjp((d_carry, d_writes, d_y))
+        return ((jax.tree.map(jnp.add, d_consts[0], d_k[0]), None), d_carry, jax.tree.map(jnp.add, d_tapes, d_seen)), d_x
+
+    length = jax.tree.leaves((xs, flags))[0].shape[0]
+    start = ((jax.tree.map(jnp.zeros_like, consts[0]), None), d_carry, d_tapes)
+    (d_consts, d_carry, _), d_xs = jax.lax.scan(body, start, (jnp.arange(length), xs, flags, carries, d_ys), reverse=True)
+    return (d_consts[0], None), d_carry, None, d_xs, None
+
+
+_tape_scan.defvjp(_tape_scan_forward, _tape_scan_backward)
 
 
 class LSTMNCell(nnx.Module):
@@ -163,16 +273,18 @@ class LSTMNCell(nnx.Module):
         """Eqs. 7-9: `(h~_t [B, H], c~_t [B, H], s^t [B, L])` over the written positions."""
         query = self.input_attention(x) + self.summary_attention(tapes.summary)  # W_x x_t + W_h~ h~_{t-1}
         scores = jnp.tanh(tapes.keys + query[:, None, :]) @ self.v[...]  # a^t [B, L]
-        weights = masked_softmax(scores, tapes.written)  # s^t; empty tape (t = 1): zeros
+        weights = masked_softmax(scores, tapes.written > 0)  # s^t; empty tape (t = 1): zeros
         return jnp.einsum("BL,BLH->BH", weights, tapes.hidden), jnp.einsum("BL,BLH->BH", weights, tapes.memory), weights
 
-    def __call__(self, tapes: Tapes, x: Array, position: Array, real: Array, *, context: Array | None = None,
-                 fused_memory: Array | None = None) -> tuple[Tapes, Array, Array]:  # fmt: skip
-        """One step: `x [B, Din]` at `position`; rows where `real [B]` is False leave the tapes as they were.
+    def read(self, tapes: Tapes, x: Array, real: Array, *, context: Array | None = None,
+             fused_memory: Array | None = None) -> tuple[tuple[Array, ...], Array, Array, Array]:  # fmt: skip
+        """One step's reading of the tapes and its new state, without writing them.
 
+        `x [B, Din]`; rows where `real [B]` is False write zeros and keep their summary.
         `context [B, Dc]`: shallow fusion's gamma~_t, read by the gates; deep fusion's too (by r_t),
         with `fused_memory` alpha~_t [B, H] (eqs. 16-17).
-        Returns `(tapes, h_t [B, H], s^t [B, L])`.
+        Returns `(writes, summary, h_t [B, H], s^t [B, L])`: `writes` = (h_t, c_t, W_h h_t, 1) for the
+        tapes' next position (zeros in padding rows), `summary` = h~_t, the next step's h~_{t-1}.
         """
         summary, memory_summary, weights = self.intra_attention(tapes, x)
         extra = [] if context is None or self.fusion is not None else [context]
@@ -181,14 +293,17 @@ class LSTMNCell(nnx.Module):
         if self.fusion is not None:  # eqs. 16-17
             cell = cell + jax.nn.sigmoid(self.fusion(jnp.concatenate([context, x], axis=-1))) * fused_memory
         hidden = jax.nn.sigmoid(o) * jnp.tanh(cell)  # eq. 12
-        tapes = Tapes(
-            write_at(tapes.hidden, position, hidden, real),
-            write_at(tapes.memory, position, cell, real),
-            write_at(tapes.keys, position, self.key_proj(hidden), real),  # W_h h_t, once
-            write_at(tapes.written, position, real, real),
-            jnp.where(real[:, None], summary, tapes.summary),
-        )
-        return tapes, hidden, weights
+        keep = real[:, None]
+        writes = tuple(jnp.where(keep, value, 0.0) for value in (hidden, cell, self.key_proj(hidden)))  # W_h h_t, once
+        writes += (real.astype(tapes.written.dtype),)
+        return writes, jnp.where(keep, summary, tapes.summary), hidden, weights
+
+    def __call__(self, tapes: Tapes, x: Array, position: Array, real: Array, **fusion) -> tuple[Tapes, Array, Array]:
+        """One step that writes its state at `position`: `read`, then the writes; rows where `real [B]`
+        is False leave the tapes as they were. Returns `(tapes, h_t [B, H], s^t [B, L])`."""
+        writes, summary, hidden, weights = self.read(tapes, x, real, **fusion)
+        written = (write_at(tape, position, value, real) for tape, value in zip(tapes.positions, writes))
+        return Tapes(*written, summary), hidden, weights
 
 
 class LSTMNMemory(NamedTuple):
@@ -234,16 +349,18 @@ class LSTMN(nnx.Module):
     def _run_encoder_layer(self, cell: LSTMNCell, x: Array, mask: Array) -> Tapes:
         """One encoder layer over the whole source: `x [B, S, Din]` -> its full tapes."""
         batch, length, _ = x.shape
+        rebuild, params = split_arrays(cell)
 
-        def step(tapes, inputs):
-            position, x_t, real = inputs
-            tapes, hidden, weights = cell(tapes, x_t, position, real)
-            return tapes, (hidden, weights)
+        def step(params, summary, positions, x_t, real, t):
+            tapes = Tapes(*positions, summary)
+            (cell_copy,) = rebuild(params)
+            writes, summary, _, weights = cell_copy.read(tapes, x_t, real)
+            return summary, writes, weights
 
         start = empty_tapes(batch, length, cell.hidden_dim, cell.attention_dim)
-        tapes, (_, weights) = jax.lax.scan(jax.checkpoint(step), start, (jnp.arange(length), *time_major((x, mask))))
+        summary, positions, weights = tape_scan(step, params, start.summary, start.positions, *time_major((x, mask)))
         record_intra(cell, weights)
-        return tapes
+        return Tapes(*positions, summary)
 
     # -- the model interface ---------------------------------------------------
 
@@ -263,31 +380,6 @@ class LSTMN(nnx.Module):
         tapes = tuple(empty_tapes(batch_size, max_len, H, A) for _ in self.decoder_cells)
         return LSTMNDecodeState(tapes, jnp.zeros((batch_size, H)), jnp.array(0, jnp.int32))
 
-    def _step(self, memory: LSTMNMemory, embedded: Array, state: LSTMNDecodeState, real: Array, masks: tuple):
-        """Decoder step t:
-
-        1. inter-attention over the encoder's tapes from `x_t` (the previous word) and
-           gamma~_{t-1} (eqs. 13-15): the context gamma~_t and, for deep fusion, alpha~_t;
-        2. the first LSTMN layer with intra-attention over its own tapes (eqs. 7-12), reading the
-           context in its gates (shallow) or gating alpha~_t into its memory (deep, eqs. 16-17);
-        3. the layers above, each over its own tapes; the readout features `[h_t; gamma~_t]`.
-        Returns `(state, features [B, 2H], inter-attention weights [B, S], intra weights per layer)`.
-        """
-        query = jnp.concatenate([embedded, state.context], axis=-1)  # [x_t; gamma~_{t-1}]
-        context, weights = self.cross_attention(query, memory.keys, memory.hidden, memory.mask)  # 1. gamma~_t
-        fused = jnp.einsum("BS,BSH->BH", weights, memory.memory) if self.config.fusion == "deep" else None  # alpha~_t
-        x, new_tapes, intra = embedded, [], []
-        for index, (cell, tapes) in enumerate(zip(self.decoder_cells, state.tapes)):
-            if index > 0 and masks:
-                x = x * masks[index - 1]
-            arguments = dict(context=context, fused_memory=fused) if index == 0 else {}
-            tapes, x, layer_weights = cell(tapes, x, state.position, real, **arguments)  # 2., 3.
-            new_tapes.append(tapes)
-            intra.append(layer_weights)
-        context = jnp.where(real[:, None], context, state.context)
-        features = jnp.concatenate([x, context], axis=-1)
-        return LSTMNDecodeState(tuple(new_tapes), context, state.position + 1), features, weights, intra
-
     def _layer_masks(self, batch: int, length: int, deterministic: bool) -> tuple[Array, ...]:
         """Dropout masks `[B, T, H]` for the inputs of decoder layers 2.. (scaled; empty when deterministic)."""
         if deterministic or self.config.dropout_rate == 0.0:
@@ -305,13 +397,25 @@ class LSTMN(nnx.Module):
         real = targets != self.config.pad_id  # [B, T]
         masks = self._layer_masks(*targets.shape, deterministic)
 
-        def step(state, inputs):
-            x_t, real_t, layer_masks = inputs
-            state, features, weights, intra = self._step(memory, x_t, state, real_t, layer_masks)
-            return state, (features, weights, intra)
+        rebuild, params = split_arrays(self.cross_attention, *self.decoder_cells)
+        deep = self.config.fusion == "deep"
+
+        def step(consts, carry, positions, inputs, real_t, t):
+            params, memory = consts
+            cross_attention, *cells = rebuild(params)
+            context, summaries = carry
+            embedded_t, layer_masks = inputs
+            tapes = tuple(Tapes(*layer, summary) for layer, summary in zip(positions, summaries))
+            state = LSTMNDecodeState(tapes, context, t)
+            writes, summaries, context, features, weights, intra = decoder_step(
+                cells, cross_attention, deep, memory, embedded_t, state, real_t, layer_masks)  # fmt: skip
+            return (context, summaries), writes, (features, weights, intra)
 
         start = self.init_decode_state(memory, targets.shape[0], targets.shape[1])
-        _, (features, weights, intra) = jax.lax.scan(jax.checkpoint(step), start, time_major((embedded, real, masks)))
+        carry = (start.context, tuple(tapes.summary for tapes in start.tapes))
+        positions = tuple(tapes.positions for tapes in start.tapes)
+        _, _, (features, weights, intra) = tape_scan(
+            step, (params, memory), carry, positions, time_major((embedded, masks)), time_major(real))  # fmt: skip
         self.cross_attention.record(jnp.swapaxes(weights, 0, 1))  # [B, T, S]
         for cell, layer_weights in zip(self.decoder_cells, intra):
             record_intra(cell, layer_weights)
@@ -321,13 +425,48 @@ class LSTMN(nnx.Module):
     def decode_step(self, memory: LSTMNMemory, token: Array, state: LSTMNDecodeState) -> tuple[Array, LSTMNDecodeState]:
         """Next-token logits: `token [B]` (the previous output, bos first) -> `(logits [B, V], state)`."""
         real = jnp.ones(token.shape, bool)
-        state, features, _, _ = self._step(memory, self.target_embed(token), state, real, ())
-        return self._logits(features), state
+        writes, summaries, context, features, _, _ = decoder_step(
+            self.decoder_cells, self.cross_attention, self.config.fusion == "deep", memory, self.target_embed(token),
+            state, real, ())  # fmt: skip
+        tapes = tuple(
+            Tapes(*(write_at(tape, state.position, value) for tape, value in zip(tapes.positions, layer)), summary)
+            for tapes, layer, summary in zip(state.tapes, writes, summaries)
+        )
+        return self._logits(features), LSTMNDecodeState(tapes, context, state.position + 1)
 
     def _logits(self, features: Array) -> Array:
         """`[..., 2H] -> [..., V]`, in float32 or wider (float64 under x64, for gradient checks)."""
         logits = self.output(features)
         return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+
+
+def decoder_step(cells: Sequence[LSTMNCell], cross_attention: Attention, deep: bool, memory: LSTMNMemory, embedded: Array,
+             state: LSTMNDecodeState, real: Array, masks: tuple) -> tuple:
+    """Decoder step t of the decoder `cells` (deep fusion when `deep`), reading the tapes without writing them:
+
+    1. inter-attention over the encoder's tapes from `x_t` (the previous word) and
+       gamma~_{t-1} (eqs. 13-15): the context gamma~_t and, for deep fusion, alpha~_t;
+    2. the first LSTMN layer with intra-attention over its own tapes (eqs. 7-12), reading the
+       context in its gates (shallow) or gating alpha~_t into its memory (deep, eqs. 16-17);
+    3. the layers above, each over its own tapes; the readout features `[h_t; gamma~_t]`.
+    Returns `(writes per layer, summaries per layer, context, features [B, 2H], inter-attention
+    weights [B, S], intra weights per layer)`.
+    """
+    query = jnp.concatenate([embedded, state.context], axis=-1)  # [x_t; gamma~_{t-1}]
+    context, weights = cross_attention(query, memory.keys, memory.hidden, memory.mask)  # 1. gamma~_t
+    fused = jnp.einsum("BS,BSH->BH", weights, memory.memory) if deep else None  # alpha~_t
+    x, writes, summaries, intra = embedded, [], [], []
+    for index, (cell, tapes) in enumerate(zip(cells, state.tapes)):
+        if index > 0 and masks:
+            x = x * masks[index - 1]
+        arguments = dict(context=context, fused_memory=fused) if index == 0 else {}
+        layer_writes, summary, x, layer_weights = cell.read(tapes, x, real, **arguments)  # 2., 3.
+        writes.append(layer_writes)
+        summaries.append(summary)
+        intra.append(layer_weights)
+    context = jnp.where(real[:, None], context, state.context)
+    features = jnp.concatenate([x, context], axis=-1)
+    return tuple(writes), tuple(summaries), context, features, weights, intra
 
 
 def record_intra(cell: LSTMNCell, weights: Array) -> None:

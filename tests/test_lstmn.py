@@ -12,7 +12,7 @@ import decoding
 import models
 from errors import ConfigError
 from models.attention import AttentionRole, attention_roles, capture_attention
-from models.lstmn import LSTMNDecodeState, LSTMNMemory, Tapes
+from models.lstmn import LSTMNDecodeState, LSTMNMemory, Tapes, tape_scan, write_at
 
 V, E, H, A = 13, 5, 6, 7
 
@@ -227,6 +227,46 @@ def test_gradient_through_the_tapes_matches_finite_differences():
     with jax.enable_x64():
         params64 = jax.tree.map(lambda p: p.astype(jnp.float64), params)
         check_grads(loss, (params64,), order=1, modes=["rev"], atol=1e-4, rtol=1e-4)
+
+
+def test_tape_scan_gradient_equals_autodiff_through_a_scan_that_carries_the_tapes():
+    """`tape_scan`'s custom backward pass (tapes read off the final ones) against JAX's own
+    differentiation of a plain scan with the tapes in its carry, on a step that attends over the
+    positions written so far, with a bool mask among its constants and padding flags."""
+    L, B, D = 5, 2, 3
+    rng = np.random.default_rng(0)
+    weight, start, xs = (jnp.asarray(rng.normal(size=shape)) for shape in [(D, D), (B, D), (L, B, D)])
+    keep = jnp.asarray([True, False, True])  # a constant with no gradient
+    real = jnp.asarray(np.arange(L)[:, None] < np.array([5, 3]))  # [L, B]: the second row is padded
+
+    def step(consts, carry, tape, x, flag, t):
+        weight, keep = consts
+        seen = jnp.arange(L) < t
+        scores = jnp.where(seen, jnp.einsum("BLD,BD->BL", tape, carry), -1e9)
+        read = jnp.einsum("BL,BLD->BD", jnp.where(seen, jax.nn.softmax(scores), 0.0), tape)
+        new = jnp.tanh((x + read + carry) @ weight) * keep
+        new = jnp.where(flag[:, None], new, 0.0)
+        return jnp.where(flag[:, None], new, carry), new, jnp.sum(new**2, -1)
+
+    def plain(weight, start, xs):
+        def body(state, inputs):
+            carry, tape = state
+            t, x, flag = inputs
+            carry, writes, y = step((weight, keep), carry, tape, x, flag, t)
+            return (carry, write_at(tape, t, writes)), y
+
+        (carry, tape), ys = jax.lax.scan(body, (start, jnp.zeros((B, L, D))), (jnp.arange(L), xs, real))
+        return jnp.sum(carry) + jnp.sum(jnp.sin(tape)) + jnp.sum(ys * jnp.arange(1, L + 1)[:, None])
+
+    def taped(weight, start, xs):
+        carry, tape, ys = tape_scan(step, (weight, keep), start, jnp.zeros((B, L, D)), xs, real)
+        return jnp.sum(carry) + jnp.sum(jnp.sin(tape)) + jnp.sum(ys * jnp.arange(1, L + 1)[:, None])
+
+    with jax.enable_x64():
+        arguments = tuple(a.astype(jnp.float64) for a in (weight, start, xs))
+        np.testing.assert_allclose(taped(*arguments), plain(*arguments), rtol=1e-12)
+        for ours, reference in zip(jax.grad(taped, (0, 1, 2))(*arguments), jax.grad(plain, (0, 1, 2))(*arguments)):
+            np.testing.assert_allclose(ours, reference, rtol=1e-10, atol=1e-12)
 
 
 def test_bad_fields_are_named():
