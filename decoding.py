@@ -4,7 +4,8 @@ methods decodes, NNX module or not.
 
 All are compiled with `lax.while_loop` and work on batches. Each row may emit
 at most `max_lengths[b]` tokens, eos included (evaluation uses the source
-length plus `decode.max_length_offset`). At a row's last allowed step eos is
+length plus `decode.max_length_offset`; an image has no length: its caption may
+take the whole decoded `length`). At a row's last allowed step eos is
 the only choice, and it is charged its real log-probability: a hypothesis cut
 at the cap pays for ending there, as one that ends on its own does. Pad and
 bos are never produced. Rows are independent: a padded batch searches as each
@@ -244,12 +245,16 @@ def decode(
     top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[Array, Array]:  # fmt: skip
     """The configured decoding (`config.decode`): beam search (greedy for a beam of one) or sampling,
-    with outputs of at most the source length + `max_length_offset` tokens.
+    with outputs of at most the source length + `max_length_offset` tokens (token sources `[B, S]`)
+    or `length` tokens (images `[B, H, W, C]`, feature grids `[B, L, D]`).
 
     Returns:
       `(tokens [B, N, length], scores [B, N])` with N = `num_hypotheses` (1 when sampling).
     """
-    max_lengths = source_lengths(inputs) + max_length_offset
+    if inputs.ndim == 2:
+        max_lengths = source_lengths(inputs) + max_length_offset
+    else:
+        max_lengths = jnp.full(inputs.shape[:1], length, jnp.int32)
     if method == "sample":
         tokens, scores = sample(model, inputs, max_lengths, length, key=key, temperature=temperature, top_k=top_k, top_p=top_p)
         return tokens[:, None], scores[:, None]

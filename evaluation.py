@@ -8,7 +8,10 @@ split is then evaluated in one pass over its batches:
 - the task metric of the decoded text (`exact_match`, `bleu`, ...) over every
   example, or the first `max_decoded`;
 - `alignment_accuracy` where the task knows its alignments, per attention
-  module over the source and their mean.
+  module over the source and their mean;
+- `localization_accuracy` where a captioning task knows its words' boxes (and
+  the captions are read word by word, `tokenizer.kind="word"`): see
+  `metrics.localization_counts`.
 
 `evaluate(config, workdir)` (`--mode=eval`) and `predict(config, workdir)`
 (`--mode=predict`) restore a checkpoint's parameters, or the mean of the last
@@ -35,7 +38,7 @@ from models.attention import AttentionRole, attention_roles, capture_attention
 import reporting
 from errors import ConfigError
 from reporting import Reporter
-from run_setup import Run, gathered, prepare_run
+from run_setup import Run, gathered, output_length, prepare_run
 from vocabularies import EOS_ID, PAD_ID
 
 
@@ -46,7 +49,7 @@ class Evaluator:
         self.run = run
         config = run.config
         params_sharding, batch_sharding = run.replicated, run.batch_sharding
-        self.output_length = config.data.max_source_length + config.decode.max_length_offset
+        self.output_length = output_length(config)
 
         def loss_sums(params, batch) -> dict:
             return metrics.token_sums(run.model(params)(batch, deterministic=True), batch["targets"])
@@ -61,7 +64,10 @@ class Evaluator:
         self.decode = jax.jit(decode, in_shardings=(params_sharding, batch_sharding, None))
         self.sampling_key = jax.random.key(config.seed + 3)  # sampling: one key per batch, folded from here
         self.attention = jax.jit(attention, in_shardings=(params_sharding, batch_sharding))
-        self.roles = attention_roles(nnx.merge(run.graphdef, run.params, run.rngs))
+        model = nnx.merge(run.graphdef, run.params, run.rngs)
+        self.roles = attention_roles(model)
+        self.cell_centres = getattr(model, "cell_centres", None)  # captioning: where each annotation lies
+        self.grid_shape = getattr(model, "grid_shape", None)
 
     def batches(self, split: str) -> Iterator[tuple[dict, np.ndarray, dict]]:
         """`(global batch of inputs and targets, record index of every row (-1: padding), local batch)`."""
@@ -87,6 +93,21 @@ class Evaluator:
         ]  # fmt: skip
         return tokens[:, 0], texts
 
+    def localization(self, params: nnx.State, batch: dict, decoded: jax.Array, boxes: np.ndarray, index: np.ndarray) -> tuple[int, int]:
+        """`(localised words, words scored)` of the generated captions `decoded [B, T]` of a batch
+        (their own attention, from a teacher-forced pass) against the true boxes `[B, K, 4]`."""
+        weights = self.attention(params, {"inputs": batch["inputs"], "targets": decoded})
+        (cross,) = [gathered(v).mean(axis=1) for k, v in weights.items() if self.roles[k] is AttentionRole.CROSS]  # [B, T, L]
+        captions = gathered(decoded)
+        height, width = batch["inputs"].shape[1:3]
+        centres = self.cell_centres(height, width)
+        hits = total = 0
+        for row in np.flatnonzero(index >= 0):
+            words = int(np.argmax(captions[row] == EOS_ID)) if (captions[row] == EOS_ID).any() else captions.shape[1]
+            row_hits, row_total = metrics.localization_counts(cross[row], words, boxes[row], centres)
+            hits, total = hits + row_hits, total + row_total
+        return hits, total
+
     def alignment_scores(self, params: nnx.State, batch: dict, spans: np.ndarray, index: np.ndarray) -> dict[str, list[float]]:
         """Per cross-attention module: the alignment accuracy of each real row of a teacher-forced pass
         (heads averaged) against the task's true spans `[B, K, 4]`."""
@@ -108,12 +129,17 @@ def evaluate_split(
       `(metrics, [(record index, [(hypothesis text, score)] best first)])`.
     """
     run = evaluator.run
-    totals, decoded, alignment = None, [], {}
+    totals, decoded, alignment, localized = None, [], {}, np.zeros(2, np.int64)
+    localizing = run.task.boxes is not None and run.config.tokenizer.kind == "word" and evaluator.cell_centres is not None
     for number, (batch, index, local) in enumerate(evaluator.batches(split)):
         sums = evaluator.loss_sums(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         if max_decoded == 0 or len(decoded) < max_decoded:
-            decoded += evaluator.hypotheses(params, batch, index, number)[1]
+            best, texts = evaluator.hypotheses(params, batch, index, number)
+            decoded += texts
+            if localizing:
+                boxes = gathered(run.global_batch({"boxes": local["boxes"]})["boxes"])
+                localized += evaluator.localization(params, batch, best, boxes, index)
         if run.task.alignment is not None:
             spans = gathered(run.global_batch({"alignment": local["alignment"]})["alignment"])
             for module, scores in evaluator.alignment_scores(params, batch, spans, index).items():
@@ -123,6 +149,9 @@ def evaluate_split(
     results.update(text_metrics(run, split, best_of(decoded)))
     results["decoded_examples"] = len(decoded)
     results.update(alignment_results(alignment))
+    if localizing:
+        results["localization_accuracy"] = float(localized[0] / max(localized[1], 1))
+        results["localized_words"] = int(localized[1])
     return results, decoded
 
 
@@ -133,9 +162,13 @@ def best_of(decoded: list[tuple[int, list[tuple[str, float]]]]) -> list[tuple[in
 
 def text_metrics(run: Run, split: str, decoded: list[tuple[int, str]]) -> dict:
     """The task metric of the hypotheses against their references."""
+    hypotheses = [h for _, h in decoded]
+    if run.task.metric == "caption":  # several references per image
+        references = run.task.references(split, [i for i, _ in decoded])
+        return metrics.caption_metrics(hypotheses, references, run.config.metrics.bleu_tokenize)
     records = run.task.splits[split]
     references = [run.task.pair(records[i])[1] for i, _ in decoded]
-    return metrics.text_metrics(run.task.metric, [h for _, h in decoded], references, run.config.metrics.bleu_tokenize)
+    return metrics.text_metrics(run.task.metric, hypotheses, references, run.config.metrics.bleu_tokenize)
 
 
 def alignment_results(alignment: dict[str, list[float]]) -> dict:
@@ -159,11 +192,18 @@ def draw_attention(evaluator: Evaluator, params: nnx.State, split: str, step: in
     if not run.is_chief:
         return
     pictures = {}
+    directory = run.workdir / "attention" / f"step_{step}"
     for row in range(min(count, int((index >= 0).sum()))):
-        source = inputs[row][inputs[row] != PAD_ID]
         output = hypotheses[row][: int(np.argmax(hypotheses[row] == EOS_ID)) + 1]
+        if run.task.inputs == "image":
+            (cross,) = [v[row].mean(axis=0) for k, v in weights.items() if evaluator.roles[k] is AttentionRole.CROSS]
+            grid = evaluator.grid_shape(*inputs.shape[1:3])
+            pictures.update(visualize.draw_image_attention(
+                directory, f"example_{row}", inputs[row], cross[: len(output)], grid, run.tokens.target.pieces(output)))
+            continue
+        source = inputs[row][inputs[row] != PAD_ID]
         pictures.update(visualize.draw_example(
-            run.workdir / "attention" / f"step_{step}", f"example_{row}",
+            directory, f"example_{row}",
             visualize.example_weights(weights, evaluator.roles, row, len(source), len(output)), evaluator.roles,
             run.tokens.source.pieces(source), run.tokens.target.pieces(output),
             self_attention=run.config.visualize_self_attention,
@@ -231,10 +271,12 @@ def predict(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
     path = run.workdir / "predictions" / f"step_{step}.tsv"
     if run.is_chief:
         records = run.task.splits[split]
-        reporting.write_predictions(path, [(*run.task.pair(records[index]), hypothesis) for index, hypothesis in best_of(decoded)])
+        source = lambda i: f"{split}[{i}]" if run.task.inputs == "image" else run.task.pair(records[i])[0]  # noqa: E731
+        reporting.write_predictions(path, [(source(i), run.task.pair(records[i])[1], hypothesis) for i, hypothesis in best_of(decoded)])
         if config.decode.num_hypotheses > 1:
-            reporting.write_n_best(path.with_suffix(".nbest.tsv"), [(run.task.pair(records[i])[0], n_best) for i, n_best in decoded])
-        results["by_source_length"] = scores_by_length(run, split, best_of(decoded), config.length_bucket_width)
+            reporting.write_n_best(path.with_suffix(".nbest.tsv"), [(source(i), n_best) for i, n_best in decoded])
+        if run.task.inputs == "text":
+            results["by_source_length"] = scores_by_length(run, split, best_of(decoded), config.length_bucket_width)
     report(run, step, {name: results})
     return path
 

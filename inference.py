@@ -4,6 +4,7 @@
     translator.translate(["3rd of March, 2021"], beam_size=4)      # -> ["2021-03-03"]
     translator.score(["3rd of March, 2021"], ["2021-03-03"])       # -> summed log-probabilities, eos included
     translator.attention("3rd of March, 2021")                     # -> {module: weights [N, T, S]}
+    captioner.translate(images)                # a captioning run: images [H, W] or [H, W, C] uint8 -> captions
 
     python inference.py --workdir=runs/X --text "3rd of March, 2021" [--self_attention]
 
@@ -31,7 +32,8 @@ import reporting
 import visualize
 from errors import ConfigError, DataError, UserError
 from models.attention import attention_roles, capture_attention
-from run_setup import Run, prepare_run, read_run_config
+from run_setup import Run, output_length, prepare_run, read_run_config
+from tasks import inputs_of
 from vocabularies import EOS_ID, PAD_ID
 
 BATCH_ROWS = 32  # sources decoded together; batches are padded to this many rows (one compilation)
@@ -44,6 +46,7 @@ class Translator:
         self.run, self.step, self.params = run, step, params
         self.roles = attention_roles(run.model(params))
         self._searches: dict[tuple, object] = {}  # compiled searches by decode settings
+        self.reads_images = inputs_of(run.config.task.name) == "image"  # a captioning run: sources are images
 
     @property
     def config(self) -> ml_collections.ConfigDict:
@@ -84,36 +87,53 @@ class Translator:
         """The search compiled for these decode settings (kept on this translator, one per settings)."""
         if settings not in self._searches:
             run, options = self.run, decoding.options(ml_collections.ConfigDict(dict(settings)))
-            output_length = self.config.data.max_source_length + options["max_length_offset"]
+            length = output_length(self.config, options["max_length_offset"])
 
             @jax.jit
             def search(params, inputs, key):
-                return decoding.decode(run.model(params), inputs, length=output_length, key=key, **options)
+                return decoding.decode(run.model(params), inputs, length=length, key=key, **options)
 
             self._searches[settings] = search
         return self._searches[settings]
 
-    def translate(self, sources: Sequence[str], **decode_options) -> list[str]:
-        """The model's output for each source, with the run's `config.decode` unless options
-        (`beam_size=4`, `length_penalty=0.6`, `method="sample"`, `temperature=0.7`, ...) say otherwise."""
+    def _source_rows(self, sources: Sequence) -> list[np.ndarray]:
+        """Token ids of each source text, or each source image as `[H, W, C]`."""
+        if not self.reads_images:
+            return self._source_ids(sources)
+        images = [np.asarray(image) for image in sources]
+        return [image[..., None] if image.ndim == 2 else image for image in images]
+
+    def _source_batch(self, rows: Sequence[np.ndarray]) -> np.ndarray:
+        if not self.reads_images:
+            return self._padded(rows)
+        if len({row.shape for row in rows}) > 1:
+            raise UserError(f"images of one call must have one shape, got {sorted({row.shape for row in rows})}")
+        batch = np.zeros((max(BATCH_ROWS, len(rows)), *rows[0].shape), rows[0].dtype)
+        batch[: len(rows)] = rows
+        return batch
+
+    def translate(self, sources: Sequence, **decode_options) -> list[str]:
+        """The model's output for each source (text, or for a captioning run an image), with the run's
+        `config.decode` unless options (`beam_size=4`, `length_penalty=0.6`, `method="sample"`,
+        `temperature=0.7`, ...) say otherwise."""
         return [hypotheses[0][0] for hypotheses in self.n_best(sources, **decode_options)]
 
-    def n_best(self, sources: Sequence[str], **decode_options) -> list[list[tuple[str, float]]]:
+    def n_best(self, sources: Sequence, **decode_options) -> list[list[tuple[str, float]]]:
         """The `num_hypotheses` best outputs of each source with their scores, best first."""
         return [
             [(self.run.tokens.target.decode(ids), score) for ids, score in hypotheses]
             for hypotheses in self.translate_ids(sources, **decode_options)
         ]
 
-    def translate_ids(self, sources: Sequence[str], **decode_options) -> list[list[tuple[np.ndarray, float]]]:
+    def translate_ids(self, sources: Sequence, **decode_options) -> list[list[tuple[np.ndarray, float]]]:
         """As `n_best`, with output ids ending in eos instead of text."""
         search = self._search(self._decode_settings(decode_options))
         key = jax.random.key(self.config.seed + 3)
         outputs = []
-        source_ids = self._source_ids(sources)
-        for start in range(0, len(source_ids), BATCH_ROWS):
-            chunk = source_ids[start : start + BATCH_ROWS]
-            tokens, scores = search(self.params, jnp.asarray(self._padded(chunk)), jax.random.fold_in(key, start))
+        rows = self._source_rows(sources)
+        for start in range(0, len(rows), BATCH_ROWS):
+            chunk = rows[start : start + BATCH_ROWS]
+            tokens, scores = search(self.params, jnp.asarray(self._source_batch(chunk)), jax.random.fold_in(key, start))
             for row_tokens, row_scores in zip(np.asarray(tokens)[: len(chunk)], np.asarray(scores)[: len(chunk)]):
                 outputs.append([
                     (ids[: int(np.argmax(ids == EOS_ID)) + 1], float(score))
@@ -133,14 +153,14 @@ class Translator:
 
         return log_probs
 
-    def score(self, sources: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+    def score(self, sources: Sequence, targets: Sequence[str]) -> np.ndarray:
         """`log P(target | source)` of each pair, summed over the target's tokens, eos included: `[len(sources)]`."""
         if len(sources) != len(targets):
             raise UserError(f"score needs as many targets as sources, got {len(targets)} and {len(sources)}")
-        source_ids, target_ids = self._source_ids(sources), self._target_ids(targets)
+        source_ids, target_ids = self._source_rows(sources), self._target_ids(targets)
         scores = []
         for start in range(0, len(source_ids), BATCH_ROWS):
-            inputs = self._padded(source_ids[start : start + BATCH_ROWS])
+            inputs = self._source_batch(source_ids[start : start + BATCH_ROWS])
             outputs = self._padded(target_ids[start : start + BATCH_ROWS])
             batch = {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(outputs)}
             scores.append(np.asarray(self._log_probs(self.params, batch))[: len(source_ids[start : start + BATCH_ROWS])])

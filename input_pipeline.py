@@ -17,7 +17,9 @@ Batches are dicts of int32 numpy arrays: `inputs [B, S]`, `targets [B, T]`,
 with packing also `inputs_segment_ids`, `inputs_positions`,
 `targets_segment_ids`, `targets_positions`; eval batches also carry `index`
 (the record index, -1 for padding rows) and, where the task has them, its
-`alignment` spans (see `tasks.Task.alignment`). `B` is the per-process batch.
+`alignment` spans (see `tasks.Task.alignment`) or its caption's `boxes`.
+`B` is the per-process batch. An image task's `inputs` are its images,
+uint8 `[B, H, W, C]`, bucketed by caption length (no packing).
 """
 
 from __future__ import annotations
@@ -81,25 +83,36 @@ class PipelineSettings:
 
 
 def encoder(task: Task, tokenizers: Tokenizers, max_source_length: int, max_target_length: int) -> Callable:
-    """record -> `{'inputs', 'targets'}` int32 ids ending in eos, trimmed to the limits."""
+    """record -> `{'inputs', 'targets'}`: int32 ids ending in eos, trimmed to the limits (an image
+    task's `inputs`: its image `[H, W, C]`)."""
 
     def encode(record: Mapping[str, Any]) -> Batch:
         source, target = task.pair(record)
+        targets = np.append(tokenizers.target.encode(target)[: max_target_length - 1], EOS_ID).astype(np.int32)
+        if task.inputs == "image":
+            return {"inputs": task.image(record), "targets": targets}
         inputs = tokenizers.source.encode(source)[: max_source_length - 1]
-        targets = tokenizers.target.encode(target)[: max_target_length - 1]
-        return {"inputs": np.append(inputs, EOS_ID).astype(np.int32), "targets": np.append(targets, EOS_ID).astype(np.int32)}
+        return {"inputs": np.append(inputs, EOS_ID).astype(np.int32), "targets": targets}
 
     return encode
 
 
 def example_lengths(task: Task, split: str, tokenizers: Tokenizers) -> np.ndarray:
-    """`[N, 2]` source and target lengths in tokens, eos included (one tokenizing pass)."""
+    """`[N, 2]` source and target lengths in tokens, eos included (one tokenizing pass); an image
+    counts as a source of length 1."""
     records = task.splits[split]
     lengths = np.zeros((len(records), 2), np.int64)
     for i in range(len(records)):
         source, target = task.pair(records[i])
-        lengths[i] = len(tokenizers.source.encode(source)) + 1, len(tokenizers.target.encode(target)) + 1
+        source_length = 1 if task.inputs == "image" else len(tokenizers.source.encode(source)) + 1
+        lengths[i] = source_length, len(tokenizers.target.encode(target)) + 1
     return lengths
+
+
+def padded_lengths(task: Task, settings: PipelineSettings) -> dict[str, int]:
+    """The token keys of a batch and their longest lengths (an image has its own fixed shape)."""
+    limits = {"inputs": settings.max_source_length, "targets": settings.max_target_length}
+    return {"targets": limits["targets"]} if task.inputs == "image" else limits
 
 
 def select(lengths: np.ndarray, settings: PipelineSettings, policy: str, what: str) -> tuple[np.ndarray, dict]:
@@ -266,7 +279,9 @@ def train_dataset(
         )
     encode = encoder(task, tokenizers, settings.max_source_length, settings.max_target_length)
     lengths = np.minimum(lengths, [[settings.max_source_length, settings.max_target_length]])  # after trimming
-    limits = {"inputs": settings.max_source_length, "targets": settings.max_target_length}
+    limits = padded_lengths(task, settings)
+    if settings.batching == "pack" and task.inputs == "image":
+        raise ConfigError(f"task {task.name} reads images, which do not pack; set data.batching='bucket'")
     if settings.batching == "pack":
 
         def plan(epoch: int) -> list:
@@ -310,15 +325,18 @@ def eval_batches(
     indices = shard(np.arange(len(records)), process_index, process_count)
     num_batches = -(-len(records) // settings.batch_size)
     encode = encoder(task, tokenizers, settings.max_source_length, settings.max_target_length)
-    limits = {"inputs": settings.max_source_length, "targets": settings.max_target_length}
+    limits = padded_lengths(task, settings)
+    extras = {name: get for name, get in (("alignment", task.alignment), ("boxes", task.boxes)) if get is not None}
     empty = np.zeros(0, np.int32)
     blank = {"inputs": empty, "targets": empty, "index": np.int32(-1)}
-    if task.alignment is not None:  # spans [K, 4]; a padding row's are empty, so nothing of it is scored
-        blank["alignment"] = np.zeros_like(task.alignment(records[0]))
+    if task.inputs == "image":
+        blank["inputs"] = np.zeros_like(task.image(records[0]))
+    for name, get in extras.items():  # alignment spans [K, 4], boxes [K, 4]: a padding row's score nothing
+        blank[name] = np.full_like(get(records[0]), 0 if name == "alignment" else -1)
 
     def example(index: int) -> Batch:
-        extras = {} if task.alignment is None else {"alignment": task.alignment(records[index])}
-        return {**encode(records[index]), "index": np.int32(index), **extras}
+        found = {name: get(records[index]) for name, get in extras.items()}
+        return {**encode(records[index]), "index": np.int32(index), **found}
 
     def batch(number: int) -> Batch:
         examples = [example(i) for i in indices[number * rows : (number + 1) * rows]]

@@ -100,8 +100,26 @@ def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, s
     return score.score, str(metric.get_signature())
 
 
+def caption_metrics(hypotheses: Sequence[str], references: Sequence[Sequence[str]], tokenize: str = "13a") -> dict:
+    """Captioning's metrics over several references per hypothesis: corpus BLEU-1 to BLEU-4
+    (sacreBLEU, `bleu` = BLEU-4, as Xu et al. report them) and exact match with any reference."""
+    streams = max(map(len, references), default=1)
+    padded = [list(refs) + [None] * (streams - len(refs)) for refs in references]  # sacreBLEU skips None
+    results = {}
+    for order in range(1, 5):
+        metric = sacrebleu.BLEU(tokenize=tokenize, max_ngram_order=order)
+        results[f"bleu_{order}"] = metric.corpus_score(list(hypotheses), [list(s) for s in zip(*padded)]).score
+    results["bleu"] = results["bleu_4"]
+    results["bleu_signature"] = str(metric.get_signature())
+    results["exact_match"] = sum(h in refs for h, refs in zip(hypotheses, references, strict=True)) / max(len(references), 1)
+    return results
+
+
 def text_metrics(task_metric: str, hypotheses: Sequence[str], references: Sequence[str], bleu_tokenize: str = "13a") -> dict:
-    """The task metric of decoded text: exact match (and symbol accuracy), or BLEU and chrF with their signatures."""
+    """The task metric of decoded text: exact match (and symbol accuracy), BLEU and chrF with their
+    signatures, or captioning's BLEU-1..4 (`caption`, one reference each; see `caption_metrics`)."""
+    if task_metric == "caption":
+        return caption_metrics(hypotheses, [[r] for r in references], bleu_tokenize)
     if task_metric == "exact_match":
         return {
             "exact_match": exact_match(hypotheses, references),
@@ -133,3 +151,25 @@ def alignment_accuracy(weights, spans) -> float:
             hits += int(source_start <= int(np.argmax(weights[position])) < source_end)
             total += 1
     return hits / max(total, 1)
+
+
+def localization_counts(weights, words: int, boxes, centres) -> tuple[int, int]:
+    """`(localised words, words scored)` of one generated caption: when it has as many words as the
+    image has boxes, the i-th word is matched with the i-th box, and counts as localised when the
+    centre of its most-attended annotation cell lies inside that box. Otherwise nothing is scored.
+
+    Args:
+      weights: `[T, L]` the caption's attention over the annotation grid (a word per step).
+      words: the caption's words (its steps before eos).
+      boxes: `[K, 4]` `(x0, y0, x1, y1)` in pixels, end exclusive, -1 rows: none.
+      centres: `[L, 2]` each cell's centre `(x, y)` in pixels.
+    """
+    boxes = np.asarray(boxes)
+    boxes = boxes[boxes[:, 0] >= 0]
+    if words != len(boxes) or words == 0:
+        return 0, 0
+    hits = 0
+    for step, (x0, y0, x1, y1) in enumerate(boxes):
+        x, y = centres[int(np.argmax(weights[step]))]
+        hits += int(x0 <= x < x1 and y0 <= y < y1)
+    return hits, words

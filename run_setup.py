@@ -87,6 +87,8 @@ def load_task_and_tokenizers(config: ml_collections.ConfigDict, workdir: Path) -
         task = tasks.load_task(config.task.name, config.data_dir, **params)
         train = task.splits["train"]
         pairs = (task.pair(train[i]) for i in range(len(train)))
+        if task.inputs == "image":  # no source text: the (unused) source tokenizer learns the captions too
+            pairs = ((target, target) for _, target in pairs)
         return task, vocabularies.load_or_train(workdir / "tokenizer", vocabularies.TokenizerSettings.from_config(config), pairs)
 
     chief = jax.process_index() == 0
@@ -309,6 +311,7 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: b
     if config.early_stopping_patience < 0:
         raise ConfigError(f"early_stopping_patience must not be negative, got {config.early_stopping_patience}")
     model = models.checked_config(config.model.name, **{k: v for k, v in config.model.to_dict().items() if k != "name"})
+    check_inputs(config)
     if getattr(model, "share_embeddings", False) and not config.tokenizer.shared:
         raise ConfigError(
             "model.share_embeddings=True needs one vocabulary for source and target, but tokenizer.shared=False "
@@ -345,6 +348,40 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: b
         )
 
 
+def check_inputs(config: ml_collections.ConfigDict) -> None:
+    """The task's sources (text or images) are what the model reads; images come in bucketed batches."""
+    task_inputs = tasks.inputs_of(config.task.name)
+    model_inputs = "image" if config.model.name in models.IMAGE_MODELS else "text"
+    if task_inputs != model_inputs:
+        raise ConfigError(
+            f"task {config.task.name!r} has {task_inputs} sources, but model {config.model.name!r} reads {model_inputs}; "
+            f"pair a captioning task with model.name='captioner' and a text task with a translation model"
+        )
+    if task_inputs == "image" and config.data.batching != "bucket":
+        raise ConfigError(f"task {config.task.name!r} reads images, which do not pack; set data.batching='bucket'")
+
+
+def check_task_images(task: tasks.Task, config: ml_collections.ConfigDict) -> None:
+    """An image task's images have the channels the model reads (checked on the first train image)."""
+    if task.inputs != "image" or config.model.get("inputs", "pixels") != "pixels":
+        return
+    shape = task.image(task.splits["train"][0]).shape
+    if len(shape) != 3 or shape[-1] != config.model.channels:
+        raise ConfigError(
+            f"task {task.name}'s images have shape {shape} (height, width, channels), but model.channels = "
+            f"{config.model.channels}; set model.channels={shape[-1]}"
+        )
+
+
+def output_length(config: ml_collections.ConfigDict, max_length_offset: int | None = None) -> int:
+    """The longest decoded output: the source length plus `decode.max_length_offset` (or the one
+    given), or for image sources (which have no length) `data.max_target_length`."""
+    if tasks.inputs_of(config.task.name) == "image":
+        return config.data.max_target_length
+    offset = config.decode.max_length_offset if max_length_offset is None else max_length_offset
+    return config.data.max_source_length + offset
+
+
 def prepare_run(
     config: ml_collections.ConfigDict,
     workdir: str | Path,
@@ -362,6 +399,7 @@ def prepare_run(
     if with_data:
         workdir.mkdir(parents=True, exist_ok=True)
         task, tokens = load_task_and_tokenizers(config, workdir)
+        check_task_images(task, config)
     else:
         task, tokens = None, vocabularies.load_or_train(workdir / "tokenizer", vocabularies.TokenizerSettings.from_config(config))
     graphdef, params, rngs = split_model(build_model(config, tokens))

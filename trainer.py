@@ -14,6 +14,7 @@ before it, stays the last good one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -36,7 +37,7 @@ from reporting import Reporter
 from run_setup import Run, check_resume, prepare_run
 from stopping import StopSignals
 
-TrainState = dict  # {"step": int32 [], "params": nnx.State, "opt_state": optax state}
+TrainState = dict  # {"step": int32 [], "params": nnx.State, "opt_state": optax state[, "model_state": dict]}
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -88,29 +89,38 @@ def make_train_step(run: Run, tx: optax.GradientTransformation) -> Callable[[Tra
     accumulate = config.grad_accum_steps
     smoothing = config.label_smoothing
 
-    def loss_sums(params, batch, key):
+    def loss_sums(params, model_state, batch, key):
+        """The summed loss to minimise, with `(token sums, next model state)`: the smoothed token
+        loss, or the model's own `objective` where it has one (the captioner's regularisers and
+        hard attention's estimator, whose moving-average baseline is its model state)."""
         model = run.model(params)
         nnx.reseed(model, dropout=key)
-        logits = model(batch, deterministic=False)
-        sums = metrics.token_sums(logits, batch["targets"], smoothing)
-        return sums["smoothed_loss_sum"], sums
+        if hasattr(model, "objective"):
+            token_sums = functools.partial(metrics.token_sums, label_smoothing=smoothing)
+            loss, sums, model_state = model.objective(batch, model_state, jax.random.fold_in(key, 1), token_sums)
+            return loss, (sums, model_state)
+        sums = metrics.token_sums(model(batch, deterministic=False), batch["targets"], smoothing)
+        return sums["smoothed_loss_sum"], (sums, model_state)
 
     grad_fn = jax.grad(loss_sums, has_aux=True)
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         key = jax.random.fold_in(dropout_seed, state["step"])
+        model_state = state.get("model_state", {})
         if accumulate == 1:
-            grads, sums = grad_fn(state["params"], batch, key)
+            grads, (sums, model_state) = grad_fn(state["params"], model_state, batch, key)
         else:
             micro = jax.tree.map(lambda x: x.reshape(accumulate, -1, *x.shape[1:]), batch)  # [K, B/K, ...]
 
             def add(carry, inputs):
+                total, model_state = carry
                 index, microbatch = inputs
-                grads, sums = grad_fn(state["params"], microbatch, jax.random.fold_in(key, index))
-                return jax.tree.map(jnp.add, carry, (grads, sums)), None
+                grads, (sums, model_state) = grad_fn(state["params"], model_state, microbatch, jax.random.fold_in(key, index))
+                return (jax.tree.map(jnp.add, total, (grads, sums)), model_state), None
 
-            zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, state["params"], batch, key))
-            (grads, sums), _ = jax.lax.scan(add, zeros, (jnp.arange(accumulate), micro))
+            grad_shapes, (sum_shapes, _) = jax.eval_shape(grad_fn, state["params"], model_state, jax.tree.map(lambda x: x[0], micro), key)
+            zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), (grad_shapes, sum_shapes))
+            ((grads, sums), model_state), _ = jax.lax.scan(add, (zeros, model_state), (jnp.arange(accumulate), micro))
         tokens = jnp.maximum(sums["tokens"], 1.0)
         grads = jax.tree.map(lambda g: g / tokens, grads)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -124,7 +134,10 @@ def make_train_step(run: Run, tx: optax.GradientTransformation) -> Callable[[Tra
             "update_norm": optax.tree.norm(updates),
             "param_norm": optax.tree.norm(params),
         }
-        return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, step_metrics
+        new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
+        if "model_state" in state:
+            new_state["model_state"] = model_state
+        return new_state, step_metrics
 
     return train_step
 
@@ -148,6 +161,9 @@ def initial_state(run: Run, tx: optax.GradientTransformation) -> TrainState:
     optimizer state, replicated."""
     params = jax.tree.map(jnp.copy, run.params)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    model = run.model(run.params)
+    if getattr(model, "initial_model_state", lambda: {})():  # e.g. hard attention's baseline
+        state["model_state"] = model.initial_model_state()
     return jax.device_put(state, run.replicated)
 
 

@@ -117,3 +117,35 @@ def draw_example(
     arrays = {re.sub("[^A-Za-z0-9]+", "_", k): np.asarray(v) for k, v in weights.items()}
     np.savez(directory / f"{name}.npz", source_tokens=np.array(source_tokens), output_tokens=np.array(output_tokens), **arrays)
     return pictures
+
+
+def draw_image_attention(
+    directory: Path, name: str, image: np.ndarray, weights: np.ndarray, grid: tuple[int, int], words: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """As Xu et al.'s figures: the image once per generated word, with that word's attention over the
+    annotation grid laid over it. Writes `<name>_caption.png` and `<name>.npz`; returns the pixels.
+
+    Args:
+      image: `[H, W, C]` uint8. weights: `[T, L]`, a row per word (L = h * w, row-major).
+      grid: `(h, w)` of the annotation grid. words: the T words.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    height, width = image.shape[:2]
+    picture = image[..., 0] if image.shape[-1] == 1 else image
+    columns = min(len(words), 4) or 1
+    rows = -(-len(words) // columns) or 1
+    figure = new_figure(figsize=(columns * max(2.0, 2.0 * width / height), rows * 2.2))
+    axes = figure.subplots(rows, columns, squeeze=False)
+    for axis in axes.flat:
+        axis.axis("off")
+    for axis, word, row in zip(axes.flat, words, weights):
+        axis.imshow(picture, cmap="gray", extent=(0, width, height, 0))
+        axis.imshow(np.asarray(row).reshape(grid), cmap="magma", alpha=0.6, extent=(0, width, height, 0),
+                    vmin=0.0, vmax=max(float(np.max(row)), 1e-6), interpolation="bilinear")  # fmt: skip
+        axis.set_title(word, fontsize=9)
+    figure.suptitle(name, fontsize=10)
+    figure.tight_layout()
+    stem = f"{name}_caption"
+    figure.savefig(directory / f"{stem}.png", dpi=90)
+    np.savez(directory / f"{name}.npz", image=image, weights=np.asarray(weights), words=np.array(list(words)), grid=np.array(grid))
+    return {stem: figure_pixels(figure)}

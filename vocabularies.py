@@ -1,4 +1,4 @@
-"""Vocabularies: character and SentencePiece tokenizers with fixed special ids.
+"""Vocabularies: character, word and SentencePiece tokenizers with fixed special ids.
 
 Ids 0-3 are the same for every tokenizer: pad 0, bos 1, eos 2, unk 3. A
 tokenizer is trained on the train split (up to `max_corpus_chars` characters),
@@ -8,6 +8,7 @@ run always decodes with the vocabulary it was trained with.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import json
@@ -86,6 +87,41 @@ class CharTokenizer:
         return cls(json.loads(path.read_text())["chars"])
 
 
+class WordTokenizer:
+    """One id per word (split on whitespace) among the `vocab_size - 4` most frequent in training
+    (ties in first-seen order), after the four special ids; other words are unk. Captions are
+    read word by word, as Xu et al.'s vocabulary does, so that a word's attention is one step's."""
+
+    kind = "word"
+
+    def __init__(self, words: list[str]):
+        self.words = list(words)
+        self._ids = {w: i + len(SPECIAL_PIECES) for i, w in enumerate(self.words)}
+        self.vocab_size = len(SPECIAL_PIECES) + len(self.words)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, max_corpus_chars: int) -> "WordTokenizer":
+        counts = collections.Counter(word for text in _limited(texts, max_corpus_chars) for word in text.split())
+        return cls([word for word, _ in counts.most_common(max(vocab_size - len(SPECIAL_PIECES), 0))])
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array([self._ids.get(w, UNK_ID) for w in text.split()], np.int32)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return " ".join(self.pieces(_until_eos(ids)))
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        n = len(SPECIAL_PIECES)
+        return [self.words[i - n] if n <= i < self.vocab_size else SPECIAL_PIECES[min(i, UNK_ID)] for i in map(int, ids)]
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"kind": self.kind, "words": self.words}, ensure_ascii=False))
+
+    @classmethod
+    def load(cls, path: Path) -> "WordTokenizer":
+        return cls(json.loads(path.read_text())["words"])
+
+
 class SentencePieceTokenizer:
     """A SentencePiece model (unigram or BPE) with the fixed special ids."""
 
@@ -134,7 +170,7 @@ class SentencePieceTokenizer:
         return cls(path.read_bytes())
 
 
-KINDS = {"char": CharTokenizer, "sentencepiece": SentencePieceTokenizer}
+KINDS = {"char": CharTokenizer, "word": WordTokenizer, "sentencepiece": SentencePieceTokenizer}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +206,8 @@ class Tokenizers:
 def _train(settings: TokenizerSettings, texts: Iterable[str]) -> Tokenizer:
     if settings.kind == "char":
         return CharTokenizer.train(texts, settings.max_corpus_chars)
+    if settings.kind == "word":
+        return WordTokenizer.train(texts, settings.vocab_size, settings.max_corpus_chars)
     return SentencePieceTokenizer.train(texts, settings.vocab_size, settings.model_type, settings.max_corpus_chars)
 
 
@@ -185,7 +223,7 @@ def load_or_train(
     directory = Path(directory)
     settings_file = directory / "settings.json"
     names = ("shared",) if settings.shared else ("source", "target")
-    suffix = ".json" if settings.kind == "char" else ".model"
+    suffix = ".model" if settings.kind == "sentencepiece" else ".json"
     if settings_file.exists():
         saved = json.loads(settings_file.read_text())
         if saved != dataclasses.asdict(settings):

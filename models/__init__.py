@@ -14,6 +14,7 @@ from flax import nnx
 
 from errors import ConfigError
 
+from models.captioner import Captioner, CaptionerConfig
 from models.lstmn import LSTMN, LSTMNConfig
 from models.rnn import Luong, LuongConfig, RNNEncDec, RNNEncDecConfig, RNNSearch, RNNSearchConfig
 from models.transformer import Transformer, TransformerConfig
@@ -24,7 +25,10 @@ MODELS = {
     "rnnsearch": (RNNSearchConfig, RNNSearch),
     "luong": (LuongConfig, Luong),
     "lstmn": (LSTMNConfig, LSTMN),
+    "captioner": (CaptionerConfig, Captioner),
 }
+# The families that read images (or feature grids); the others read token ids.
+IMAGE_MODELS = ("captioner",)
 
 
 # Fields that come from the vocabulary, not from the config.

@@ -2,8 +2,9 @@
 
 `load_task(name, data_dir, **params)` returns a `Task`: random-access sources
 of records per split (`train`, `dev`, `test`), the record keys of source and
-target text, the task metric, and where the task knows them, the true
-alignment spans of a record. Built data is cached under `data_dir`.
+target, what the source is (text, or an image), the task metric, and where the
+task knows them, the true alignment spans of a record (translation) or the
+boxes of its caption's words (captioning). Built data is cached under `data_dir`.
 
 Each task's parameters, with their defaults and documentation, live in its
 config dataclass (`parameters_of(name)` lists them); `configs/base.py` `task()`
@@ -22,24 +23,52 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from errors import ConfigError
-from tasks import base, catalog, dates, parallel_text, synthetic
+from tasks import base, catalog, dates, digit_strips, image_captions, parallel_text, synthetic
+
+INPUTS = ("text", "image")
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
     name: str
     splits: Mapping[str, Sequence[Mapping[str, Any]]]
-    metric: str  # "exact_match" or "bleu"
+    metric: str  # "exact_match", "bleu" or "caption"
     source_key: str = "source"
     target_key: str = "target"
     # record -> int32 [K, 4] spans `(target start, target end, source start, end)`, in characters:
     # the target characters [t0, t1) are produced from the source characters [s0, s1).
     # None: the task does not know its alignments.
     alignment: Callable[[Mapping[str, Any]], np.ndarray] | None = None
+    # "text", or "image": the source is a uint8 image [H, W] or [H, W, C].
+    inputs: str = "text"
+    # Captioning: record -> int32 [K, 4] boxes `(x0, y0, x1, y1)` in pixels (end exclusive) of the
+    # objects the caption's words name, in word order, padded with -1 rows. None: unknown.
+    boxes: Callable[[Mapping[str, Any]], np.ndarray] | None = None
+    # Captioning: the record key naming the image, when an image has several captions (records):
+    # a generated caption is scored against all of them. None: a record's own caption only.
+    group_key: str | None = None
+
+    def references(self, split: str, indices: Sequence[int]) -> list[list[str]]:
+        """The reference texts of each record: its target, or every target of its group."""
+        records = self.splits[split]
+        if self.group_key is None:
+            return [[self.pair(records[i])[1]] for i in indices]
+        if hasattr(records, "references"):  # a catalog split that knows each image's captions
+            return [records.references(i) for i in indices]
+        groups: dict[str, list[str]] = {}
+        for i in range(len(records)):
+            groups.setdefault(base.text(records[i][self.group_key]), []).append(self.pair(records[i])[1])
+        return [groups[base.text(records[i][self.group_key])] for i in indices]
 
     def pair(self, record: Mapping[str, Any]) -> tuple[str, str]:
-        """The (source, target) texts of one record."""
-        return base.text(record[self.source_key]), base.text(record[self.target_key])
+        """The (source, target) texts of one record; an image task's source text is empty."""
+        source = "" if self.inputs == "image" else base.text(record[self.source_key])
+        return source, base.text(record[self.target_key])
+
+    def image(self, record: Mapping[str, Any]) -> np.ndarray:
+        """An image task's source as `[H, W, C]`."""
+        image = np.asarray(record[self.source_key])
+        return image[..., None] if image.ndim == 2 else image
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +79,10 @@ class TaskKind:
     config_class: type  # the parameters' dataclass: their defaults and documentation
     metric: str
     alignment: Callable[[Mapping[str, Any]], np.ndarray] | None = None
+    inputs: str = "text"
+    keys: tuple[str, str] = ("source", "target")
+    boxes: Callable[[Mapping[str, Any]], np.ndarray] | None = None
+    group_key: str | None = None
 
 
 TASKS = {
@@ -59,7 +92,18 @@ TASKS = {
         for kind in synthetic.KINDS
     },
     "parallel_text": TaskKind(parallel_text.prepare_parallel_text, parallel_text.ParallelTextConfig, "bleu"),
+    "digit_strips": TaskKind(functools.partial(base.prepare, digit_strips.DigitStrips), digit_strips.DigitStripsConfig,
+                             "caption", inputs="image", keys=("image", "caption"), boxes=digit_strips.word_boxes),
+    "image_captions": TaskKind(image_captions.prepare_image_captions, image_captions.ImageCaptionsConfig, "caption",
+                               inputs="image", keys=("image", "caption"), group_key="image_file"),
 }
+
+
+def inputs_of(name: str) -> str:
+    """What task `name`'s sources are: "text" or "image"."""
+    if name in TASKS:
+        return TASKS[name].inputs
+    return catalog.inputs_of(name)
 
 
 def parameters_of(name: str) -> dict[str, Any]:
@@ -69,11 +113,13 @@ def parameters_of(name: str) -> dict[str, Any]:
         if name in synthetic.KINDS:
             parameters.pop("kind")  # set by the name
         return parameters
+    if catalog.inputs_of(name) == "image":
+        return {f.name: f.default for f in dataclasses.fields(catalog.CaptionCatalogConfig)}
     if "/" in name:
         return {f.name: f.default for f in dataclasses.fields(catalog.CatalogConfig)}
     raise ConfigError(
-        f"unknown task.name {name!r}; valid: {', '.join(sorted(TASKS))}, "
-        "or a TFDS catalog translation dataset such as 'wmt14_translate/de-en'"
+        f"unknown task.name {name!r}; valid: {', '.join(sorted(TASKS))}, a TFDS catalog translation "
+        "dataset such as 'wmt14_translate/de-en', or 'coco_captions'"
     )
 
 
@@ -104,6 +150,10 @@ def _load_task(name: str, data_dir: str, **params) -> Task:
         kind = TASKS[name]
         splits, report = kind.prepare(data_dir=data_dir, **params)
         base.log_report(name, report)
-        return Task(name, splits, kind.metric, alignment=kind.alignment)
+        return Task(name, splits, kind.metric, *kind.keys, alignment=kind.alignment, inputs=kind.inputs, boxes=kind.boxes,
+                    group_key=kind.group_key)  # fmt: skip
+    if catalog.inputs_of(name) == "image":
+        splits = catalog.load_caption_catalog(name, data_dir, catalog.CaptionCatalogConfig(**params))
+        return Task(name, splits, "caption", "image", "caption", inputs="image", group_key="image_file")
     splits, source_key, target_key = catalog.load_catalog(name, data_dir, catalog.CatalogConfig(**params))
     return Task(name, splits, "bleu", source_key, target_key)

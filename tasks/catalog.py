@@ -1,4 +1,5 @@
-"""TFDS catalog translation datasets by name, e.g. `wmt14_translate/de-en`, `ted_hrlr_translate/pt_to_en`.
+"""TFDS catalog datasets by name: translation, e.g. `wmt14_translate/de-en`, `ted_hrlr_translate/pt_to_en`,
+and captioning, `coco_captions` (each image with its captions; resized to `task.height x task.width`).
 
 The data must already be prepared in `data_dir` (these machines have no
 internet; on one that has, `tfds build NAME --data_dir=DIR --file_format=array_record`
@@ -15,8 +16,10 @@ import importlib
 import pkgutil
 import re
 
+import numpy as np
 import tensorflow_datasets as tfds
 import tensorflow_datasets.translate
+from PIL import Image
 
 from errors import ConfigError, DataError
 
@@ -48,6 +51,16 @@ def languages_of(name: str) -> tuple[str, str]:
             "set task.source_language and task.target_language"
         )
     return match.group(1), match.group(2)
+
+
+IMAGE_DATASETS = ("coco_captions",)
+CAPTION_SPLIT_NAMES = {"train": "train", "dev": "val", "test": "test"}  # Karpathy and Li's splits
+CAPTIONS_PER_IMAGE = 5  # COCO has at least five per image; record i is caption i % 5 of image i // 5
+
+
+def inputs_of(name: str) -> str:
+    """"image" for the catalog's captioning datasets, else "text"."""
+    return "image" if name.split("/")[0] in IMAGE_DATASETS else "text"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,3 +97,56 @@ def load_catalog(name: str, data_dir: str, config: CatalogConfig):
         if language not in features:
             raise ConfigError(f"{name} has no language {language!r}; it has {', '.join(features.keys())}")
     return sources, source_language, target_language
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptionCatalogConfig:
+    """The parameters of a TFDS catalog captioning task."""
+
+    height: int = 64  # images are resized to height x width (RGB)
+    width: int = 64
+    download: bool = False  # let TFDS download and prepare the data (needs the internet)
+
+
+class CaptionRecords:
+    """A TFDS captioning split as random-access records of one caption each,
+    `{'image': [height, width, 3] uint8, 'caption': text, 'image_file': name}`: record i is caption
+    `i % 5` of image `i // 5` (an image with fewer captions repeats them)."""
+
+    def __init__(self, source, height: int, width: int):
+        self.source, self.height, self.width = source, height, width
+
+    def __len__(self) -> int:
+        return len(self.source) * CAPTIONS_PER_IMAGE
+
+    def references(self, index: int) -> list[str]:
+        """Every caption of record `index`'s image."""
+        return [text.decode() if isinstance(text, bytes) else str(text)
+                for text in self.source[int(index) // CAPTIONS_PER_IMAGE]["captions"]["text"]]  # fmt: skip
+
+    def __getitem__(self, index: int) -> dict:
+        record = self.source[int(index) // CAPTIONS_PER_IMAGE]
+        texts = record["captions"]["text"]
+        if len(texts) == 0:
+            raise DataError(f"an image of the catalog has no caption: {record.get('image/filename')!r}")
+        image = Image.fromarray(np.asarray(record["image"], np.uint8)).convert("RGB").resize((self.width, self.height), Image.BILINEAR)
+        name = record.get("image/filename", str(int(index) // CAPTIONS_PER_IMAGE))
+        caption = texts[int(index) % CAPTIONS_PER_IMAGE % len(texts)]
+        return {"image": np.asarray(image, np.uint8), "caption": caption.decode() if isinstance(caption, bytes) else str(caption),
+                "image_file": name.decode() if isinstance(name, bytes) else str(name)}  # fmt: skip
+
+
+def load_caption_catalog(name: str, data_dir: str, config: CaptionCatalogConfig) -> dict:
+    """`{split: CaptionRecords}` of a prepared TFDS captioning dataset."""
+    try:
+        return {
+            split: CaptionRecords(tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=config.download),
+                                  config.height, config.width)  # fmt: skip
+            for split, tfds_split in CAPTION_SPLIT_NAMES.items()
+        }
+    except Exception as error:  # TFDS raises several types for "not prepared" / "not in catalog"
+        raise DataError(
+            f"TFDS dataset {name!r} is not available as array_record in {data_dir}: {error}. Prepare it first "
+            f"(`tfds build {name} --data_dir={data_dir} --file_format=array_record` where there is internet) "
+            "or set task.download=True."
+        ) from error

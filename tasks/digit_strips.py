@@ -112,6 +112,11 @@ def generate(config: DigitStripsConfig) -> dict[str, list[dict]]:
             for split in SPLITS}  # fmt: skip
 
 
+def word_boxes(record) -> np.ndarray:
+    """The boxes of the caption's digits, left to right `[max_digits, 4]` (-1 rows: no digit)."""
+    return np.asarray(record["boxes"], np.int32)
+
+
 class DigitStrips(TextPairBuilder):
     """Strips of handwritten digits captioned left to right, with each digit's box."""
 

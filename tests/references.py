@@ -16,3 +16,15 @@ def np_masked_softmax(scores, mask):
     # The reference checks itself: rows with something visible are distributions.
     np.testing.assert_allclose(weights.sum(-1)[total[..., 0] > 0], 1.0, rtol=1e-12)
     return weights
+
+
+def np_softmax(scores):
+    """float64 softmax over the last axis."""
+    return np_masked_softmax(scores, None)
+
+
+def np_log_softmax(scores):
+    """float64 log-softmax over the last axis."""
+    scores = np.asarray(scores, np.float64)
+    shifted = scores - scores.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))

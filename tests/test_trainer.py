@@ -31,8 +31,8 @@ TINY_FLAGS = [
 ]  # fmt: skip
 
 
-def run_train_py(workdir, data_dir, *flags, env=None, **popen):
-    command = [sys.executable, str(PROJECT_ROOT / "train.py"), f"--workdir={workdir}", f"--config.data_dir={data_dir}", *TINY_FLAGS, *flags]
+def run_train_py(workdir, data_dir, *flags, env=None, tiny=TINY_FLAGS, **popen):
+    command = [sys.executable, str(PROJECT_ROOT / "train.py"), f"--workdir={workdir}", f"--config.data_dir={data_dir}", *tiny, *flags]
     environment = {**os.environ, "XLA_FLAGS": xla_flags(1), **(env or {})}
     return subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
@@ -208,38 +208,50 @@ def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
     assert set(run.checkpoints.steps()) == {best, 40}  # the last one and the best one
 
 
-def test_sigkill_and_rerun_equal_an_uninterrupted_run(shared_data_dir, tmp_path):
-    flags = ["--config.num_train_steps=120", "--config.checkpoint_every_steps=40", "--config.eval_every_steps=60",
-             "--config.visualize_examples=0"]
-    uninterrupted = run_train_py(tmp_path / "whole", shared_data_dir, *flags)
+def sigkill_and_rerun(tmp_path, data_dir, flags, *, kill_after: int, checkpoint: int, last: int, tiny=TINY_FLAGS):
+    """Runs train.py whole, and again killed (SIGKILL) once the `checkpoint` step's checkpoint is
+    written and training has logged step `kill_after`, then rerun; returns the two run folders
+    after checking that their metrics agree and that the cut run did not get to `last`."""
+    uninterrupted = run_train_py(tmp_path / "whole", data_dir, *flags, tiny=tiny)
     assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stdout.read()
 
-    interrupted = run_train_py(tmp_path / "cut", shared_data_dir, *flags)
+    interrupted = run_train_py(tmp_path / "cut", data_dir, *flags, tiny=tiny)
     metrics_file = tmp_path / "cut" / "metrics.jsonl"
     deadline = time.time() + 300
-    while time.time() < deadline:  # kill once the step-40 checkpoint is complete and training has gone on
-        past = metrics_file.exists() and any(r["split"] == "train" and r["step"] >= 60 for r in metric_rows(tmp_path / "cut"))
-        if past and (tmp_path / "cut" / "checkpoints" / "40").exists():
+    while time.time() < deadline:  # kill once the checkpoint is complete and training has gone on
+        past = metrics_file.exists() and any(r["split"] == "train" and r["step"] >= kill_after for r in metric_rows(tmp_path / "cut"))
+        if past and (tmp_path / "cut" / "checkpoints" / str(checkpoint)).exists():
             break
         time.sleep(0.01)
     interrupted.send_signal(signal.SIGKILL)
     assert interrupted.wait(timeout=60) == -signal.SIGKILL
-    assert not (tmp_path / "cut" / "checkpoints" / "120").exists()
-    resumed = run_train_py(tmp_path / "cut", shared_data_dir, *flags)
+    assert not (tmp_path / "cut" / "checkpoints" / str(last)).exists()
+    resumed = run_train_py(tmp_path / "cut", data_dir, *flags, tiny=tiny)
     output = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, output
     assert "resuming from the checkpoint at step" in output
 
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
     assert strip(metric_rows(tmp_path / "cut")) == strip(metric_rows(tmp_path / "whole"))
-    config = tiny_config(shared_data_dir, num_train_steps=120)
-    whole = prepare_run(config, tmp_path / "whole", devices=jax.devices()[:1])
-    cut = prepare_run(config, tmp_path / "cut", devices=jax.devices()[:1])
+    return tmp_path / "whole", tmp_path / "cut"
+
+
+def assert_same_final_state(config, whole_dir, cut_dir, step):
+    whole = prepare_run(config, whole_dir, devices=jax.devices()[:1])
+    cut = prepare_run(config, cut_dir, devices=jax.devices()[:1])
     abstract = whole.abstract(trainer.initial_state(whole, trainer.make_optimizer(config)))
-    _, whole_state = whole.checkpoints.restore(abstract, step=120)
-    _, cut_state = cut.checkpoints.restore(abstract, step=120)
-    for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(cut_state)):
+    _, whole_state = whole.checkpoints.restore(abstract, step=step)
+    _, cut_state = cut.checkpoints.restore(abstract, step=step)
+    for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(cut_state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit-identical
+    return whole_state
+
+
+def test_sigkill_and_rerun_equal_an_uninterrupted_run(shared_data_dir, tmp_path):
+    flags = ["--config.num_train_steps=120", "--config.checkpoint_every_steps=40", "--config.eval_every_steps=60",
+             "--config.visualize_examples=0"]
+    whole, cut = sigkill_and_rerun(tmp_path, shared_data_dir, flags, kill_after=60, checkpoint=40, last=120)
+    assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=120), whole, cut, 120)
 
 
 def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):

@@ -217,7 +217,7 @@ def test_parameter_counts_match_the_paper(sizes, paper_millions):
 
 
 def test_registry_names_unknown_models_and_fields():
-    with pytest.raises(ValueError, match="unknown model.name 'transfomer'; valid: lstmn, luong, rnnencdec, rnnsearch, transformer"):
+    with pytest.raises(ValueError, match="unknown model.name 'transfomer'; valid: captioner, lstmn, luong, rnnencdec, rnnsearch, transformer"):
         models.create_model("transfomer", rngs=nnx.Rngs(0), vocab_size=5)
     with pytest.raises(ValueError, match="unknown field.*d_modle"):
         models.create_model("transformer", rngs=nnx.Rngs(0), vocab_size=5, d_modle=8)

@@ -1,0 +1,147 @@
+"""`image_captions`: a local captioning dataset in the Flickr8k layout.
+
+A folder of images (`task.images`) and, per split, a `.tsv` of `image_file<TAB>caption`
+lines (`task.train`, `task.dev`, `task.test`); an image may have several captions, one
+per line, and each line is an example. Images are read with Pillow, converted to grey
+(`task.channels=1`) or RGB (3) and resized to `task.height x task.width` at build time.
+Lines with the wrong field count, an empty caption or invalid UTF-8, and images that are
+missing or unreadable, are skipped, counted by reason and reported with `file:line`, as
+`parallel_text` does. The TSVs' and the images' contents are part of the build's identity.
+At evaluation, a generated caption is scored against every caption of its image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import tensorflow_datasets as tfds
+from PIL import Image, UnidentifiedImageError
+
+from errors import ConfigError, DataError
+from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
+from tasks.parallel_text import Skipped, resolve
+
+
+@dataclasses.dataclass(eq=False)
+class ImageCaptionsConfig(TaskConfig):
+    images: str = ""  # the folder the TSVs' image files are read from
+    train: str = ""  # image_file<TAB>caption per line
+    dev: str = ""
+    test: str = ""
+    height: int = 64  # images are resized to height x width
+    width: int = 64
+    channels: int = 3  # 1: grey, 3: RGB
+    files_digest: str = ""  # filled in by `with_digest`: content hash of every file read
+
+    @classmethod
+    def defaults(cls) -> dict:
+        return {k: v for k, v in super().defaults().items() if k != "files_digest"}  # not a user's parameter
+
+    def __post_init__(self):
+        if self.channels not in (1, 3):
+            raise ConfigError(f"image_captions: task.channels must be 1 (grey) or 3 (RGB), got {self.channels}")
+        if self.height < 1 or self.width < 1:
+            raise ConfigError(f"image_captions: task.height and task.width must be positive, got {self.height}x{self.width}")
+
+
+def folder(config: ImageCaptionsConfig) -> Path:
+    path = Path(config.images)
+    if not config.images or not path.is_dir():
+        raise DataError(f"image_captions: task.images must be the folder of the images, got {config.images!r}")
+    return path
+
+
+def tsv_of(config: ImageCaptionsConfig, split: str) -> Path:
+    if not getattr(config, split):
+        raise ConfigError(f"image_captions: task.{split} is empty; give the split's image_file<TAB>caption .tsv")
+    return resolve(getattr(config, split))
+
+
+def read_lines(path: Path, skipped: Skipped) -> list[tuple[int, str, str]]:
+    """`(line number, image file, caption)` of the well-formed lines of one TSV."""
+    lines = []
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            fields = raw.decode("utf-8").split("\t")
+        except UnicodeDecodeError:
+            skipped.add("invalid UTF-8", path, number)
+            continue
+        if len(fields) != 2:
+            skipped.add(f"{len(fields)} tab-separated fields instead of 2", path, number)
+            continue
+        image_file, caption = (field.strip() for field in fields)
+        if not caption:
+            skipped.add("an empty caption", path, number)
+            continue
+        lines.append((number, image_file, caption))
+    return lines
+
+
+def load_image(path: Path, config: ImageCaptionsConfig) -> np.ndarray:
+    """`[height, width, channels]` uint8; raises OSError for a missing or unreadable file."""
+    with Image.open(path) as image:
+        image = image.convert("L" if config.channels == 1 else "RGB").resize((config.width, config.height), Image.BILINEAR)
+        array = np.asarray(image, np.uint8)
+    return array[..., None] if array.ndim == 2 else array
+
+
+def read_split(config: ImageCaptionsConfig, split: str, skipped: Skipped) -> list[dict]:
+    path, images = tsv_of(config, split), folder(config)
+    examples, cache = [], {}
+    for number, image_file, caption in read_lines(path, skipped):
+        if image_file not in cache:
+            try:
+                cache[image_file] = load_image(images / image_file, config)
+            except (OSError, UnidentifiedImageError, ValueError):
+                cache[image_file] = None
+        if cache[image_file] is None:
+            skipped.add("a missing or unreadable image", path, number)
+            continue
+        examples.append({"image": cache[image_file], "caption": caption, "image_file": image_file})
+    if not examples:
+        raise DataError(f"image_captions: the {split} split ({path}) has no usable line")
+    return examples
+
+
+def with_digest(config: ImageCaptionsConfig) -> dict:
+    """The parameters plus a digest of the TSVs and the images they name (edits rebuild the data)."""
+    digest = hashlib.sha256()
+    images = folder(config)
+    for split in SPLITS:
+        path = tsv_of(config, split)
+        digest.update(path.read_bytes())
+        for _, image_file, _ in read_lines(path, Skipped()):
+            candidate = images / image_file
+            digest.update(image_file.encode() + (candidate.read_bytes() if candidate.is_file() else b"(missing)"))
+    return {**config.parameters(), "files_digest": digest.hexdigest()[:16]}
+
+
+class ImageCaptions(TextPairBuilder):
+    """Local images with captions (the Flickr8k layout)."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    BUILDER_CONFIG_CLASS = ImageCaptionsConfig
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        config = self.builder_config
+        features = {
+            "image": tfds.features.Tensor(shape=(config.height, config.width, config.channels), dtype=np.uint8),
+            "caption": tfds.features.Text(),
+            "image_file": tfds.features.Text(),
+        }
+        return tfds.core.DatasetInfo(builder=self, description=self.__doc__, features=tfds.features.FeaturesDict(features),
+                                     metadata=tfds.core.MetadataDict(), disable_shuffling=True)  # fmt: skip
+
+    def _split_examples(self):
+        skipped = Skipped()
+        splits = {split: read_split(self.builder_config, split, skipped) for split in SPLITS}
+        self.build_report = {"skipped": dict(skipped.counts), "messages": skipped.messages()}
+        return splits
+
+
+def prepare_image_captions(data_dir: str, **params):
+    """Builds (or reuses) the dataset; the files' digest makes a changed file a new build."""
+    return prepare(ImageCaptions, data_dir, **with_digest(ImageCaptionsConfig.create(**params)))
