@@ -66,8 +66,9 @@ class Evaluator:
         self.attention = jax.jit(attention, in_shardings=(params_sharding, batch_sharding))
         model = nnx.merge(run.graphdef, run.params, run.rngs)
         self.roles = attention_roles(model)
-        self.cell_centres = getattr(model, "cell_centres", None)  # captioning: where each annotation lies
-        self.grid_shape = getattr(model, "grid_shape", None)
+        # captioning from pixels: where each annotation lies, for localisation and pictures
+        self.reads_pixels = getattr(getattr(model, "config", None), "inputs", None) == "pixels"
+        self.cell_centres, self.grid_shape = getattr(model, "cell_centres", None), getattr(model, "grid_shape", None)
 
     def batches(self, split: str) -> Iterator[tuple[dict, np.ndarray, dict]]:
         """`(global batch of inputs and targets, record index of every row (-1: padding), local batch)`."""
@@ -130,7 +131,7 @@ def evaluate_split(
     """
     run = evaluator.run
     totals, decoded, alignment, localized = None, [], {}, np.zeros(2, np.int64)
-    localizing = run.task.boxes is not None and run.config.tokenizer.kind == "word" and evaluator.cell_centres is not None
+    localizing = run.task.boxes is not None and run.config.tokenizer.kind == "word" and evaluator.reads_pixels
     for number, (batch, index, local) in enumerate(evaluator.batches(split)):
         sums = evaluator.loss_sums(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
@@ -149,8 +150,8 @@ def evaluate_split(
     results.update(text_metrics(run, split, best_of(decoded)))
     results["decoded_examples"] = len(decoded)
     results.update(alignment_results(alignment))
-    if localizing:
-        results["localization_accuracy"] = float(localized[0] / max(localized[1], 1))
+    if localizing:  # no caption with as many words as boxes: nothing scored, no accuracy
+        results.update({"localization_accuracy": float(localized[0] / localized[1])} if localized[1] else {})
         results["localized_words"] = int(localized[1])
     return results, decoded
 
@@ -196,6 +197,8 @@ def draw_attention(evaluator: Evaluator, params: nnx.State, split: str, step: in
     for row in range(min(count, int((index >= 0).sum()))):
         output = hypotheses[row][: int(np.argmax(hypotheses[row] == EOS_ID)) + 1]
         if run.task.inputs == "image":
+            if not evaluator.reads_pixels:  # feature grids: no image to draw on
+                break
             (cross,) = [v[row].mean(axis=0) for k, v in weights.items() if evaluator.roles[k] is AttentionRole.CROSS]
             grid = evaluator.grid_shape(*inputs.shape[1:3])
             pictures.update(visualize.draw_image_attention(

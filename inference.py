@@ -31,9 +31,9 @@ import decoding
 import reporting
 import visualize
 from errors import ConfigError, DataError, UserError
-from models.attention import attention_roles, capture_attention
+from models.attention import AttentionRole, attention_roles, capture_attention
 from run_setup import Run, output_length, prepare_run, read_run_config
-from tasks import inputs_of
+from tasks import inputs_of, with_channels
 from vocabularies import EOS_ID, PAD_ID
 
 BATCH_ROWS = 32  # sources decoded together; batches are padded to this many rows (one compilation)
@@ -97,11 +97,19 @@ class Translator:
         return self._searches[settings]
 
     def _source_rows(self, sources: Sequence) -> list[np.ndarray]:
-        """Token ids of each source text, or each source image as `[H, W, C]`."""
+        """Token ids of each source text, or each source image as `[H, W, C]` uint8 (or a feature grid)."""
         if not self.reads_images:
+            if not all(isinstance(source, str) for source in sources):
+                raise UserError("this run translates text; give strings")
             return self._source_ids(sources)
-        images = [np.asarray(image) for image in sources]
-        return [image[..., None] if image.ndim == 2 else image for image in images]
+        if any(isinstance(source, str) for source in sources):
+            raise UserError("this run captions images; give [H, W] or [H, W, C] uint8 arrays, not text")
+        rows = [with_channels(np.asarray(image)) for image in sources]
+        model = self.config.model
+        for row in rows:
+            if model.inputs == "pixels" and (row.ndim != 3 or row.shape[-1] != model.channels or row.dtype != np.uint8):
+                raise UserError(f"images must be uint8 [H, W, {model.channels}] (model.channels), got {row.dtype} {row.shape}")
+        return rows
 
     def _source_batch(self, rows: Sequence[np.ndarray]) -> np.ndarray:
         if not self.reads_images:
@@ -166,24 +174,30 @@ class Translator:
             scores.append(np.asarray(self._log_probs(self.params, batch))[: len(source_ids[start : start + BATCH_ROWS])])
         return np.concatenate(scores)
 
-    def attention(self, source: str, target: str | None = None) -> dict[str, np.ndarray]:
-        """Every attention module's weights `[N, Tq, Tk]` for `source` and `target` (default: the
-        model's own output), cut to their real tokens, by module path (roles in `self.roles`)."""
+    def attention(self, source, target: str | None = None) -> dict[str, np.ndarray]:
+        """Every attention module's weights `[N, Tq, Tk]` for `source` (a text, or an image) and
+        `target` (default: the model's own output), cut to their real tokens (an image: every grid
+        cell), by module path (roles in `self.roles`)."""
         return self._attention_of(*self._attention_inputs(source, target))
 
-    def _attention_inputs(self, source: str, target: str | None) -> tuple[np.ndarray, np.ndarray]:
-        inputs = self._source_ids([source])[0]
+    def _attention_inputs(self, source, target: str | None) -> tuple[np.ndarray, np.ndarray]:
+        inputs = self._source_rows([source])[0]
         output = self.translate_ids([source])[0][0][0] if target is None else self._target_ids([target])[0]
         return inputs, output
 
     def _attention_of(self, inputs: np.ndarray, output: np.ndarray) -> dict[str, np.ndarray]:
         weights = capture_attention(self.run.model(self.params), {"inputs": inputs[None], "targets": output[None]})
-        return visualize.example_weights(weights, self.roles, 0, len(inputs), len(output))
+        return visualize.example_weights(weights, self.roles, 0, None if self.reads_images else len(inputs), len(output))
 
-    def draw_attention(self, source: str, directory: Path, *, self_attention: bool = False) -> str:
+    def draw_attention(self, source, directory: Path, *, self_attention: bool = False) -> str:
         """Decodes `source` and draws its attention into `directory`; returns the output text."""
         inputs, output = self._attention_inputs(source, None)
         weights = self._attention_of(inputs, output)  # the decoded ids themselves, not their text re-encoded
+        if self.reads_images:
+            (cross,) = [w.mean(axis=0) for module, w in weights.items() if self.roles[module] is AttentionRole.CROSS]
+            grid = self.run.model(self.params).grid_shape(*inputs.shape[:2])
+            visualize.draw_image_attention(directory, f"step_{self.step}", inputs, cross, grid, self.run.tokens.target.pieces(output))
+            return self.run.tokens.target.decode(output)
         visualize.draw_example(
             directory, f"step_{self.step}", weights, self.roles,
             self.run.tokens.source.pieces(inputs), self.run.tokens.target.pieces(output), self_attention=self_attention,
@@ -225,6 +239,9 @@ def translate_file(config: ml_collections.ConfigDict, workdir: str | Path, input
     sources = [line.strip() for line in text.splitlines() if line.strip()]
     if not sources:
         raise DataError(f"--input_file {input_file} holds no source line")
+    if inputs_of(config.task.name) == "image":
+        raise UserError("--input_file reads text lines; a captioning run captions images: use --mode=predict on its "
+                        "task's split, or inference.load(workdir).translate(images) from Python")  # fmt: skip
     restore_step = config.restore_step if config.restore_step >= 0 else None
     translator = load(workdir, step=restore_step, best=config.restore_best, average_last=config.average_last, config=config)
     hypotheses = translator.translate(sources)
@@ -241,21 +258,38 @@ def _read_text(path: str) -> str:
         raise DataError(f"--input_file {path} cannot be read: {error}") from error
 
 
+def read_image(path: str, translator: Translator) -> np.ndarray:
+    """An image file as the run's images are: its channels, resized to the task's size."""
+    from PIL import Image
+
+    task = translator.config.task
+    height, width = (task.get("canvas_height"), task.get("canvas_width")) if "canvas_height" in task else (task.height, task.width)
+    try:
+        with Image.open(path) as image:
+            image = image.convert("L" if translator.config.model.channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
+            return np.asarray(image, np.uint8)
+    except OSError as error:
+        raise UserError(f"cannot read the image {path}: {error}") from error
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True, help="a run folder")
-    parser.add_argument("--text", required=True, help="a source sentence")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="a source sentence")
+    source.add_argument("--image", help="an image file, for a captioning run (converted to its channels and size)")
     parser.add_argument("--step", type=int, default=None, help="the checkpoint (default: the latest)")
     parser.add_argument("--self_attention", action="store_true", help="draw self-attention too")
     args = parser.parse_args(argv)
     try:
         translator = load(args.workdir, step=args.step)
+        source = args.text if args.text is not None else read_image(args.image, translator)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    directory = Path(args.workdir) / "attention" / "text"
-    output = translator.draw_attention(args.text, directory, self_attention=args.self_attention)
-    print(f"{args.text!r} -> {output!r}")
+    directory = Path(args.workdir) / "attention" / ("text" if args.text is not None else "image")
+    output = translator.draw_attention(source, directory, self_attention=args.self_attention)
+    print(f"{args.text or args.image!r} -> {output!r}")
     print(f"pictures and weights: {directory}")
     return 0
 

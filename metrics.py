@@ -116,10 +116,8 @@ def caption_metrics(hypotheses: Sequence[str], references: Sequence[Sequence[str
 
 
 def text_metrics(task_metric: str, hypotheses: Sequence[str], references: Sequence[str], bleu_tokenize: str = "13a") -> dict:
-    """The task metric of decoded text: exact match (and symbol accuracy), BLEU and chrF with their
-    signatures, or captioning's BLEU-1..4 (`caption`, one reference each; see `caption_metrics`)."""
-    if task_metric == "caption":
-        return caption_metrics(hypotheses, [[r] for r in references], bleu_tokenize)
+    """The task metric of decoded text: exact match (and symbol accuracy), or BLEU and chrF with their
+    signatures (captioning's metrics over several references are `caption_metrics`)."""
     if task_metric == "exact_match":
         return {
             "exact_match": exact_match(hypotheses, references),

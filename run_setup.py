@@ -85,6 +85,7 @@ def load_task_and_tokenizers(config: ml_collections.ConfigDict, workdir: Path) -
     def load() -> tuple[tasks.Task, vocabularies.Tokenizers]:
         params = {k: v for k, v in config.task.to_dict().items() if k != "name"}
         task = tasks.load_task(config.task.name, config.data_dir, **params)
+        check_task_images(task, config)  # before a tokenizer is trained and written
         train = task.splits["train"]
         pairs = (task.pair(train[i]) for i in range(len(train)))
         if task.inputs == "image":  # no source text: the (unused) source tokenizer learns the captions too
@@ -399,7 +400,6 @@ def prepare_run(
     if with_data:
         workdir.mkdir(parents=True, exist_ok=True)
         task, tokens = load_task_and_tokenizers(config, workdir)
-        check_task_images(task, config)
     else:
         task, tokens = None, vocabularies.load_or_train(workdir / "tokenizer", vocabularies.TokenizerSettings.from_config(config))
     graphdef, params, rngs = split_model(build_model(config, tokens))

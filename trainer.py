@@ -112,15 +112,17 @@ def make_train_step(run: Run, tx: optax.GradientTransformation) -> Callable[[Tra
         else:
             micro = jax.tree.map(lambda x: x.reshape(accumulate, -1, *x.shape[1:]), batch)  # [K, B/K, ...]
 
-            def add(carry, inputs):
-                total, model_state = carry
+            def add(total, inputs):  # every microbatch starts from the step's model state
                 index, microbatch = inputs
-                grads, (sums, model_state) = grad_fn(state["params"], model_state, microbatch, jax.random.fold_in(key, index))
-                return (jax.tree.map(jnp.add, total, (grads, sums)), model_state), None
+                grads, (sums, new_state) = grad_fn(state["params"], model_state, microbatch, jax.random.fold_in(key, index))
+                return jax.tree.map(jnp.add, total, (grads, sums)), new_state
 
             grad_shapes, (sum_shapes, _) = jax.eval_shape(grad_fn, state["params"], model_state, jax.tree.map(lambda x: x[0], micro), key)
             zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), (grad_shapes, sum_shapes))
-            ((grads, sums), model_state), _ = jax.lax.scan(add, (zeros, model_state), (jnp.arange(accumulate), micro))
+            (grads, sums), new_states = jax.lax.scan(add, zeros, (jnp.arange(accumulate), micro))
+            # the mean of the microbatches' next states: for a moving average such as hard attention's
+            # baseline, the update with the whole batch's mean, as one big batch would make
+            model_state = jax.tree.map(lambda s: s.mean(axis=0), new_states)
         tokens = jnp.maximum(sums["tokens"], 1.0)
         grads = jax.tree.map(lambda g: g / tokens, grads)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -161,9 +163,9 @@ def initial_state(run: Run, tx: optax.GradientTransformation) -> TrainState:
     optimizer state, replicated."""
     params = jax.tree.map(jnp.copy, run.params)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
-    model = run.model(run.params)
-    if getattr(model, "initial_model_state", lambda: {})():  # e.g. hard attention's baseline
-        state["model_state"] = model.initial_model_state()
+    model_state = getattr(run.model(run.params), "initial_model_state", dict)()  # e.g. hard attention's baseline
+    if model_state:
+        state["model_state"] = model_state
     return jax.device_put(state, run.replicated)
 
 

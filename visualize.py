@@ -72,9 +72,10 @@ def axis_tokens(role: AttentionRole, source: Sequence[str], output: Sequence[str
 
 
 def example_weights(
-    weights: Mapping[str, Any], roles: Mapping[str, AttentionRole], row: int, source_length: int, output_length: int
+    weights: Mapping[str, Any], roles: Mapping[str, AttentionRole], row: int, source_length: int | None, output_length: int
 ) -> dict[str, np.ndarray]:
-    """One example's `[N, Tq, Tk]` weights of every module, cut to its real source and output tokens."""
+    """One example's `[N, Tq, Tk]` weights of every module, cut to its real source and output tokens
+    (`source_length` None: every source position, e.g. an image's grid cells)."""
     lengths = {"source": source_length, "output": output_length}
     cut = {}
     for module, value in weights.items():
@@ -132,7 +133,7 @@ def draw_image_attention(
     directory.mkdir(parents=True, exist_ok=True)
     height, width = image.shape[:2]
     picture = image[..., 0] if image.shape[-1] == 1 else image
-    columns = min(len(words), 4) or 1
+    columns = max(1, min(len(words), round(8 / max(width / height, 1.0))))  # wide strips: fewer columns
     rows = -(-len(words) // columns) or 1
     figure = new_figure(figsize=(columns * max(2.0, 2.0 * width / height), rows * 2.2))
     axes = figure.subplots(rows, columns, squeeze=False)

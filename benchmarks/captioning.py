@@ -33,7 +33,9 @@ def run_variant(attention: str, penalty: float, steps: int, workdir: Path) -> tu
                f"--workdir={workdir}", f"--config.num_train_steps={steps}", f"--config.model.doubly_stochastic={penalty}",
                f"--config.eval_every_steps={steps}", f"--config.checkpoint_every_steps={steps}"]  # fmt: skip
     start = time.perf_counter()
-    subprocess.run(command, cwd=PROJECT_ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(workdir.parent / f"{workdir.name}.log", "w") as log:  # the run's own log.txt starts after set-up
+        subprocess.run(command, cwd=PROJECT_ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
     return json.loads(final.read_text())["test"], time.perf_counter() - start
 
 

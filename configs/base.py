@@ -131,9 +131,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.task = task("dates")
 
     config.tokenizer = ml_collections.ConfigDict()
-    # "char" or "sentencepiece".
+    # "char", "word" (whitespace-separated words, e.g. captions) or "sentencepiece".
     config.tokenizer.kind = "char"
-    # SentencePiece vocabulary size and model ("unigram" or "bpe").
+    # SentencePiece (or word) vocabulary size, and SentencePiece's model ("unigram" or "bpe").
     config.tokenizer.vocab_size = 8000
     config.tokenizer.model_type = "unigram"
     # One vocabulary for source and target.

@@ -66,9 +66,8 @@ class Task:
         return source, base.text(record[self.target_key])
 
     def image(self, record: Mapping[str, Any]) -> np.ndarray:
-        """An image task's source as `[H, W, C]`."""
-        image = np.asarray(record[self.source_key])
-        return image[..., None] if image.ndim == 2 else image
+        """An image task's source: a uint8 image as `[H, W, C]` (or a float feature grid as it is)."""
+        return with_channels(np.asarray(record[self.source_key]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +98,14 @@ TASKS = {
 }
 
 
+def with_channels(image: np.ndarray) -> np.ndarray:
+    """A grey uint8 image `[H, W]` as `[H, W, 1]`; anything else (colour, a float feature grid) as it is."""
+    return image[..., None] if image.ndim == 2 and image.dtype == np.uint8 else image
+
+
 def inputs_of(name: str) -> str:
-    """What task `name`'s sources are: "text" or "image"."""
+    """What task `name`'s sources are: "text" or "image" (an unknown name stops here)."""
+    parameters_of(name)
     if name in TASKS:
         return TASKS[name].inputs
     return catalog.inputs_of(name)

@@ -54,7 +54,7 @@ def languages_of(name: str) -> tuple[str, str]:
 
 
 IMAGE_DATASETS = ("coco_captions",)
-CAPTION_SPLIT_NAMES = {"train": "train", "dev": "val", "test": "test"}  # Karpathy and Li's splits
+CAPTION_SPLIT_NAMES = {"train": "train+restval", "dev": "val", "test": "test"}  # Karpathy and Li's splits
 CAPTIONS_PER_IMAGE = 5  # COCO has at least five per image; record i is caption i % 5 of image i // 5
 
 

@@ -98,10 +98,12 @@ def test_hard_attention_pass_reads_the_sampled_locations():
 
 
 def test_hard_attention_estimator_is_unbiased():
-    """Eq. 12's estimate (REINFORCE with a baseline; the expectation trick and the entropy term off)
-    averaged over many samples equals the exact gradient of L_s = sum_s p(s|a) log p(y|s,a) (eq. 10),
-    enumerated over all L^T location sequences of a tiny problem."""
-    model = make(attention="hard", embed_dim=3, hidden_dim=3, attention_dim=3, vocab_size=5)
+    """The gradient of `Captioner.objective` (section 4.1's learning rule: REINFORCE with a baseline;
+    the expectation trick, the entropy term and the penalty off) averaged over many samples equals
+    the exact gradient of L_s = sum_s p(s|a) log p(y|s,a) (eq. 10), enumerated over all L^T location
+    sequences of a tiny problem."""
+    model = make(attention="hard", embed_dim=3, hidden_dim=3, attention_dim=3, vocab_size=5,
+                 expectation_probability=0.0, entropy_weight=0.0, doubly_stochastic=0.0)  # the rule alone
     locations_count, steps = 3, 2
     annotations = jnp.float32(np.random.default_rng(2).normal(size=(1, locations_count, D)) * 2)
     batch = {"inputs": annotations, "targets": jnp.asarray([[3, 2]])}
@@ -119,15 +121,14 @@ def test_hard_attention_estimator_is_unbiased():
             total += jnp.exp(t["log_locations"][0]) * t["log_likelihood"][0]
         return total
 
-    baseline = -1.3  # any constant: it shifts the estimate's variance, not its mean
+    baseline = {"baseline": jnp.float32(-1.3)}  # any constant: it shifts the estimate's variance, not its mean
 
-    def estimate(key):
-        def surrogate(params):
-            t = terms(params, key=key)
-            reward = jax.lax.stop_gradient(t["log_likelihood"] - baseline)
-            return (t["log_likelihood"] + reward * t["log_locations"])[0]
+    def estimate(key):  # the gradient the trainer takes: of minus the model's own objective
+        def objective(params):
+            loss, _, _ = nnx.merge(graphdef, params, rest).objective(batch, baseline, key, metrics.token_sums)
+            return -loss
 
-        return jax.grad(surrogate)(params)
+        return jax.grad(objective)(params)
 
     exact = jax.grad(exact_objective)(params)
     samples = jax.jit(jax.vmap(estimate))(jax.random.split(jax.random.key(3), 20_000))
@@ -150,6 +151,23 @@ def test_baseline_moves_as_the_paper_says():
     targets = np.asarray(batch["targets"])
     picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0] * (targets != 0)
     np.testing.assert_allclose(state["baseline"], 0.9 * -2.0 + 0.1 * picked.sum(-1).mean(), rtol=1e-5)
+
+
+def test_teacher_forcing_equals_decoding_step_by_step():
+    """The training pass with the expected context (soft attention, and hard attention's decoding)
+    is the decoder's steps run one by one on the reference; from pixels, through the CNN."""
+    model = models.create_model("captioner", rngs=nnx.Rngs(0), vocab_size=V, conv_widths=(4, 4), pools=1, embed_dim=E,
+                                hidden_dim=N, attention_dim=A)  # fmt: skip
+    images = jnp.asarray(np.random.default_rng(6).integers(0, 256, size=(2, 6, 8, 1)), jnp.uint8)
+    targets = jnp.asarray([[3, 5, 2, 0], [4, 6, 7, 2]])
+    logits = model({"inputs": images, "targets": targets})
+    memory = model.encode(images)
+    assert memory.annotations.shape == (2, 3 * 4, 4)  # the 3 x 4 grid of a 6 x 8 image after one pool
+    state, previous = model.init_decode_state(memory, 2, 4), jnp.ones(2, jnp.int32)
+    for t in range(4):
+        step_logits, state = model.decode_step(memory, previous, state)
+        np.testing.assert_allclose(step_logits, logits[:, t], rtol=1e-5, atol=1e-5)
+        previous = targets[:, t]
 
 
 def test_doubly_stochastic_penalty():

@@ -39,6 +39,27 @@ def test_localization_counts_hand_worked():
     assert metrics.localization_counts(weights, 3, boxes, centres) == (0, 0)  # a word too many: not scored
 
 
+def test_evaluator_localizes_each_real_rows_words_before_eos():
+    """`Evaluator.localization` on stub attention: a caption's words are its tokens before eos, padding
+    rows are not scored, and a caption with a word too many scores nothing."""
+    from types import SimpleNamespace
+
+    import evaluation
+    from models.attention import AttentionRole
+
+    centres = np.array([[2.0, 2.0], [6.0, 2.0], [10.0, 2.0]])  # a 1 x 3 grid of a 4 x 12 image
+    weights = np.zeros((3, 1, 4, 3))
+    weights[0, 0, [0, 1, 2], [0, 2, 1]] = 1.0  # row 0: "w1 w2 eos", w1 on box 1, w2 on box 2's right cell
+    weights[1, 0, [0, 1], [1, 1]] = 1.0  # row 1: four words and no eos, against two boxes
+    weights[2, 0, 0, 0] = 1.0  # row 2: padding
+    stub = SimpleNamespace(attention=lambda params, batch: {"attention": weights}, roles={"attention": AttentionRole.CROSS},
+                           cell_centres=lambda height, width: centres)  # fmt: skip
+    decoded = np.array([[5, 6, 2, 0], [5, 6, 7, 8], [5, 2, 0, 0]])
+    boxes = np.array([[[0, 0, 4, 4], [8, 0, 12, 4]]] * 3)
+    hits_total = evaluation.Evaluator.localization(stub, None, {"inputs": np.zeros((3, 4, 12, 1))}, decoded, boxes, np.array([0, 1, -1]))
+    assert hits_total == (2, 2)
+
+
 def test_caption_metrics_use_every_reference():
     results = metrics.caption_metrics(["a dog runs", "two cats"], [["a dog runs fast", "a dog runs"], ["one cat"]])
     assert results["exact_match"] == 0.5
@@ -49,7 +70,7 @@ def test_digit_strips_train_and_evaluate_writes_the_caption_metrics_and_pictures
     final = trainer.train_and_evaluate(captioning_config(shared_data_dir), tmp_path)
     saved = json.loads((tmp_path / "eval" / "step_4.json").read_text())
     for split in ("dev", "test"):
-        for name in ("exact_match", "bleu", "bleu_1", "bleu_4", "localization_accuracy"):
+        for name in ("exact_match", "bleu", "bleu_1", "bleu_4", "localized_words"):  # localisation: below
             assert name in saved[split] and saved[split][name] == final[split][name]
     assert (tmp_path / "attention" / "step_4" / "example_0_caption.png").is_file()
 
