@@ -22,5 +22,9 @@ class CheckpointError(UserError):
     """A checkpoint to restore: missing, unreadable, or not matching the run's config."""
 
 
+class WorkdirInUse(UserError):
+    """Another run is training in the workdir (it holds the workdir's lock)."""
+
+
 class NonFiniteLoss(UserError):
     """Training diverged; the message names the step and the last good checkpoint."""

@@ -13,9 +13,11 @@ Devices: one `Mesh` over every device of every process, batches sharded along
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,7 +35,7 @@ import models
 import tasks
 import vocabularies
 from checkpoints import Checkpoints
-from errors import CheckpointError, ConfigError, DataError
+from errors import CheckpointError, ConfigError, DataError, WorkdirInUse
 from input_pipeline import PipelineSettings
 
 # ----------------------------------------------------------------------------- devices
@@ -98,6 +100,40 @@ def load_task_and_tokenizers(config: ml_collections.ConfigDict, workdir: Path) -
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("attend: data and tokenizer ready")
     return loaded if chief else load()
+
+
+# ----------------------------------------------------------------------------- one run per workdir
+
+
+class WorkdirLock:
+    """`workdir/.lock`, held by the run training there: an exclusive `flock` on the file, which
+    holds the holder's pid and host. The kernel releases a `flock` when its process ends, however
+    it ends, so a lock left by a killed run is free and simply taken over."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    @classmethod
+    def acquire(cls, workdir: Path) -> "WorkdirLock":
+        """The lock of `workdir` (which exists), or `WorkdirInUse` naming the holder; waits for nothing."""
+        handle = open(workdir / ".lock", "a+")  # opening writes nothing
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "an unknown process"
+            handle.close()
+            raise WorkdirInUse(f"{workdir} is in use by another run ({holder}); wait for it to end, or train in another workdir")
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
+        handle.flush()
+        return cls(handle)
+
+    def release(self) -> None:
+        if not self.handle.closed:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+            self.handle.close()
 
 
 # ----------------------------------------------------------------------------- the run's config
@@ -255,6 +291,7 @@ class Run:
     params: nnx.State  # the initial parameters, replicated over the mesh
     rngs: nnx.State
     checkpoints: Checkpoints
+    lock: WorkdirLock | None = None  # held while training (the chief's)
 
     @property
     def is_chief(self) -> bool:
@@ -390,23 +427,36 @@ def prepare_run(
     *,
     with_data: bool = True,
     training: bool = True,
+    lock: bool = False,
 ) -> Run:
     """Devices, data and vocabulary (or, `with_data=False`, the vocabulary saved in `workdir` only),
-    the model with its initial parameters, and the checkpoint manager of `workdir`."""
+    the model with its initial parameters, and the checkpoint manager of `workdir`. With `lock`, the
+    chief first takes the workdir's lock (`run.lock`; the caller releases it), after the config is
+    checked and before anything in the workdir is read or written."""
     setup_distributed(config)
     mesh = make_mesh(devices)
     check_settings(config, mesh, training=training)
     workdir = Path(workdir)
-    if with_data:
+    held = None
+    if lock and jax.process_index() == 0:
         workdir.mkdir(parents=True, exist_ok=True)
-        task, tokens = load_task_and_tokenizers(config, workdir)
-    else:
-        task, tokens = None, vocabularies.load_or_train(workdir / "tokenizer", vocabularies.TokenizerSettings.from_config(config))
-    graphdef, params, rngs = split_model(build_model(config, tokens))
-    checkpoints = Checkpoints(
-        workdir / "checkpoints",
-        keep=config.keep_checkpoints,
-        best_metric=config.best_metric,
-        larger_is_better=config.best_metric_larger_is_better,
-    )
-    return Run(config, workdir, task, tokens, mesh, graphdef, jax.device_put(params, NamedSharding(mesh, PartitionSpec())), rngs, checkpoints)
+        held = WorkdirLock.acquire(workdir)
+    try:
+        if with_data:
+            workdir.mkdir(parents=True, exist_ok=True)
+            task, tokens = load_task_and_tokenizers(config, workdir)
+        else:
+            task, tokens = None, vocabularies.load_or_train(workdir / "tokenizer", vocabularies.TokenizerSettings.from_config(config))
+        graphdef, params, rngs = split_model(build_model(config, tokens))
+        checkpoints = Checkpoints(
+            workdir / "checkpoints",
+            keep=config.keep_checkpoints,
+            best_metric=config.best_metric,
+            larger_is_better=config.best_metric_larger_is_better,
+        )
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+    params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+    return Run(config, workdir, task, tokens, mesh, graphdef, params, rngs, checkpoints, held)

@@ -246,9 +246,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     task, tokenizer, data or seed field before anything is written; config.json records the rest.
     """
     check_resume(config, Path(workdir))
-    run = prepare_run(config, workdir)
-    with reporting.log_file(run.workdir, enabled=run.is_chief):
-        return train(run)
+    run = prepare_run(config, workdir, lock=True)  # a second run on the workdir stops here, having written nothing
+    try:
+        with reporting.log_file(run.workdir, enabled=run.is_chief):
+            return train(run)
+    finally:
+        if run.lock is not None:
+            run.lock.release()
 
 
 def train(run: Run) -> dict:

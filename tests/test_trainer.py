@@ -335,3 +335,20 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_di
     assert run.checkpoints.steps() == [10]
     _, params = run.restore_params()
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
+
+
+def test_a_second_run_on_a_workdir_is_refused_and_a_killed_runs_lock_is_taken_over(shared_data_dir, tmp_path):
+    from errors import WorkdirInUse
+    from run_setup import WorkdirLock
+
+    config = tiny_config(shared_data_dir, num_train_steps=2, eval_every_steps=2, checkpoint_every_steps=2)
+    tmp_path.mkdir(exist_ok=True)
+    first = WorkdirLock.acquire(tmp_path)  # another run training there (another open file: flock refuses even this process)
+    with pytest.raises(WorkdirInUse, match=f"in use by another run .*\"pid\": {os.getpid()}"):
+        trainer.train_and_evaluate(config, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]  # no tokenizer, checkpoints, metrics or log
+    first.release()  # as the kernel does when a run is killed; the file and its stale pid stay behind
+    assert (tmp_path / ".lock").read_text()
+    trainer.train_and_evaluate(config, tmp_path)
+    assert (tmp_path / "checkpoints" / "2").exists()
+    WorkdirLock.acquire(tmp_path).release()  # the finished run let go of it
