@@ -262,12 +262,13 @@ def read_image(path: str, translator: Translator) -> np.ndarray:
     """An image file as the run's images are: its channels, resized to the task's size."""
     from PIL import Image
 
+    from tasks.image_captions import resized
+
     task = translator.config.task
     height, width = (task.get("canvas_height"), task.get("canvas_width")) if "canvas_height" in task else (task.height, task.width)
     try:
         with Image.open(path) as image:
-            image = image.convert("L" if translator.config.model.channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
-            return np.asarray(image, np.uint8)
+            return resized(image, height, width, translator.config.model.channels)
     except OSError as error:
         raise UserError(f"cannot read the image {path}: {error}") from error
 

@@ -65,8 +65,12 @@ class TextPairBuilder(tfds.core.GeneratorBasedBuilder):
         self.build_report: dict[str, Any] = {}
         super().__init__(config=config, data_dir=data_dir, file_format="array_record")
 
+    def _features(self) -> dict[str, tfds.features.FeatureConnector]:
+        """An example's features (image tasks replace the text pair)."""
+        return {"source": tfds.features.Text(), "target": tfds.features.Text(), **self.EXTRA_FEATURES}
+
     def _info(self) -> tfds.core.DatasetInfo:
-        features = {"source": tfds.features.Text(), "target": tfds.features.Text(), **self.EXTRA_FEATURES}
+        features = self._features()
         return tfds.core.DatasetInfo(
             builder=self,
             description=self.__doc__,

@@ -22,6 +22,7 @@ import tensorflow_datasets.translate
 from PIL import Image
 
 from errors import ConfigError, DataError
+from tasks.image_captions import resized
 
 SPLIT_NAMES = {"train": "train", "dev": "validation", "test": "test"}
 
@@ -81,17 +82,7 @@ def load_catalog(name: str, data_dir: str, config: CatalogConfig):
         source_language, target_language = languages_of(name)
     if config.reverse:
         source_language, target_language = target_language, source_language
-    try:
-        sources = {
-            split: tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=config.download)
-            for split, tfds_split in SPLIT_NAMES.items()
-        }
-    except Exception as error:  # TFDS raises several types for "not prepared" / "not in catalog"
-        raise DataError(
-            f"TFDS dataset {name!r} is not available as array_record in {data_dir}: {error}. Prepare it first "
-            f"(`tfds build {name} --data_dir={data_dir} --file_format=array_record` where there is internet) "
-            "or set task.download=True."
-        ) from error
+    sources = data_sources(name, data_dir, SPLIT_NAMES, config.download)
     features = sources["train"].dataset_info.features
     for language in (source_language, target_language):
         if language not in features:
@@ -129,21 +120,24 @@ class CaptionRecords:
         texts = record["captions"]["text"]
         if len(texts) == 0:
             raise DataError(f"an image of the catalog has no caption: {record.get('image/filename')!r}")
-        image = Image.fromarray(np.asarray(record["image"], np.uint8)).convert("RGB").resize((self.width, self.height), Image.BILINEAR)
+        image = resized(Image.fromarray(np.asarray(record["image"], np.uint8)), self.height, self.width, 3)
         name = record.get("image/filename", str(int(index) // CAPTIONS_PER_IMAGE))
         caption = texts[int(index) % CAPTIONS_PER_IMAGE % len(texts)]
-        return {"image": np.asarray(image, np.uint8), "caption": caption.decode() if isinstance(caption, bytes) else str(caption),
+        return {"image": image, "caption": caption.decode() if isinstance(caption, bytes) else str(caption),
                 "image_file": name.decode() if isinstance(name, bytes) else str(name)}  # fmt: skip
 
 
 def load_caption_catalog(name: str, data_dir: str, config: CaptionCatalogConfig) -> dict:
     """`{split: CaptionRecords}` of a prepared TFDS captioning dataset."""
+    sources = data_sources(name, data_dir, CAPTION_SPLIT_NAMES, config.download)
+    return {split: CaptionRecords(source, config.height, config.width) for split, source in sources.items()}
+
+
+def data_sources(name: str, data_dir: str, split_names: dict[str, str], download: bool) -> dict:
+    """`{split: TFDS random-access source}` of a prepared catalog dataset, or a DataError saying how to prepare it."""
     try:
-        return {
-            split: CaptionRecords(tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=config.download),
-                                  config.height, config.width)  # fmt: skip
-            for split, tfds_split in CAPTION_SPLIT_NAMES.items()
-        }
+        return {split: tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=download)
+                for split, tfds_split in split_names.items()}  # fmt: skip
     except Exception as error:  # TFDS raises several types for "not prepared" / "not in catalog"
         raise DataError(
             f"TFDS dataset {name!r} is not available as array_record in {data_dir}: {error}. Prepare it first "

@@ -123,16 +123,14 @@ class DigitStrips(TextPairBuilder):
     VERSION = tfds.core.Version("1.0.0")
     BUILDER_CONFIG_CLASS = DigitStripsConfig
 
-    def _info(self) -> tfds.core.DatasetInfo:
+    def _features(self):
         config = self.builder_config
-        features = {
+        return {
             "image": tfds.features.Tensor(shape=(config.canvas_height, config.canvas_width), dtype=np.uint8),
             "caption": tfds.features.Text(),
             "boxes": tfds.features.Tensor(shape=(config.max_digits, 4), dtype=np.int32),
             "scans": tfds.features.Tensor(shape=(config.max_digits,), dtype=np.int32),
         }
-        return tfds.core.DatasetInfo(builder=self, description=self.__doc__, features=tfds.features.FeaturesDict(features),
-                                     metadata=tfds.core.MetadataDict(), disable_shuffling=True)  # fmt: skip
 
     def _split_examples(self):
         return generate(self.builder_config)

@@ -80,12 +80,18 @@ def read_lines(path: Path, skipped: Skipped) -> list[tuple[int, str, str]]:
     return lines
 
 
+def resized(image: Image.Image, height: int, width: int, channels: int) -> np.ndarray:
+    """`image` as `[height, width, channels]` uint8: grey (1) or RGB (3), resized bilinearly (as
+    every image task and inference read their images)."""
+    image = image.convert("L" if channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
+    array = np.asarray(image, np.uint8)
+    return array[..., None] if array.ndim == 2 else array
+
+
 def load_image(path: Path, config: ImageCaptionsConfig) -> np.ndarray:
     """`[height, width, channels]` uint8; raises OSError for a missing or unreadable file."""
     with Image.open(path) as image:
-        image = image.convert("L" if config.channels == 1 else "RGB").resize((config.width, config.height), Image.BILINEAR)
-        array = np.asarray(image, np.uint8)
-    return array[..., None] if array.ndim == 2 else array
+        return resized(image, config.height, config.width, config.channels)
 
 
 def read_split(config: ImageCaptionsConfig, split: str, skipped: Skipped) -> list[dict]:
@@ -125,15 +131,13 @@ class ImageCaptions(TextPairBuilder):
     VERSION = tfds.core.Version("1.0.0")
     BUILDER_CONFIG_CLASS = ImageCaptionsConfig
 
-    def _info(self) -> tfds.core.DatasetInfo:
+    def _features(self):
         config = self.builder_config
-        features = {
+        return {
             "image": tfds.features.Tensor(shape=(config.height, config.width, config.channels), dtype=np.uint8),
             "caption": tfds.features.Text(),
             "image_file": tfds.features.Text(),
         }
-        return tfds.core.DatasetInfo(builder=self, description=self.__doc__, features=tfds.features.FeaturesDict(features),
-                                     metadata=tfds.core.MetadataDict(), disable_shuffling=True)  # fmt: skip
 
     def _split_examples(self):
         skipped = Skipped()
