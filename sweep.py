@@ -14,10 +14,29 @@ evaluation; a median pruner stops trials that lag (SIGTERM: train.py saves
 and stops).
 
 The study lives in `WORKDIR/study.journal` (Optuna's journal file, safe for
-several processes on one machine) unless `--storage` names a database. Run
-the same command again and the sweep goes on where it stopped: finished
-trials are never rerun, trials cut short are queued again and resume from
-their checkpoint, failed trials stay recorded with their error.
+several processes on one machine) unless `--storage` names a database
+(PostgreSQL, or SQLite for one machine). Run the same command again and the
+sweep goes on where it stopped: finished trials are never rerun, trials cut
+short are queued again and resume from their checkpoint, failed trials stay
+recorded with their error.
+
+The first process to open a study records the sweep in it and queues a
+grid's points; this happens under a lock that every process opening the
+study takes, so sweeps started at the same moment queue each grid point once
+and a study made by another sweep is refused. With `--storage=postgresql://`
+the lock is in the database (an advisory lock), so it holds between
+machines with workdirs of their own; for SQLite it is a file beside the
+database, for the journal file one in WORKDIR.
+
+Devices: each of the `--parallel` workers runs one trial at a time, and on
+a machine with NVIDIA GPUs (CUDA_VISIBLE_DEVICES, or those `nvidia-smi -L`
+lists) with two or more workers, each worker gets a block of its own:
+len(GPUs) // N GPUs in CUDA_VISIBLE_DEVICES (the rest stay idle, so every
+trial shards alike), and XLA_PYTHON_CLIENT_PREALLOCATE=false unless it is
+set; its trials inherit them. More workers than GPUs is refused: two trials on one GPU
+contend for its memory and time. One worker, or a machine without GPUs
+(or JAX_PLATFORMS without cuda), keeps the environment as it is. TPUs are
+not split: run one worker per TPU host.
 
 Results: `WORKDIR/results.md` and `results.csv` (trials by objective, with
 overrides, steps, wall time, metrics, and the command that reproduces the
@@ -31,15 +50,19 @@ import contextlib
 import csv
 import dataclasses
 import fcntl
+import hashlib
+import itertools
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -194,34 +217,33 @@ def grid_points(sweep: Sweep) -> list[dict]:
 
 
 def open_study(args, sweep: Sweep) -> optuna.Study:
-    """Creates or loads the study; the first process to create it queues the grid."""
+    """Creates or loads the study; the first process to open it records the sweep and queues the grid.
+
+    All of it happens under `queue_lock`, so processes opening one study at the
+    same moment (on one machine or several) create the database's tables once
+    and queue each grid point once. The sweep is recorded after its grid: a
+    process killed while queueing leaves no record, and the next one queues
+    the points still missing.
+    """
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    if args.storage:
-        try:
-            storage = optuna.storages.RDBStorage(args.storage)
-        except Exception as error:  # SQLAlchemy and the drivers raise many types
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise SweepError(f"--storage {args.storage}: cannot open the database ({reason})") from error
-    else:
-        backend = optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal"))
-        storage = optuna.storages.JournalStorage(backend)
     worker_seed = sweep.seed + (args.worker_index or 0)  # workers must not draw the same random points
     sampler = optuna.samplers.TPESampler(seed=worker_seed) if sweep.method == "tpe" else optuna.samplers.RandomSampler(seed=worker_seed)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=2) if sweep.pruning else optuna.pruners.NopPruner()
-    description = {"config": str(args.config), "sweep": dataclasses.asdict(sweep)}
-    with init_lock(workdir):
+    description = json.loads(json.dumps({"config": str(args.config), "sweep": dataclasses.asdict(sweep)}))
+    study_name = args.study_name or workdir.name
+    with queue_lock(args.storage, workdir):
         study = optuna.create_study(
-            storage=storage, sampler=sampler, pruner=pruner, study_name=args.study_name or workdir.name,
+            storage=open_storage(args.storage, workdir), sampler=sampler, pruner=pruner, study_name=study_name,
             direction=sweep.direction, load_if_exists=True,
         )  # fmt: skip
         recorded = study.user_attrs.get("description")
         if recorded is None:
-            study.set_user_attr("description", json.loads(json.dumps(description)))
             if sweep.method == "grid":
-                for point in grid_points(sweep):
-                    study.enqueue_trial(point, user_attrs={"queued": True})
-        elif recorded != json.loads(json.dumps(description)):
+                for point in grid_points(sweep):  # skipping the points queued before a kill
+                    study.enqueue_trial(point, user_attrs={"queued": True}, skip_if_exists=True)
+            study.set_user_attr("description", description)
+        elif recorded != description:
             raise SweepError(
                 f"study {study.study_name!r} in {args.storage or workdir} was made by another sweep "
                 f"({recorded}); use another --workdir or --study_name"
@@ -229,11 +251,73 @@ def open_study(args, sweep: Sweep) -> optuna.Study:
     return study
 
 
+def open_storage(storage: str, workdir: Path) -> optuna.storages.BaseStorage:
+    """The database `storage` names, or without one the journal file in `workdir`."""
+    if not storage:
+        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal")))
+    try:
+        return optuna.storages.RDBStorage(storage)
+    except Exception as error:  # SQLAlchemy and the drivers raise many types
+        raise cannot_open(storage, error) from error
+
+
+def cannot_open(storage: str, error: Exception) -> SweepError:
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return SweepError(f"--storage {storage}: cannot open the database ({reason})")
+
+
 @contextlib.contextmanager
-def init_lock(workdir: Path):
-    """Serialises study creation between the processes of this machine."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    with open(workdir / ".init.lock", "w") as lock:
+def queue_lock(storage: str, workdir: Path):
+    """Serialises opening studies in `storage` (or the journal in `workdir`) between every process that does.
+
+    PostgreSQL: a transaction-level advisory lock in the database itself, so it
+    holds between machines (each with its own workdir); it ends with the
+    transaction, or with the connection if the process dies. One lock for the
+    whole database, as a fresh one gets its tables from the first opening.
+    SQLite (one machine): a file lock beside the database file. The journal
+    file (one machine): a file lock in the workdir, beside the journal.
+
+    Raises:
+      SweepError: a database other than PostgreSQL or SQLite, or one that cannot be reached.
+    """
+    if not storage:
+        with file_lock(workdir / ".init.lock"):
+            yield
+        return
+    import sqlalchemy  # only here: the journal file does without it
+
+    try:
+        url = sqlalchemy.engine.make_url(storage)
+    except Exception as error:  # a malformed URL
+        raise cannot_open(storage, error) from error
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        key = int.from_bytes(hashlib.sha256(b"attend sweep.py queue_lock").digest()[:8], "big", signed=True)  # its name
+        with contextlib.ExitStack() as stack:
+            try:
+                engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+                stack.callback(engine.dispose)
+                connection = stack.enter_context(engine.begin())
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+            except Exception as error:  # no driver, no server, no access
+                raise cannot_open(storage, error) from error
+            yield
+    elif backend == "sqlite":
+        database = url.database
+        if database in (None, "", ":memory:"):  # a database in memory has only this process
+            yield
+            return
+        with file_lock(Path(database).with_name(Path(database).name + ".sweep.lock")):
+            yield
+    else:
+        raise SweepError(f"--storage {storage}: sweeps share a study in PostgreSQL (or SQLite on one machine), not {backend}")
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """An exclusive flock on `path`: it serialises the processes of this machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -515,11 +599,54 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def launch_workers(args, argv: list[str]) -> int:
-    """Starts `--parallel` worker processes and waits; SIGTERM/SIGINT are passed on to them."""
+def visible_gpus(environ: Mapping[str, str]) -> list[str]:
+    """The NVIDIA GPUs a trial could use, named as CUDA_VISIBLE_DEVICES names them: that variable's list
+    when it is set (indices, GPU- or MIG- UUIDs), else the indices `nvidia-smi -L` lists; none when
+    JAX_PLATFORMS leaves CUDA out or there is no nvidia-smi (a CPU-only machine)."""
+    platforms = {p.strip().lower() for p in environ.get("JAX_PLATFORMS", "").split(",") if p.strip()}
+    if platforms and not platforms & {"cuda", "gpu"}:
+        return []
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        names = [name.strip() for name in environ["CUDA_VISIBLE_DEVICES"].split(",")]
+        return list(itertools.takewhile(lambda name: name and not name.startswith("-"), names))  # as CUDA reads it
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True, env=dict(environ)).stdout
+    except (OSError, subprocess.SubprocessError):  # no nvidia-smi, no driver
+        return []
+    return re.findall(r"^GPU (\d+):", listing, flags=re.MULTILINE)
+
+
+def worker_environment(index: int, parallel: int, environ: Mapping[str, str], gpus: list[str]) -> dict[str, str]:
+    """The environment of worker `index` of `parallel`, which its trials (train.py) inherit.
+
+    With two or more workers and `gpus` (see `visible_gpus`), worker i gets the
+    i-th contiguous block of len(gpus) // parallel of them as CUDA_VISIBLE_DEVICES
+    (the remainder stay idle, so every trial has as many devices and shards its
+    batch alike) and XLA_PYTHON_CLIENT_PREALLOCATE=false unless `environ` sets
+    it. Without GPUs, or with one worker, `environ` as it is.
+
+    Raises:
+      SweepError: fewer GPUs than workers; two trials would contend for one GPU.
+    """
+    environment = dict(environ)
+    if not gpus or parallel == 1:
+        return environment
+    if len(gpus) < parallel:
+        raise SweepError(
+            f"--parallel={parallel} but this machine has {len(gpus)} GPU(s) ({','.join(gpus)}), and two trials "
+            f"would contend for one; use --parallel={len(gpus)} or fewer"
+        )
+    size = len(gpus) // parallel
+    environment["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[index * size : (index + 1) * size])
+    environment.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    return environment
+
+
+def launch_workers(argv: list[str], environments: list[dict[str, str]]) -> int:
+    """Starts a worker process per environment and waits; SIGTERM/SIGINT are passed on to them."""
     workers = [
-        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, f"--worker_index={index}"])
-        for index in range(args.parallel)
+        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, f"--worker_index={index}"], env=environment)
+        for index, environment in enumerate(environments)
     ]
 
     def forward(signum: int) -> None:
@@ -540,8 +667,12 @@ def main(argv: list[str]) -> int:
         if args.worker_index is not None:
             work(args, sweep)
             return 0
+        gpus = visible_gpus(os.environ)
+        environments = [worker_environment(index, args.parallel, os.environ, gpus) for index in range(args.parallel)]
+        if gpus and args.parallel > 1:
+            print("GPUs by worker: " + "; ".join(f"{i}: {e['CUDA_VISIBLE_DEVICES']}" for i, e in enumerate(environments)), flush=True)
         study = open_study(args, sweep)  # creates the study (and queues the grid) once, before the workers
-        status = launch_workers(args, argv)
+        status = launch_workers(argv, environments)
         results = write_results(study, sweep, args)
     except ConfigError as error:
         print(f"sweep.py: error: {error}", file=sys.stderr)

@@ -1,6 +1,8 @@
 """Sweeps: a real 2x2 grid of tiny train.py runs on two workers; the study's bookkeeping
-(interrupt and resume, crashes, pruning, PostgreSQL) with tests/fake_train.py standing in."""
+(interrupt and resume, crashes, pruning, PostgreSQL, sweeps opening one study at once, GPUs
+per worker) with tests/fake_train.py standing in."""
 
+import argparse
 import csv
 import glob
 import os
@@ -11,7 +13,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import optuna
@@ -44,13 +48,13 @@ def sweep_file(tmp_path, **fields) -> Path:
     return write(tmp_path / "sweep_file.py", f"def get_sweep():\n    return {fields!r}\n")
 
 
-def run_sweep(tmp_path, sweep_path, *extra, config=None, workdir=None, train_script=FAKE_TRAIN, wait=True):
+def run_sweep(tmp_path, sweep_path, *extra, config=None, workdir=None, train_script=FAKE_TRAIN, wait=True, env=None):
     config = config or write(tmp_path / "fake_config.py", FAKE_CONFIG)
     command = [
         sys.executable, str(PROJECT_ROOT / "sweep.py"), f"--config={config}", f"--sweep={sweep_path}",
         f"--workdir={workdir or tmp_path / 'sweep'}", f"--train_script={train_script}", *extra,
     ]  # fmt: skip
-    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if not wait:
         return process
     output = process.communicate(timeout=600)[0]
@@ -261,6 +265,144 @@ def test_two_workers_share_one_study_in_postgresql(tmp_path, postgres_url):
     assert not (tmp_path / "sweep" / "study.journal").exists()  # the database holds the study
     starts = [p.read_text().split() for p in (tmp_path / "sweep" / "trials").glob("*/starts")]
     assert sorted(starts) == [["0"]] * 4
+
+
+def open_args(config: Path, workdir: Path, storage: str = "", study_name: str = "") -> argparse.Namespace:
+    """sweep.py's flags as `open_study` reads them."""
+    return argparse.Namespace(config=str(config), workdir=str(workdir), storage=storage, study_name=study_name, worker_index=None)
+
+
+def queued_points(study: optuna.Study) -> list[tuple]:
+    """The params of every trial, queued or run, as sorted (name, value) tuples: a grid point queued twice shows twice."""
+    return sorted(tuple(sorted(t.system_attrs.get("fixed_params", t.params).items())) for t in study.trials)
+
+
+@pytest.mark.parametrize("database", ["postgresql", "sqlite"])
+def test_two_machines_opening_one_grid_study_at_once_queue_each_point_once(tmp_path, request, monkeypatch, database):
+    # Sweeps with workdirs of their own (no lock folder in common) open one study, released at the same
+    # moment: first on a fresh database (its tables are made once too), then a second study beside it.
+    url = request.getfixturevalue("postgres_url") if database == "postgresql" else f"sqlite:///{tmp_path / 'study.db'}"
+    read = optuna.study.Study.user_attrs.fget
+
+    def slow_read(study):  # a slow database: unless they wait for each other, all read the study before any writes
+        attrs = read(study)
+        time.sleep(0.1)
+        return attrs
+
+    monkeypatch.setattr(optuna.study.Study, "user_attrs", property(slow_read))
+    config = write(tmp_path / "fake_config.py", FAKE_CONFIG)
+    grid = sweep.load_sweep(sweep_file(tmp_path, **GRID), config)
+    for name in ("fresh", "beside"):
+        barrier = threading.Barrier(4)
+
+        def open_at_once(machine: str) -> None:
+            args = open_args(config, tmp_path / machine / "sweep", url, study_name=name)
+            barrier.wait()
+            sweep.open_study(args, grid)
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(open_at_once, ["a", "b", "c", "d"]))
+        study = optuna.load_study(study_name=name, storage=url)
+        assert queued_points(study) == [(("learning_rate", lr), ("quality", q)) for lr in (1e-3, 3e-3) for q in (0.5, 1.0)]
+        assert all(t.state.name == "WAITING" and t.user_attrs == {"queued": True} for t in study.trials)
+    # the description check still holds: a study made by another sweep is refused, and nothing is queued
+    other = sweep.load_sweep(sweep_file(tmp_path, **dict(GRID, direction="minimize")), config)
+    with pytest.raises(sweep.SweepError, match="'beside' .* was made by another sweep"):
+        sweep.open_study(open_args(config, tmp_path / "e" / "sweep", url, study_name="beside"), other)
+    assert len(optuna.load_study(study_name="beside", storage=url).trials) == 4
+
+
+def test_grid_queueing_cut_short_is_finished_without_repeats(tmp_path):
+    # A process killed while queueing leaves some points and no description: the next one queues only the rest.
+    config = write(tmp_path / "fake_config.py", FAKE_CONFIG)
+    grid = sweep.load_sweep(sweep_file(tmp_path, **GRID), config)
+    workdir = tmp_path / "sweep"
+    workdir.mkdir()
+    study = optuna.create_study(study_name="sweep", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    study.enqueue_trial({"quality": 0.5, "learning_rate": 1e-3}, user_attrs={"queued": True})
+    study = sweep.open_study(open_args(config, workdir, f"sqlite:///{tmp_path / 'study.db'}"), grid)
+    assert queued_points(study) == [(("learning_rate", lr), ("quality", q)) for lr in (1e-3, 3e-3) for q in (0.5, 1.0)]
+    assert study.user_attrs["description"]["sweep"]["space"]["quality"] == ["categorical", [0.5, 1.0]]
+    study = sweep.open_study(open_args(config, workdir, f"sqlite:///{tmp_path / 'study.db'}"), grid)  # recorded: queues nothing
+    assert len(study.trials) == 4
+
+
+def test_unsupported_database_is_refused_by_name(tmp_path):
+    with pytest.raises(sweep.SweepError, match="PostgreSQL .* not mysql"):
+        with sweep.queue_lock("mysql://user@host/db", tmp_path):
+            pass
+
+
+def test_worker_environment_gives_each_worker_gpus_of_its_own():
+    environ = {"PATH": "/usr/bin", "HOME": "/root"}
+    gpus = ["0", "1", "2", "3"]
+    first, second = (sweep.worker_environment(i, 2, environ, gpus) for i in range(2))
+    assert first == {**environ, "CUDA_VISIBLE_DEVICES": "0,1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    assert second == {**environ, "CUDA_VISIBLE_DEVICES": "2,3", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    assert environ == {"PATH": "/usr/bin", "HOME": "/root"}  # the parent's is left alone
+    # blocks of one size (the remainder idle), names as CUDA_VISIBLE_DEVICES gave them; an explicit setting is kept
+    given = {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+    assert [sweep.worker_environment(i, 2, given, ["4", "6", "7"]) for i in range(2)] == [
+        {"CUDA_VISIBLE_DEVICES": "4", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
+        {"CUDA_VISIBLE_DEVICES": "6", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
+    ]  # fmt: skip
+    # more workers than GPUs: refused, naming the count
+    with pytest.raises(sweep.SweepError, match=r"--parallel=2 but this machine has 1 GPU\(s\) \(0\).*--parallel=1"):
+        sweep.worker_environment(0, 2, environ, ["0"])
+    # no GPUs (CPU-only), or one worker: the environment as it is
+    assert [sweep.worker_environment(i, 2, environ, []) for i in range(2)] == [environ, environ]
+    assert sweep.worker_environment(0, 1, environ, gpus) == environ
+
+
+def fake_nvidia_smi(folder: Path, count: int) -> Path:
+    """A folder with an `nvidia-smi` whose `-L` lists `count` GPUs, to put first in PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})\\n" for i in range(count))
+    script = write(folder / "nvidia-smi", f"#!/bin/sh\nprintf '{lines}'\n")
+    script.chmod(0o755)
+    return folder
+
+
+def test_visible_gpus_from_cuda_visible_devices_or_nvidia_smi(tmp_path):
+    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3, 5"}) == ["2", "3", "5"]
+    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "MIG-a,MIG-b"}) == ["MIG-a", "MIG-b"]
+    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,-1,1"}) == ["0"]  # CUDA stops at an invalid name
+    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1", "JAX_PLATFORMS": "cpu"}) == []
+    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1", "JAX_PLATFORMS": "cuda,cpu"}) == ["0", "1"]
+    assert sweep.visible_gpus({"PATH": str(fake_nvidia_smi(tmp_path / "bin", 4))}) == ["0", "1", "2", "3"]
+    assert sweep.visible_gpus({"PATH": str(tmp_path / "nothing")}) == []  # no nvidia-smi: a CPU-only machine
+
+
+RECORD_TRAIN = """
+import os, runpy, sys
+from pathlib import Path
+
+workdir = Path(next(arg for arg in sys.argv if arg.startswith("--workdir=")).split("=", 1)[1])
+workdir.mkdir(parents=True, exist_ok=True)
+(workdir / "devices").write_text(" ".join(os.environ.get(k, "") for k in ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE")))
+runpy.run_path(FAKE_TRAIN, run_name="__main__")
+"""
+
+
+def test_trials_inherit_their_workers_gpus(tmp_path):
+    # stands in for train.py: records the devices the trial was given, then "trains"
+    recorder = write(tmp_path / "record_train.py", f"FAKE_TRAIN = {str(FAKE_TRAIN)!r}\n{RECORD_TRAIN}")
+    hidden = ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE")
+    environ = {k: v for k, v in os.environ.items() if k not in hidden}
+    path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.1})
+    status, output = run_sweep(tmp_path, path, "--parallel=2", train_script=recorder, env=dict(environ, CUDA_VISIBLE_DEVICES="0"))
+    assert status == 2 and output.startswith("sweep.py: error: --parallel=2 but this machine has 1 GPU(s)"), output
+    assert not (tmp_path / "sweep").exists()  # refused before anything is written
+
+    four_gpus = dict(environ, PATH=f"{fake_nvidia_smi(tmp_path / 'bin', 4)}:{environ['PATH']}")
+    status, output = run_sweep(tmp_path, path, "--parallel=2", train_script=recorder, env=four_gpus)
+    assert status == 0 and "GPUs by worker: 0: 0,1; 1: 2,3" in output, output
+    trials = load_study(tmp_path / "sweep").trials
+    assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials)
+    given = {(t.user_attrs["worker"], (Path(t.user_attrs["workdir"]) / "devices").read_text()) for t in trials}
+    assert sorted(devices for _, devices in given) == ["0,1 false", "2,3 false"]  # a block of its own per worker,
+    assert len({worker for worker, _ in given}) == 2  # the same for each of its trials
 
 
 def test_grid_points_and_distributions():
