@@ -19,6 +19,7 @@ counts the eos.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -284,10 +285,15 @@ def check_options(decode_config: Any) -> None:
             f"decode.num_hypotheses must be between 1 and decode.beam_size ({d.beam_size}) for search, "
             f"and 1 for sampling; got {d.num_hypotheses}"
         )
-    if d.temperature <= 0 or d.top_k < 0 or not 0 < d.top_p <= 1:
-        raise ConfigError(f"decode needs temperature > 0, top_k >= 0, 0 < top_p <= 1; got {d.temperature}, {d.top_k}, {d.top_p}")
-    if d.length_penalty < 0 or d.max_length_offset < 0:
-        raise ConfigError(f"decode.length_penalty and decode.max_length_offset must not be negative, got {d.length_penalty}, {d.max_length_offset}")
+    for name, holds, what in (
+        ("temperature", d.temperature > 0 and math.isfinite(d.temperature), "positive and finite"),
+        ("top_k", d.top_k >= 0, "at least 0 (0 = every token)"),
+        ("top_p", 0 < d.top_p <= 1, "in (0, 1]"),
+        ("length_penalty", 0 <= d.length_penalty < math.inf, "finite and not negative"),
+        ("max_length_offset", d.max_length_offset >= 0, "not negative"),
+    ):  # fmt: skip
+        if not holds:
+            raise ConfigError(f"decode.{name} must be {what}, got {getattr(d, name)}")
 
 
 class WithoutCache:

@@ -44,6 +44,10 @@ BATCHINGS = ("pack", "bucket")
 LENGTH_POLICIES = ("drop", "trim")
 
 
+MAX_LENGTH = 65_536  # tokens: one row's [L, L] attention scores would already need 16 GiB per head
+MAX_THREADS = 256
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineSettings:
     """`config.data` with the global batch size and the seed, checked; the fields and their
@@ -66,11 +70,14 @@ class PipelineSettings:
             raise ConfigError(f"data.length_policy must be one of {', '.join(LENGTH_POLICIES)}, got {self.length_policy!r}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be positive, got {self.batch_size}")
-        for name in ("max_source_length", "max_target_length", "num_threads"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
-        if not self.bucket_boundaries or list(self.bucket_boundaries) != sorted(set(self.bucket_boundaries)):
-            raise ConfigError(f"data.bucket_boundaries must be increasing lengths, got {self.bucket_boundaries}")
+        for name, highest in (("max_source_length", MAX_LENGTH), ("max_target_length", MAX_LENGTH), ("num_threads", MAX_THREADS),
+                              ("prefetch_batches", MAX_THREADS)):  # fmt: skip
+            lowest = 0 if name == "prefetch_batches" else 1
+            if not lowest <= getattr(self, name) <= highest:
+                raise ConfigError(f"data.{name} must be in [{lowest}, {highest}], got {getattr(self, name)}")
+        boundaries = list(self.bucket_boundaries)
+        if not boundaries or boundaries != sorted(set(boundaries)) or boundaries[0] < 1:
+            raise ConfigError(f"data.bucket_boundaries must be increasing positive lengths, got {self.bucket_boundaries}")
 
     @classmethod
     def from_config(cls, config, batch_size: int | None = None) -> "PipelineSettings":

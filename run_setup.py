@@ -35,6 +35,7 @@ import models
 import tasks
 import vocabularies
 from checkpoints import Checkpoints
+from configs import base
 from errors import CheckpointError, ConfigError, DataError, WorkdirInUse
 from input_pipeline import PipelineSettings
 
@@ -341,13 +342,13 @@ class Run:
 def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: bool = True) -> None:
     """What can be checked before anything is read or written: every field of the data, vocabulary,
     model and decoding settings, and how they fit together (the training memory only for `training`)."""
+    base.check(config)
+    tasks.check_parameters(config.task.name, **{k: v for k, v in config.task.to_dict().items() if k != "name"})
     PipelineSettings.from_config(config)
     vocabularies.TokenizerSettings.from_config(config)
     decoding.check_options(config.decode)
     if config.metrics.bleu_tokenize not in metrics.BLEU_TOKENIZERS:
         raise ConfigError(f"metrics.bleu_tokenize must be one of {', '.join(metrics.BLEU_TOKENIZERS)}, got {config.metrics.bleu_tokenize!r}")
-    if config.early_stopping_patience < 0:
-        raise ConfigError(f"early_stopping_patience must not be negative, got {config.early_stopping_patience}")
     model = models.checked_config(config.model.name, **{k: v for k, v in config.model.to_dict().items() if k != "name"})
     check_inputs(config)
     if getattr(model, "share_embeddings", False) and not config.tokenizer.shared:
@@ -364,9 +365,6 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: b
     for name, length in lengths.items():
         if limit is not None and length > limit:
             raise ConfigError(f"{name} = {length} is longer than model.max_length = {limit}, the model's longest sequence")
-    for name in ("eval_every_steps", "log_every_steps", "checkpoint_every_steps", "length_bucket_width", "num_train_steps"):
-        if config[name] < 1:
-            raise ConfigError(f"{name} must be at least 1, got {config[name]}")
     if training and hasattr(model, "tape_bytes"):  # LSTMN: the training step holds the tapes and their cotangents
         rows = max(config.batch_size // (mesh.size * max(config.grad_accum_steps, 1)), 1)
         longest = max(config.data.max_source_length, config.data.max_target_length)
@@ -377,12 +375,42 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: b
                 f"device in training, more than half of the {available / 2**30:.1f} GiB there; lower batch_size, "
                 "data.max_source_length / data.max_target_length, model.hidden_dim or model.attention_dim"
             )
-    if config.grad_accum_steps < 1:
-        raise ConfigError(f"grad_accum_steps must be at least 1, got {config.grad_accum_steps}")
+    check_memory(config, mesh, training=training)
     if config.batch_size % (mesh.size * config.grad_accum_steps):
         raise ConfigError(
             f"batch_size {config.batch_size} must be divisible by the {mesh.size} devices "
             f"times grad_accum_steps {config.grad_accum_steps}"
+        )
+
+
+CHARACTER_VOCABULARY_GUESS = 256  # a character vocabulary's size before it is made: a few hundred at most
+
+
+def check_memory(config: ml_collections.ConfigDict, mesh: Mesh, *, training: bool) -> None:
+    """Huge sizes stop here, named, instead of in an allocation: the parameters (in training with
+    their gradients and Adam's two moments) and one device's output logits must each fit in half
+    of a device's memory. The model is built abstractly (no memory) with a vocabulary of
+    `tokenizer.vocab_size` (a character vocabulary: a guess of its size)."""
+    vocab = CHARACTER_VOCABULARY_GUESS if config.tokenizer.kind == "char" else config.tokenizer.vocab_size
+    fields = {k: v for k, v in config.model.to_dict().items() if k != "name"}
+    fields.update(vocab_size=vocab, source_vocab_size=vocab, bos_id=vocabularies.BOS_ID, pad_id=vocabularies.PAD_ID)
+    abstract = nnx.eval_shape(lambda: models.create_model(config.model.name, rngs=nnx.Rngs(0), **fields))
+    count = sum(leaf.size for leaf in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    available = device_memory_bytes(mesh.devices.flat[0]) // 2
+    copies = 4 if training else 1  # parameters, gradients, Adam's first and second moments (float32)
+    if count * 4 * copies > available:
+        sizes = ", ".join(f"model.{k}" for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool) and k not in models.FROM_VOCABULARY)
+        raise ConfigError(
+            f"model {config.model.name} has {count:,} parameters, {count * 4 * copies / 2**30:.1f} GiB with what training keeps "
+            f"of them, more than half of a device's {2 * available / 2**30:.1f} GiB; lower {sizes}"
+        )
+    rows = config.batch_size // (mesh.size * config.grad_accum_steps) or 1
+    logits = rows * config.data.max_target_length * vocab * 4 * 3  # logits, softmax and their gradient
+    if logits > available:
+        raise ConfigError(
+            f"batch_size {config.batch_size} (with data.max_target_length {config.data.max_target_length}) gives each device "
+            f"{rows} rows, whose output logits alone need {logits / 2**30:.1f} GiB, more than half of its "
+            f"{2 * available / 2**30:.1f} GiB; lower batch_size, or raise grad_accum_steps"
         )
 
 

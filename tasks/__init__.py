@@ -141,6 +141,16 @@ def build_lock(data_dir: str):
         yield
 
 
+def check_parameters(name: str, **params) -> None:
+    """Raises `ConfigError` naming an unknown parameter of task `name` or one whose value cannot work,
+    without building or reading anything."""
+    unknown = sorted(set(params) - set(parameters_of(name)))  # an unknown name stops here too
+    if unknown:
+        raise ConfigError(f"unknown task parameter(s) for {name}: {', '.join(unknown)}; valid: {', '.join(sorted(parameters_of(name)))}")
+    if name in TASKS:
+        TASKS[name].config_class.create(**params, **({"kind": name} if name in synthetic.KINDS else {}))
+
+
 def load_task(name: str, data_dir: str, **params) -> Task:
     """The task named `name`: a registered task or a TFDS catalog `dataset/config`."""
     with build_lock(data_dir):
@@ -148,9 +158,7 @@ def load_task(name: str, data_dir: str, **params) -> Task:
 
 
 def _load_task(name: str, data_dir: str, **params) -> Task:
-    unknown = sorted(set(params) - set(parameters_of(name)))  # an unknown name stops here too
-    if unknown:
-        raise ConfigError(f"unknown task parameter(s) for {name}: {', '.join(unknown)}; valid: {', '.join(sorted(parameters_of(name)))}")
+    check_parameters(name, **params)
     if name in TASKS:
         kind = TASKS[name]
         splits, report = kind.prepare(data_dir=data_dir, **params)

@@ -5,19 +5,39 @@ A task is a TFDS builder whose examples are `{'source': text, 'target': text}`
 array_record files under `data_dir` and read back with random access. The
 builder config's name is made from its parameters, so changing a parameter (or
 the builder's VERSION) builds a new copy instead of reusing a stale one.
+
+Built data that was damaged after the build stops the run with a DataError naming
+the shard and the fix (delete the dataset's folder; the next run rebuilds it):
+at load time, a shard that is missing, not of the size the build wrote (a
+truncated or appended-to file), or whose index is unreadable or does not hold the
+records TFDS counted (cheap: a stat and the file's footer per shard); when a
+record is read, a record whose bytes were overwritten (ArrayRecord keeps a hash of
+every chunk; the input pipeline reads every record of a split before its first
+batch, so a training run stops before its first step). Not detected: bytes
+overwritten in a shard's padding after its last chunk (harmless: no record lies
+there), and a shard replaced by another complete, valid one of the same size.
+Data built before shard sizes were recorded gets every check but the size.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections.abc
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
+import operator
+import os
+from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
 import tensorflow_datasets as tfds
+from array_record.python import array_record_module
+from google.protobuf import json_format
 
-from errors import ConfigError
+from errors import ConfigError, DataError
 
 SPLITS = ("train", "dev", "test")
 
@@ -36,6 +56,13 @@ class TaskConfig(tfds.core.BuilderConfig):
         base = {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)}
         return {f.name: f.default for f in dataclasses.fields(cls) if f.name not in base}
 
+    def check_sizes(self) -> None:
+        """Every `*_size` parameter (a split's or the vocabulary's) is a positive number of examples:
+        an empty split would stop the run later, after the data was built."""
+        for name, value in self.parameters().items():
+            if name.endswith("_size") and isinstance(value, int) and value < 1:
+                raise ConfigError(f"task.{name} must be at least 1, got {value}")
+
     @classmethod
     def create(cls, **params) -> "TaskConfig":
         """A config whose name is a digest of its parameters, e.g. `p3f9c2a1b0d4e`."""
@@ -44,6 +71,7 @@ class TaskConfig(tfds.core.BuilderConfig):
         if unknown:
             raise ConfigError(f"unknown task parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
         config = cls(name="pending", **params)
+        config.check_sizes()
         digest = hashlib.sha256(json.dumps(config.parameters(), sort_keys=True, default=str).encode()).hexdigest()
         config.name = "p" + digest[:12]
         config.description = json.dumps(config.parameters(), sort_keys=True, default=str)
@@ -92,18 +120,103 @@ class TextPairBuilder(tfds.core.GeneratorBasedBuilder):
     def _download_and_prepare(self, dl_manager, download_config=None):
         super()._download_and_prepare(dl_manager, download_config)
         self.info.metadata["build_report"] = self.build_report
+        self.info.metadata["shard_bytes"] = {shard.name: shard.stat().st_size for shard, _ in shards(self.info)}
 
 
-def prepare(builder_class: type[TextPairBuilder], data_dir: str, **params) -> tuple[dict[str, Any], dict]:
-    """Builds the task's data unless a copy with the same version and parameters exists.
+def shards(info: tfds.core.DatasetInfo) -> list[tuple[Path, int]]:
+    """`(path, records)` of every array_record shard of every split."""
+    return [(Path(shard.filename), shard.examples_in_shard)
+            for split in info.splits.values() for shard in split.file_instructions]  # fmt: skip
+
+
+def rebuild_fix(folder: os.PathLike) -> str:
+    """What to do about damaged built data."""
+    return f"delete the folder {folder} and run again to rebuild it"
+
+
+def records_in(path: Path) -> int | None:
+    """The records an array_record file's footer says it holds; None if the file or its footer is unreadable."""
+    try:
+        reader = array_record_module.ArrayRecordReader(os.fspath(path))
+        count = reader.num_records() if reader.ok() else None
+        reader.close()  # raises for a file that failed to open
+    except RuntimeError:
+        return None
+    return count
+
+
+def shard_problem(path: Path, records: int, size: int | None) -> str | None:
+    """What is wrong with a shard the build wrote with `records` records in `size` bytes (None: not
+    recorded, an older build), or None."""
+    if not path.is_file():
+        return "is missing"
+    if size is not None and path.stat().st_size != size:
+        return f"has {path.stat().st_size} bytes, but the build wrote {size} (truncated or overwritten)"
+    found = records_in(path)
+    if found is None:
+        return "is not a readable array_record file (truncated or overwritten)"
+    if found != records:
+        return f"holds {found} records, but the build wrote {records} (truncated or overwritten)"
+    return None
+
+
+def check_shards(info: tfds.core.DatasetInfo, fix: str) -> None:
+    """Stops at the first shard that is missing, of the wrong size or with an unreadable footer."""
+    sizes = info.metadata.get("shard_bytes", {})
+    for path, records in shards(info):
+        problem = shard_problem(path, records, sizes.get(path.name))
+        if problem:
+            raise DataError(f"corrupt built data: {path} {problem}; {fix}")
+
+
+class Records(collections.abc.Sequence):
+    """One split's records with random access (TFDS's data source); a record that cannot be read
+    stops with a DataError naming its shard and `fix` instead of ArrayRecord's RuntimeError."""
+
+    def __init__(self, source, fix: str):
+        self.source, self.fix = source, fix
+        instructions = source.dataset_info.splits[source.split].file_instructions
+        self.shards = [shard.filename for shard in instructions]
+        self.ends = list(itertools.accumulate(shard.take for shard in instructions))  # first record past each shard
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index):
+        index = operator.index(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"record {index} of {len(self)}")
+        try:
+            return self.source[index]
+        except RuntimeError as error:  # ArrayRecord/Riegeli: a hash mismatch, a chunk cut short
+            shard = self.shards[bisect.bisect_right(self.ends, index)]
+            raise DataError(
+                f"corrupt built data: record {index} in {shard} cannot be read ({str(error).split(';')[0]}); {self.fix}"
+            ) from error
+
+
+def built_builder(builder_class: type[TextPairBuilder], config: TaskConfig, data_dir: str) -> TextPairBuilder:
+    """The builder of `config` in `data_dir`; a DataError if its recorded dataset_info.json is unreadable."""
+    try:
+        return builder_class(config=config, data_dir=data_dir)
+    except json_format.ParseError as error:
+        folder = Path(data_dir) / builder_class.name / config.name / str(builder_class.VERSION)
+        raise DataError(f"corrupt built data: {folder / 'dataset_info.json'} ({error}); {rebuild_fix(folder)}") from error
+
+
+def prepare(builder_class: type[TextPairBuilder], data_dir: str, **params) -> tuple[dict[str, Records], dict]:
+    """Builds the task's data unless a copy with the same version and parameters exists, and checks
+    its shards (`check_shards`).
 
     Returns:
-      `({split: random-access source of examples}, build report)`.
+      `({split: random-access records}, build report)`.
     """
-    builder = builder_class(config=builder_class.BUILDER_CONFIG_CLASS.create(**params), data_dir=data_dir)
+    builder = built_builder(builder_class, builder_class.BUILDER_CONFIG_CLASS.create(**params), data_dir)
     builder.download_and_prepare()
+    fix = rebuild_fix(builder.data_path)
+    check_shards(builder.info, fix)
     report = dict(builder.info.metadata.get("build_report", {}))
-    return builder.as_data_source(), report
+    return {split: Records(source, fix) for split, source in builder.as_data_source().items()}, report
 
 
 def text(value: bytes | str) -> str:
