@@ -5,13 +5,18 @@ dropout RNG is a function of seed and step) and the Grain iterator state, so a
 resumed run sees exactly the batches an uninterrupted run would. Orbax writes
 each checkpoint to a temporary folder and renames it when complete, so a
 crash mid-save leaves no partial checkpoint; a checkpoint that is complete but
-unreadable (a damaged file) is reported and the previous one is used.
+unreadable (a damaged file) is reported and the previous one is used. Each
+checkpoint, once committed, gets a digest of its files (`attend_sha256.json`),
+verified before it is restored: a flipped bit may read without an error.
 
 Kept: the last `keep` checkpoints, and the best one by an eval metric.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -23,6 +28,8 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from errors import CheckpointError
+
+DIGEST_FILE = "attend_sha256.json"  # in each checkpoint's folder: a flipped bit may read without an error
 
 
 class Checkpoints:
@@ -64,8 +71,8 @@ class Checkpoints:
         would exit under, printing its traceback over the one-line message.
         """
         if jax.process_index() == 0 and directory.exists():
-            for name in ocp.utils.tmp_checkpoints(directory):
-                shutil.rmtree(directory / name, ignore_errors=True)
+            for unfinished in ocp.utils.tmp_checkpoints(directory):  # Orbax's TemporaryPath objects
+                shutil.rmtree(str(unfinished.get()), ignore_errors=True)
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -74,12 +81,63 @@ class Checkpoints:
         return self.manager.best_step()
 
     def save(self, step: int, state: Any, data_iterator: Any | None, metrics: dict | None = None) -> None:
-        """Saves (asynchronously); `metrics` holding `best_metric` make it a candidate for best."""
+        """Saves (asynchronously); `metrics` holding `best_metric` make it a candidate for best.
+
+        The previous save is complete first (Orbax waits for it), and gets its digest.
+
+        Raises:
+          CheckpointError: this save or the previous one could not be written (a full disk, a
+            folder not writable), naming the folder; the checkpoints before it are intact.
+        """
         items = {"state": ocp.args.StandardSave(state)}
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
         usable = metrics if metrics and self.best_metric in metrics else None
-        self.manager.save(step, args=ocp.args.Composite(**items), metrics=usable, force=True)
+        with self._writing():
+            self.manager.wait_until_finished()
+            self._write_digests()
+            self.manager.save(step, args=ocp.args.Composite(**items), metrics=usable, force=True)
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """Turns a failed write (Orbax's own thread's error included) into a `CheckpointError`."""
+        try:
+            yield
+        except OSError as error:
+            raise CheckpointError(
+                f"cannot write a checkpoint to {self.manager.directory} ({error.strerror or error}); "
+                "the checkpoints before it are intact: free space or fix the folder's permissions, then run the "
+                "same command again to resume from the last of them"
+            ) from error
+
+    def _write_digests(self) -> None:
+        """Writes `DIGEST_FILE` into each committed checkpoint without one (the first process)."""
+        if jax.process_index() != 0:
+            return
+        for step in self.manager.all_steps():
+            folder = Path(self.manager.directory) / str(step)
+            if folder.is_dir() and not (folder / DIGEST_FILE).exists():
+                temporary = folder / (DIGEST_FILE + ".tmp")
+                temporary.write_text(json.dumps(file_digests(folder), indent=0, sort_keys=True))
+                temporary.rename(folder / DIGEST_FILE)  # a digest is whole or absent
+
+    def _damage(self, step: int) -> str | None:
+        """What is wrong with the files of the checkpoint at `step` by its digest, or None (also
+        when it has none: a run killed between a save's commit and its digest)."""
+        folder = Path(self.manager.directory) / str(step)
+        path = folder / DIGEST_FILE
+        if not path.exists():
+            logging.warning("the checkpoint at step %d in %s has no digest to verify it by", step, self.manager.directory)
+            return None
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return f"its digest {path} is unreadable"
+        found = file_digests(folder)
+        for name, digest in sorted(recorded.items()):
+            if found.get(name) != digest:
+                return f"{folder / name} is {'missing' if name not in found else 'changed'} since it was saved"
+        return None
 
     def restore(
         self, abstract_state: Any, data_iterator: Any | None = None, *, step: int | None = None
@@ -124,7 +182,10 @@ class Checkpoints:
         if not candidates:
             raise CheckpointError(f"no checkpoint in {self.manager.directory}")
         for candidate in candidates:
+            damage = self._damage(candidate)
             try:
+                if damage:
+                    raise CheckpointError(damage)
                 restored = self.manager.restore(candidate, args=arguments())
             except Exception as error:  # Orbax/TensorStore raise many types for damaged files
                 logging.warning("checkpoint at step %d in %s is unreadable (%s: %s)", candidate,
@@ -151,5 +212,26 @@ class Checkpoints:
         self.manager.reload()
 
     def close(self) -> None:
-        """Waits for pending saves and releases Orbax's threads."""
-        self.manager.close()
+        """Waits for pending saves, writes their digests and releases Orbax's threads.
+
+        Raises:
+          CheckpointError: the last save could not be written, naming the folder.
+        """
+        with self._writing():
+            self.manager.wait_until_finished()
+            self._write_digests()
+            self.manager.close()
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """`{relative path: sha256}` of every file under `folder` but the digest itself."""
+    return {
+        str(path.relative_to(folder)): sha256(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != DIGEST_FILE
+    }
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()

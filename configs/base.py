@@ -209,8 +209,10 @@ def check(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` naming the first common field whose value cannot work."""
     for name in (*AT_LEAST_ONE, *NOT_NEGATIVE, *FRACTIONS, "adam_eps"):
         value = config[name]
-        if not math.isfinite(value) or abs(value) > LARGEST_INT:
-            raise ConfigError(f"{name} must be a finite number of at most {LARGEST_INT}, got {value}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
+        if isinstance(value, int) and abs(value) > LARGEST_INT:
+            raise ConfigError(f"{name} must be at most {LARGEST_INT}, got {value}")
     for names, low, what in ((AT_LEAST_ONE, 1, "at least 1"), (NOT_NEGATIVE, 0, "not negative")):
         for name in names:
             if config[name] < low:

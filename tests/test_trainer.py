@@ -31,8 +31,9 @@ TINY_FLAGS = [
 ]  # fmt: skip
 
 
-def run_train_py(workdir, data_dir, *flags, env=None, tiny=TINY_FLAGS, **popen):
-    command = [sys.executable, str(PROJECT_ROOT / "train.py"), f"--workdir={workdir}", f"--config.data_dir={data_dir}", *tiny, *flags]
+def run_train_py(workdir, data_dir, *flags, env=None, tiny=TINY_FLAGS, script=PROJECT_ROOT / "train.py", point=None, **popen):
+    """train.py (or `script`, given `point` first: tests/fault_worker.py) on the tiny config in a subprocess."""
+    command = [sys.executable, str(script), *([point] if point else []), f"--workdir={workdir}", f"--config.data_dir={data_dir}", *tiny, *flags]
     environment = {**os.environ, "XLA_FLAGS": xla_flags(1), **(env or {})}
     return subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
@@ -245,13 +246,6 @@ def assert_same_final_state(config, whole_dir, cut_dir, step):
     for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(cut_state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit-identical
     return whole_state
-
-
-def test_sigkill_and_rerun_equal_an_uninterrupted_run(shared_data_dir, tmp_path):
-    flags = ["--config.num_train_steps=120", "--config.checkpoint_every_steps=40", "--config.eval_every_steps=60",
-             "--config.visualize_examples=0"]
-    whole, cut = sigkill_and_rerun(tmp_path, shared_data_dir, flags, kill_after=60, checkpoint=40, last=120)
-    assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=120), whole, cut, 120)
 
 
 def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):

@@ -1,0 +1,63 @@
+"""train.py, killed (SIGKILL) by itself at a point the test chooses; for tests/test_faults.py.
+
+    python tests/fault_worker.py POINT TRAIN_PY_FLAGS...
+
+POINT is `step:N` (while train step N runs; N=1 is the first step, before anything is saved),
+`save:N` (inside the save of step N: its files written, Orbax's commit not yet done) or `eval`
+(inside the first evaluation of this process, while it decodes).
+"""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+from absl import app  # noqa: E402
+from orbax.checkpoint._src.path import atomicity  # noqa: E402
+
+import evaluation  # noqa: E402
+import train  # noqa: E402
+import trainer  # noqa: E402
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+point, flags = sys.argv[1], sys.argv[2:]
+kind, _, number = point.partition(":")
+if kind == "step":
+    compile_train_step = trainer.compile_train_step
+
+    def compile_killing_step(*args, **kwargs):
+        step_function = compile_train_step(*args, **kwargs)
+
+        def killing_step(state, batch):
+            reached = int(jax.device_get(state["step"])) + 1 == int(number)
+            outputs = step_function(state, batch)  # dispatched: the step is under way
+            if reached:
+                die()
+            return outputs
+
+        return killing_step
+
+    trainer.compile_train_step = compile_killing_step
+elif kind == "save":
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+    async def killing_finalize(self):
+        if self._final_path.name == number:
+            die()
+        return await finalize(self)
+
+    atomicity.AtomicRenameTemporaryPath.finalize = killing_finalize
+elif kind == "eval":
+    evaluation.Evaluator.hypotheses = lambda *args, **kwargs: die()
+else:
+    raise SystemExit(f"unknown point {point}")
+
+sys.argv = [str(Path(train.__file__)), *flags]
+app.run(lambda argv: sys.exit(train.main(argv)), flags_parser=train.parse_flags)

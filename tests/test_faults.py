@@ -1,0 +1,96 @@
+"""Faults injected into runs (README "What survives what"): damaged checkpoints, a failed checkpoint
+write, SIGKILL at chosen points, several processes and their cluster."""
+
+import errno
+import random
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+from orbax.checkpoint._src.path import atomicity
+from tiny import tiny_config
+from test_trainer import assert_same_final_state, metric_rows, run_train_py
+
+import checkpoints
+import trainer
+from errors import CheckpointError
+from run_setup import prepare_run
+
+TIMING = ("tokens_per_second", "steps_per_second")
+FAULT_WORKER = Path(__file__).resolve().parent / "fault_worker.py"
+
+
+def flip_a_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def largest_file(folder: Path) -> Path:
+    return max((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): checkpoints.sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_flipped_bits_fall_back_to_the_newest_good_checkpoint_and_with_none_good_touch_nothing(finished_run, tmp_path, caplog):
+    config, workdir, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    folder = copy / "checkpoints"
+    assert all((folder / step / checkpoints.DIGEST_FILE).exists() for step in ("10", "20"))
+
+    damaged = largest_file(folder / "20" / "state")  # the parameters' and moments' data: it reads without an error
+    flip_a_bit(damaged)
+    step, _ = prepare_run(config, copy).restore_params()
+    assert step == 10
+    assert f"{damaged} is changed since it was saved" in caplog.text and "fell back to the checkpoint at step 10" in caplog.text
+
+    flip_a_bit(largest_file(folder / "10" / "state"))
+    before, rows = snapshot(copy / "checkpoints"), (copy / "metrics.jsonl").read_text()
+    with pytest.raises(CheckpointError, match=r"no readable checkpoint in .*checkpoints \(tried steps \[20, 10\]\)"):
+        trainer.train_and_evaluate(tiny_config(config.data_dir, num_train_steps=30), copy)
+    assert snapshot(copy / "checkpoints") == before and (copy / "metrics.jsonl").read_text() == rows
+
+
+def test_a_failed_checkpoint_write_names_the_folder_and_the_run_resumes_once_fixed(shared_data_dir, tmp_path, monkeypatch):
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+    async def disk_full_at_step_20(self):
+        if self._final_path.name == "20":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.get()))
+        return await finalize(self)
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", disk_full_at_step_20)
+    config = tiny_config(shared_data_dir, num_train_steps=30, eval_every_steps=30)
+    with pytest.raises(CheckpointError, match=rf"cannot write a checkpoint to {tmp_path}/checkpoints \(No space left on device\)"):
+        trainer.train_and_evaluate(config, tmp_path)
+    assert prepare_run(config, tmp_path).checkpoints.steps() == [10]
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", finalize)  # the disk is fixed
+    trainer.train_and_evaluate(config, tmp_path)
+    assert prepare_run(config, tmp_path).checkpoints.steps() == [10, 20, 30]
+    assert [r["step"] for r in metric_rows(tmp_path) if r["split"] == "train"] == [5, 10, 15, 20, 25, 30]
+
+
+def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_step_then_a_rerun_equals_a_whole_run(shared_data_dir, tmp_path):
+    flags = ["--config.num_train_steps=60", "--config.checkpoint_every_steps=20", "--config.eval_every_steps=30", "--config.visualize_examples=0"]
+    whole = run_train_py(tmp_path / "whole", shared_data_dir, *flags)
+    assert whole.wait(timeout=300) == 0, whole.stdout.read()
+
+    cut = tmp_path / "cut"
+    random_step = random.Random(0).randint(41, 59)  # after the checkpoint at 40
+    for point, saved in (("step:1", []), ("save:20", []), ("eval", [20]), (f"step:{random_step}", [20, 40])):
+        killed = run_train_py(cut, shared_data_dir, *flags, script=FAULT_WORKER, point=point)
+        output = killed.communicate(timeout=300)[0]
+        assert killed.returncode == -signal.SIGKILL, f"{point}: {output}"
+        assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == saved, point
+    resumed = run_train_py(cut, shared_data_dir, *flags)
+    output = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0 and "resuming from the checkpoint at step 40" in output, output
+
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
+    assert strip(metric_rows(cut)) == strip(metric_rows(tmp_path / "whole"))
+    assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=60), tmp_path / "whole", cut, 60)
