@@ -3,7 +3,10 @@
 Ids 0-3 are the same for every tokenizer: pad 0, bos 1, eos 2, unk 3. A
 tokenizer is trained on the train split (up to `max_corpus_chars` characters),
 saved in the workdir, and loaded from there on resume, eval and predict, so a
-run always decodes with the vocabulary it was trained with.
+run always decodes with the vocabulary it was trained with. A saved tokenizer
+file that is missing, unreadable or changed since it was saved (its SHA-256 is
+kept beside it) stops the run with a DataError naming it: a new tokenizer would
+not fit the run's checkpoints, so none is trained in its place.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Iterable, Iterator, Protocol
 import numpy as np
 import sentencepiece as spm
 
+from checkpoints import sha256
 from errors import ConfigError, DataError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -211,27 +215,60 @@ def _train(settings: TokenizerSettings, texts: Iterable[str]) -> Tokenizer:
     return SentencePieceTokenizer.train(texts, settings.vocab_size, settings.model_type, settings.max_corpus_chars)
 
 
+def restore_fix(directory: Path) -> str:
+    """What to do about a damaged saved tokenizer."""
+    return (
+        f"restore it from a copy of the run folder: a new tokenizer would not fit the run's checkpoints "
+        f"(a run without checkpoints may delete {directory} to train a new one)"
+    )
+
+
+def read_json(path: Path):
+    """A JSON file of the tokenizer directory; a DataError naming it if it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:  # ValueError: not UTF-8, not JSON
+        raise DataError(f"tokenizer file {path} is unreadable ({error}); {restore_fix(path.parent)}") from error
+
+
+def load_saved(kind: str, path: Path, checksum: str | None) -> Tokenizer:
+    """The tokenizer saved at `path`, checked against its `checksum` (None: a run saved before
+    checksums were kept); a DataError naming the file if it is missing, changed or unreadable."""
+    if checksum is not None and path.is_file() and sha256(path) != checksum:
+        raise DataError(f"tokenizer file {path} changed since it was saved (its SHA-256 is not the one in "
+                        f"{path.parent / 'checksums.json'}); {restore_fix(path.parent)}")  # fmt: skip
+    try:
+        tokenizer = KINDS[kind].load(path)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:  # RuntimeError: SentencePiece's
+        raise DataError(f"tokenizer file {path} is unreadable ({error}); {restore_fix(path.parent)}") from error
+    if tokenizer.vocab_size < len(SPECIAL_PIECES):  # SentencePiece loads an empty file as an empty model
+        raise DataError(f"tokenizer file {path} holds no vocabulary; {restore_fix(path.parent)}")
+    return tokenizer
+
+
 def load_or_train(
     directory: Path, settings: TokenizerSettings, train_pairs: Iterable[tuple[str, str]] | None = None
 ) -> Tokenizers:
-    """The tokenizers saved in `directory`, or new ones trained on `train_pairs` and saved there.
+    """The tokenizers saved in `directory`, or new ones trained on `train_pairs` and saved there
+    (with `checksums.json`, the SHA-256 of each file, that later loads check).
 
     Raises:
-      DataError: the saved tokenizers were made with other settings than `settings`, or
-        there are none and no text to train them on.
+      DataError: the saved tokenizers were made with other settings than `settings`, a saved
+        file is missing, unreadable or changed, or there are none and no text to train them on.
     """
     directory = Path(directory)
-    settings_file = directory / "settings.json"
-    names = ("shared",) if settings.shared else ("source", "target")
+    settings_file, checksums_file = directory / "settings.json", directory / "checksums.json"
     suffix = ".model" if settings.kind == "sentencepiece" else ".json"
+    files = [f"{name}{suffix}" for name in (("shared",) if settings.shared else ("source", "target"))]
     if settings_file.exists():
-        saved = json.loads(settings_file.read_text())
+        saved = read_json(settings_file)
         if saved != dataclasses.asdict(settings):
             raise DataError(
                 f"the tokenizer in {directory} was trained with {saved}, but the config asks for "
                 f"{dataclasses.asdict(settings)}; use a fresh workdir or the original tokenizer settings"
             )
-        loaded = [KINDS[settings.kind].load(directory / f"{name}{suffix}") for name in names]
+        checksums = read_json(checksums_file) if checksums_file.exists() else {}
+        loaded = [load_saved(settings.kind, directory / file, checksums.get(file)) for file in files]
     else:
         if train_pairs is None:
             raise DataError(f"no tokenizer in {directory} and no training text to make one")
@@ -241,7 +278,8 @@ def load_or_train(
         else:
             loaded = [_train(settings, (s for s, _ in pairs)), _train(settings, (t for _, t in pairs))]
         directory.mkdir(parents=True, exist_ok=True)
-        for name, tokenizer in zip(names, loaded):
-            tokenizer.save(directory / f"{name}{suffix}")
+        for file, tokenizer in zip(files, loaded):
+            tokenizer.save(directory / file)
+        checksums_file.write_text(json.dumps({file: sha256(directory / file) for file in files}))
         settings_file.write_text(json.dumps(dataclasses.asdict(settings)))  # last: marks the save complete
     return Tokenizers(loaded[0], loaded[-1])

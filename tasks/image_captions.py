@@ -4,9 +4,10 @@ A folder of images (`task.images`) and, per split, a `.tsv` of `image_file<TAB>c
 lines (`task.train`, `task.dev`, `task.test`); an image may have several captions, one
 per line, and each line is an example. Images are read with Pillow, converted to grey
 (`task.channels=1`) or RGB (3) and resized to `task.height x task.width` at build time.
-Lines with the wrong field count, an empty caption or invalid UTF-8, and images that are
-missing or unreadable, are skipped, counted by reason and reported with `file:line`, as
-`parallel_text` does. The TSVs' and the images' contents are part of the build's identity.
+The TSVs are read as `parallel_text` reads its own: blank lines, lines with the wrong
+field count, an empty caption or invalid UTF-8, and images that are missing or unreadable,
+are skipped, counted by reason and reported with `file:line`. The TSVs' and the images'
+contents are part of the build's identity.
 At evaluation, a generated caption is scored against every caption of its image.
 """
 
@@ -22,7 +23,7 @@ from PIL import Image, UnidentifiedImageError
 
 from errors import ConfigError, DataError
 from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
-from tasks.parallel_text import Skipped, resolve
+from tasks.parallel_text import Skipped, resolve, tsv_rows, two_texts
 
 
 @dataclasses.dataclass(eq=False)
@@ -57,22 +58,13 @@ def folder(config: ImageCaptionsConfig) -> Path:
 def tsv_of(config: ImageCaptionsConfig, split: str) -> Path:
     if not getattr(config, split):
         raise ConfigError(f"image_captions: task.{split} is empty; give the split's image_file<TAB>caption .tsv")
-    return resolve(getattr(config, split))
+    return resolve(getattr(config, split), f"task.{split}")
 
 
 def read_lines(path: Path, skipped: Skipped) -> list[tuple[int, str, str]]:
     """`(line number, image file, caption)` of the well-formed lines of one TSV."""
     lines = []
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        try:
-            fields = raw.decode("utf-8").split("\t")
-        except UnicodeDecodeError:
-            skipped.add("invalid UTF-8", path, number)
-            continue
-        if len(fields) != 2:
-            skipped.add(f"{len(fields)} tab-separated fields instead of 2", path, number)
-            continue
-        image_file, caption = (field.strip() for field in fields)
+    for number, image_file, caption in two_texts(tsv_rows(path), path, skipped):
         if not caption:
             skipped.add("an empty caption", path, number)
             continue
@@ -108,7 +100,7 @@ def read_split(config: ImageCaptionsConfig, split: str, skipped: Skipped) -> lis
             continue
         examples.append({"image": cache[image_file], "caption": caption, "image_file": image_file})
     if not examples:
-        raise DataError(f"image_captions: the {split} split ({path}) has no usable line")
+        raise DataError(f"image_captions: the {split} split ({path}) has no usable line: {skipped.summary()}")
     return examples
 
 

@@ -6,11 +6,15 @@ line) or a path prefix of two line-aligned files `PREFIX.<source_suffix>` and
 `dev` or `test` is empty, it is split off `train` deterministically by a hash
 of the line (`dev_fraction`, `test_fraction`).
 
-Malformed lines (wrong field count, an empty side, invalid UTF-8) are skipped,
-counted by reason, and reported with `file:line` examples at build time and
-whenever the data is loaded. A missing file or an empty split stops the build
-with a message naming it. The files' contents are part of the config's
-identity: editing a file rebuilds the data.
+Lines end at `\n` (a `\r\n` ending is accepted; a stray `\r` inside a line does
+not end it, so line-aligned files stay aligned). Malformed lines (blank, invalid
+UTF-8, a wrong field count, an empty side) are skipped, counted by reason, and
+reported with `file:line` examples at build time and whenever the data is
+loaded. A missing file or an empty split stops the build with a message naming
+it. The files' contents are part of the config's identity: editing a file
+rebuilds the data, and every run reads the files (to find its built copy), so a
+file deleted or moved after the build stops the run until it is restored or
+`task.*` points to its new place.
 
 Relative paths are looked up from the working directory, then from the
 project root (so the shipped `data/kjv_web` works from anywhere).
@@ -22,6 +26,7 @@ import collections
 import dataclasses
 import hashlib
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import tensorflow_datasets as tfds
 
@@ -49,13 +54,17 @@ class ParallelTextConfig(TaskConfig):
         return {k: v for k, v in super().defaults().items() if k != "files_digest"}  # not a user's parameter
 
 
-def resolve(path: str) -> Path:
-    """`path` from the working directory, else from the project root; a clear error if neither."""
+def resolve(path: str, field: str) -> Path:
+    """`path` (given as config field `field`, e.g. `task.train`) from the working directory, else
+    from the project root; a clear error if neither."""
     candidates = [Path(path)] if Path(path).is_absolute() else [Path.cwd() / path, PROJECT_ROOT / path]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    raise DataError(f"parallel_text: file not found: {path} (looked in {', '.join(map(str, candidates))})")
+    raise DataError(
+        f"{field}: file not found: {path} (looked in {', '.join(map(str, candidates))}); restore it or set {field} "
+        "to where it is now (its contents identify the built data, so it is needed even after the build)"
+    )
 
 
 def files_of(config: ParallelTextConfig, split: str) -> list[Path]:
@@ -66,13 +75,13 @@ def files_of(config: ParallelTextConfig, split: str) -> list[Path]:
             raise ConfigError("parallel_text: task.train is empty; give a .tsv file or a path prefix")
         return []
     if spec.endswith(".tsv"):
-        return [resolve(spec)]
+        return [resolve(spec, f"task.{split}")]
     if not (config.source_suffix and config.target_suffix):
         raise ConfigError(
             f"parallel_text: {split} file {spec!r} is not a .tsv; for line-aligned files set "
             "task.source_suffix and task.target_suffix"
         )
-    return [resolve(f"{spec}.{config.source_suffix}"), resolve(f"{spec}.{config.target_suffix}")]
+    return [resolve(f"{spec}.{suffix}", f"task.{split}") for suffix in (config.source_suffix, config.target_suffix)]
 
 
 def with_digest(config: ParallelTextConfig) -> dict:
@@ -105,31 +114,54 @@ class Skipped:
             for reason, count in sorted(self.counts.items())
         ]
 
+    def summary(self) -> str:
+        """The messages on one line (for the error of a split left empty)."""
+        return "; ".join(self.messages()) or "no lines"
+
+
+def lines_of(path: Path) -> list[bytes]:
+    """A file's lines as bytes: split at `\n` only, a `\r` before it dropped (CRLF files)."""
+    lines = path.read_bytes().split(b"\n")
+    if lines[-1] == b"":  # after the last newline, or an empty file
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def tsv_rows(path: Path) -> list[tuple[int, list[bytes]]]:
+    """`(line number, tab-separated fields)` of every line of a `.tsv`."""
+    return [(number, line.split(b"\t")) for number, line in enumerate(lines_of(path), start=1)]
+
+
+def two_texts(rows: Iterable[tuple[int, list[bytes]]], path: Path, skipped: Skipped) -> Iterator[tuple[int, str, str]]:
+    """`(line number, first, second)`, stripped, of the rows of exactly two UTF-8 fields; the other
+    rows are counted in `skipped` under their reason (each line is decoded on its own)."""
+    for number, fields in rows:
+        try:
+            texts = [field.decode("utf-8").strip() for field in fields]
+        except UnicodeDecodeError:
+            skipped.add("invalid UTF-8", path, number)
+            continue
+        if texts == [""]:
+            skipped.add("a blank line", path, number)
+        elif len(texts) != 2:
+            skipped.add(f"{len(texts)} tab-separated fields instead of 2", path, number)
+        else:
+            yield number, texts[0], texts[1]
+
 
 def read_pairs(paths: list[Path], skipped: Skipped) -> list[dict]:
     """Valid `{'source', 'target', 'origin'}` pairs of one `.tsv` or two line-aligned files."""
     if len(paths) == 1:
-        rows = [(n, line) for n, line in enumerate(paths[0].read_bytes().splitlines(), start=1)]
-        fields_of = lambda line: line.split(b"\t")
+        rows = tsv_rows(paths[0])
     else:
-        source_lines, target_lines = (p.read_bytes().splitlines() for p in paths)
+        source_lines, target_lines = (lines_of(p) for p in paths)
         if len(source_lines) != len(target_lines):
             raise DataError(
                 f"parallel_text: {paths[0]} has {len(source_lines)} lines but {paths[1]} has {len(target_lines)}"
             )
-        rows = [(n, pair) for n, pair in enumerate(zip(source_lines, target_lines), start=1)]
-        fields_of = list
+        rows = [(n, list(pair)) for n, pair in enumerate(zip(source_lines, target_lines), start=1)]
     pairs = []
-    for line_number, row in rows:
-        try:
-            fields = [field.decode("utf-8") for field in fields_of(row)]
-        except UnicodeDecodeError:
-            skipped.add("invalid UTF-8", paths[0], line_number)
-            continue
-        if len(fields) != 2:
-            skipped.add(f"{len(fields)} tab-separated fields instead of 2", paths[0], line_number)
-            continue
-        source, target = (field.strip() for field in fields)
+    for line_number, source, target in two_texts(rows, paths[0], skipped):
         if not source or not target:
             skipped.add("an empty side", paths[0], line_number)
             continue
@@ -157,7 +189,7 @@ def read_splits(config: ParallelTextConfig, skipped: Skipped) -> dict[str, list[
     for split, pairs in splits.items():
         if not pairs:
             origin = getattr(config, split) or f"the {split}_fraction of {config.train}"
-            raise DataError(f"parallel_text: the {split} split is empty (from {origin})")
+            raise DataError(f"parallel_text: the {split} split is empty (from {origin}): {skipped.summary()}")
     return splits
 
 
