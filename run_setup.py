@@ -43,7 +43,9 @@ from input_pipeline import PipelineSettings
 
 
 def setup_distributed(config: ml_collections.ConfigDict) -> None:
-    """Joins the other processes when the config or the environment names a coordinator."""
+    """Joins the other processes when the config names a coordinator, or the environment does
+    (`JAX_COORDINATOR_ADDRESS`), or JAX detects a cluster of several processes (SLURM, Open MPI,
+    Kubernetes, Cloud TPU pods): then `jax.distributed.initialize()` reads it all from there."""
     if jax.distributed.is_initialized():
         return
     if config.coordinator_address:
@@ -53,8 +55,21 @@ def setup_distributed(config: ml_collections.ConfigDict) -> None:
             num_processes=config.num_processes,
             process_id=config.process_id,
         )
-    elif os.environ.get("JAX_COORDINATOR_ADDRESS"):
+    elif os.environ.get("JAX_COORDINATOR_ADDRESS") or detected_cluster():
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize()
+
+
+def detected_cluster() -> str | None:
+    """The cluster that JAX's own detection (the one `jax.distributed.initialize()` runs) finds
+    with more than one process, by name (`"slurm"`, `"ompi"`, ...), or None. A one-task job, such
+    as a SLURM allocation without srun, is no cluster: it trains alone."""
+    from jax._src.clusters import ClusterEnv  # JAX exports no public name for its detection
+
+    for cluster in ClusterEnv._cluster_types:
+        if not cluster.opt_in_only_method and cluster.is_env_present():
+            return cluster.name if cluster.get_process_count() > 1 else None
+    return None
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -68,6 +83,11 @@ def device_memory_bytes(device: jax.Device) -> int:
     if stats and stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def local_device(mesh: Mesh) -> jax.Device:
+    """A device of `mesh` that this process holds (only those answer `memory_stats`)."""
+    return next(device for device in mesh.devices.flat if device.process_index == jax.process_index())
 
 
 def gathered(array) -> np.ndarray:
@@ -368,7 +388,7 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: b
     if training and hasattr(model, "tape_bytes"):  # LSTMN: the training step holds the tapes and their cotangents
         rows = max(config.batch_size // (mesh.size * max(config.grad_accum_steps, 1)), 1)
         longest = max(config.data.max_source_length, config.data.max_target_length)
-        needed, available = model.tape_bytes(rows, longest), device_memory_bytes(mesh.devices.flat[0])
+        needed, available = model.tape_bytes(rows, longest), device_memory_bytes(local_device(mesh))
         if needed > available // 2:
             raise ConfigError(
                 f"the LSTMN tapes of {rows} rows of up to {longest} tokens need about {needed / 2**30:.1f} GiB per "
@@ -396,7 +416,7 @@ def check_memory(config: ml_collections.ConfigDict, mesh: Mesh, *, training: boo
     fields.update(vocab_size=vocab, source_vocab_size=vocab, bos_id=vocabularies.BOS_ID, pad_id=vocabularies.PAD_ID)
     abstract = nnx.eval_shape(lambda: models.create_model(config.model.name, rngs=nnx.Rngs(0), **fields))
     count = sum(leaf.size for leaf in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
-    available = device_memory_bytes(mesh.devices.flat[0]) // 2
+    available = device_memory_bytes(local_device(mesh)) // 2
     copies = 4 if training else 1  # parameters, gradients, Adam's first and second moments (float32)
     if count * 4 * copies > available:
         sizes = ", ".join(f"model.{k}" for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool) and k not in models.FROM_VOCABULARY)

@@ -16,17 +16,19 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 class StopSignals:
     """While active (`with StopSignals() as stop:`), SIGTERM/SIGINT set `stop.requested` and call
-    `on_signal(signum)` instead of ending the process. The previous handlers come back on exit.
+    `on_signal(signum)` instead of ending the process (or only `signals`, when given). The previous
+    handlers come back on exit.
     Outside the main thread, where Python cannot install handlers, it installs none."""
 
-    def __init__(self, on_signal: Callable[[int], None] | None = None, *, message: str = ""):
+    def __init__(self, on_signal: Callable[[int], None] | None = None, *, message: str = "", signals: tuple[int, ...] = SIGNALS):
         self.requested = False
+        self._signals = signals
         self._on_signal = on_signal
         self._message = message
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopSignals":
-        for signum in SIGNALS:
+        for signum in self._signals:
             try:
                 self._previous[signum] = signal.signal(signum, self._handle)
             except ValueError:  # not the main thread

@@ -7,7 +7,9 @@ checkpointed step determines the RNG. The run set-up (devices, data, model,
 checkpoints) is `run_setup.py`'s; evaluation during training is `evaluation.py`'s.
 
 A rerun on the same workdir resumes from its latest readable checkpoint, with
-the data iterator where it was. SIGTERM/SIGINT save a checkpoint and stop. A
+the data iterator where it was. SIGTERM/SIGINT save a checkpoint and stop; with
+several processes a SIGTERM to any of them is JAX's preemption notice, and every
+process saves after the same step and stops. A
 non-finite loss stops the run naming the step; the last checkpoint, written
 before it, stays the last good one.
 """
@@ -27,6 +29,7 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 
 import evaluation
 import input_pipeline
@@ -35,7 +38,7 @@ from errors import ConfigError, NonFiniteLoss
 import reporting
 from reporting import Reporter
 from run_setup import Run, check_resume, prepare_run
-from stopping import StopSignals
+from stopping import SIGNALS, StopSignals
 
 TrainState = dict  # {"step": int32 [], "params": nnx.State, "opt_state": optax state[, "model_state": dict]}
 
@@ -286,9 +289,13 @@ def train(run: Run) -> dict:
     window: list[tuple[int, Any]] = []
     window_start = time.time()
     try:
-        with StopSignals(message="saving a checkpoint, then stopping") as stop:
+        several = jax.process_count() > 1  # then SIGTERM is JAX's preemption notice, which the processes agree on
+        with StopSignals(message="saving a checkpoint, then stopping", signals=() if several else SIGNALS) as stop:
             for step in range(start_step + 1, config.num_train_steps + 1):
                 state, step_metrics = train_step(state, run.global_batch(next(data_iterator)))
+                if several and multihost_utils.reached_preemption_sync_point(step):
+                    logging.warning("a process was sent SIGTERM: every process saves a checkpoint after step %d, then stops", step)
+                    stop.requested = True
                 window.append((step, step_metrics))
                 last = step == config.num_train_steps
                 evaluate_now = step % config.eval_every_steps == 0 or last

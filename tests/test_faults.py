@@ -2,23 +2,31 @@
 write, SIGKILL at chosen points, several processes and their cluster."""
 
 import errno
+import os
 import random
+import re
 import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from orbax.checkpoint._src.path import atomicity
-from tiny import tiny_config
+from tiny import tiny_config, xla_flags
 from test_trainer import assert_same_final_state, metric_rows, run_train_py
 
 import checkpoints
 import trainer
 from errors import CheckpointError
+import run_setup
 from run_setup import prepare_run
 
 TIMING = ("tokens_per_second", "steps_per_second")
-FAULT_WORKER = Path(__file__).resolve().parent / "fault_worker.py"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+FAULT_WORKER = PROJECT_ROOT / "tests" / "fault_worker.py"
+TWO_PROCESS_WORKER = PROJECT_ROOT / "tests" / "two_process_worker.py"
 
 
 def flip_a_bit(path: Path) -> None:
@@ -94,3 +102,64 @@ def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_ste
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
     assert strip(metric_rows(cut)) == strip(metric_rows(tmp_path / "whole"))
     assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=60), tmp_path / "whole", cut, 60)
+
+
+# ---------------------------------------------------------------- several processes
+
+
+def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cluster") -> list[subprocess.Popen]:
+    """Two processes training together on 4 CPU devices each; `cluster`: joined by a faked SLURM
+    job of two tasks (the environment SLURM gives srun's tasks), which JAX detects."""
+    port = str(29000 + os.getpid() % 1000)
+    workers = []
+    for index in range(2):
+        environment = {**os.environ, "XLA_FLAGS": xla_flags(2)}
+        if coordinator == "cluster":
+            environment.update(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2", SLURM_PROCID=str(index),
+                               SLURM_LOCALID=str(index), JAX_COORDINATOR_PORT=port)  # fmt: skip
+        command = [sys.executable, str(TWO_PROCESS_WORKER), str(index), coordinator.replace("PORT", port), str(workdir), str(data_dir), str(steps)]
+        workers.append(subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return workers
+
+
+def finished(workers: list[subprocess.Popen]) -> list[str]:
+    outputs = [worker.communicate(timeout=300)[0] for worker in workers]
+    for worker, output in zip(workers, outputs):
+        assert worker.returncode == 0, "\n\n".join(outputs)
+    return outputs
+
+
+def test_a_faked_slurm_job_of_two_tasks_is_detected_and_a_one_task_job_is_not(monkeypatch):
+    for name in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "OMPI_MCA_orte_hnp_uri"):
+        monkeypatch.delenv(name, raising=False)
+    assert run_setup.detected_cluster() is None
+    monkeypatch.setenv("SLURM_JOB_ID", "7"), monkeypatch.setenv("SLURM_STEP_NODELIST", "node[001-002]")
+    monkeypatch.setenv("SLURM_PROCID", "0"), monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert run_setup.detected_cluster() is None  # an allocation without srun: one process, trains alone
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    assert run_setup.detected_cluster() == "slurm"
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_after_one_step_and_the_resumed_run_equals_a_whole_one(shared_data_dir, tmp_path):
+    steps = 100
+    whole = tmp_path / "whole"
+    outputs = finished(two_processes(whole, shared_data_dir, steps, coordinator="127.0.0.1:PORT"))
+    assert "process 0 of 2 on 4 devices" in outputs[0] and "process 1 of 2 on 4 devices" in outputs[1]
+
+    cut = tmp_path / "cut"
+    workers = two_processes(cut, shared_data_dir, steps)
+    deadline = time.time() + 300
+    while time.time() < deadline and not ((cut / "metrics.jsonl").exists() and any(r["split"] == "train" and r["step"] >= 8 for r in metric_rows(cut))):
+        time.sleep(0.02)
+    workers[1].send_signal(signal.SIGTERM)  # to the second process only
+    outputs = finished(workers)
+    stopped = [int(re.search(r"saves a checkpoint after step (\d+)", output).group(1)) for output in outputs]
+    assert stopped[0] == stopped[1] < steps, outputs
+    assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == [stopped[0]]
+
+    outputs = finished(two_processes(cut, shared_data_dir, steps))
+    assert f"resuming from the checkpoint at step {stopped[0]}" in (cut / "log.txt").read_text()
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
+    assert strip(metric_rows(cut)) == strip(metric_rows(whole))
+    assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=steps), whole, cut, steps)

@@ -276,27 +276,6 @@ def test_sigterm_during_eval_still_saves(shared_data_dir, tmp_path, monkeypatch)
     assert prepare_run(config, tmp_path).checkpoints.steps() == [10]
     assert max(row["step"] for row in metric_rows(tmp_path)) == 10
 
-def test_two_processes_train_and_checkpoint(shared_data_dir, tmp_path):
-    script = PROJECT_ROOT / "tests" / "two_process_worker.py"
-    port = 29000 + os.getpid() % 1000
-    environment = {**os.environ, "XLA_FLAGS": xla_flags(2)}
-    workers = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(i), f"127.0.0.1:{port}", str(tmp_path), str(shared_data_dir)],
-            cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        for i in range(2)
-    ]
-    outputs = [w.communicate(timeout=300)[0] for w in workers]
-    for worker, output in zip(workers, outputs):
-        assert worker.returncode == 0, output
-    assert "process 0 of 2 on 4 devices" in outputs[0] and "process 1 of 2 on 4 devices" in outputs[1]
-    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [4, 8]
-    rows = metric_rows(tmp_path)
-    assert [r["step"] for r in rows if r["split"] == "train"] == [4, 8]
-    assert all(np.isfinite(r["loss"]) for r in rows if r["split"] == "train")
-
-
 # ------------------------------------------------------------ bad input
 
 

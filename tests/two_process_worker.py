@@ -1,8 +1,12 @@
-"""One of two processes of test_trainer.test_two_processes_train_and_checkpoint.
+"""One of two processes training the tiny config together, for tests/test_faults.py.
 
-    python tests/two_process_worker.py PROCESS_ID COORDINATOR WORKDIR DATA_DIR
+    python tests/two_process_worker.py PROCESS_ID COORDINATOR WORKDIR DATA_DIR NUM_TRAIN_STEPS
+
+COORDINATOR is `host:port` (the config's coordinator fields), or `cluster` to leave the config's
+empty and let the environment (a faked SLURM job) name the cluster.
 """
 
+import logging
 import sys
 from pathlib import Path
 
@@ -14,10 +18,13 @@ import trainer  # noqa: E402
 from run_setup import setup_distributed  # noqa: E402
 from tiny import tiny_config  # noqa: E402
 
-process_id, coordinator, workdir, data_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+logging.getLogger().setLevel(logging.INFO)  # the trainer's INFO lines (resuming, ...) in log.txt, as train.py logs them
+for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
+    logging.getLogger(library).setLevel(logging.WARNING)
+process_id, coordinator, workdir, data_dir, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+joining = {} if coordinator == "cluster" else {"coordinator_address": coordinator, "num_processes": 2, "process_id": process_id}
 config = tiny_config(
-    data_dir, coordinator_address=coordinator, num_processes=2, process_id=process_id,
-    num_train_steps=8, log_every_steps=4, checkpoint_every_steps=4, eval_every_steps=8,
+    data_dir, **joining, num_train_steps=steps, log_every_steps=4, checkpoint_every_steps=1000, eval_every_steps=1000,
 )  # fmt: skip
 setup_distributed(config)
 assert jax.process_count() == 2 and jax.process_index() == process_id, "the two processes did not join"
