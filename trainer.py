@@ -195,6 +195,29 @@ def summarize_window(window: list[tuple[int, dict]], learning_rate: float, secon
     return row
 
 
+UNFINISHED_WINDOW = "unfinished_window.json"
+
+
+def keep_unfinished_window(workdir: Path, step: int, window: list[tuple[int, dict]]) -> None:
+    """Keeps the per-step metrics of a window cut short by a stop at `step` (a checkpoint step),
+    so that the resumed run logs the rows an uninterrupted run would."""
+    steps = [[s, {name: float(value) for name, value in values.items()}] for s, values in window]
+    (workdir / UNFINISHED_WINDOW).write_text(json.dumps({"step": step, "window": steps}))
+
+
+def unfinished_window(workdir: Path, start_step: int) -> list[tuple[int, dict]]:
+    """The window kept by `keep_unfinished_window` when this run resumes from its step, else none."""
+    path = workdir / UNFINISHED_WINDOW
+    try:
+        kept = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError) as error:  # a damaged file costs only the mean of one log row
+        logging.warning("ignoring %s (%s): the next training row covers only the steps after %d", path, error, start_step)
+        kept = {}
+    if kept.get("step") != start_step:
+        return []
+    return [(s, {name: np.float32(value) for name, value in values.items()}) for s, values in kept["window"]]  # as the step gave them
+
+
 def write_config(config: ml_collections.ConfigDict, workdir: Path) -> None:
     (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=list) + "\n")
 
@@ -286,7 +309,7 @@ def train(run: Run) -> dict:
         reporter.write(0, "data", {f"train_{k}": v for k, v in length_report.items() if k != "policy"})
     schedule = learning_rate_schedule(config)
     final: dict = {}
-    window: list[tuple[int, Any]] = []
+    window: list[tuple[int, Any]] = unfinished_window(run.workdir, start_step)
     window_start = time.time()
     try:
         several = jax.process_count() > 1  # then SIGTERM is JAX's preemption notice, which the processes agree on
@@ -306,6 +329,8 @@ def train(run: Run) -> dict:
                     row = summarize_window(window, float(schedule(step - 1)), time.time() - window_start)
                     if not stop.requested or step % config.log_every_steps == 0:
                         reporter.write(step, "train", row)
+                    elif run.is_chief:  # stopped between two rows: the rerun's next row takes these steps in
+                        keep_unfinished_window(run.workdir, step, window)
                     reporter.progress(step, row["loss"], row["learning_rate"], row["tokens_per_second"], row["steps_per_second"])
                     window, window_start = [], time.time()
                 eval_metrics, stop_early = None, False

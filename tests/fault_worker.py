@@ -27,25 +27,26 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-point, flags = sys.argv[1], sys.argv[2:]
-kind, _, number = point.partition(":")
-if kind == "step":
+def signal_at_step(number: int, signum: int) -> None:
+    """Makes this process send itself `signum` while train step `number` runs."""
     compile_train_step = trainer.compile_train_step
 
-    def compile_killing_step(*args, **kwargs):
+    def compile_signalling_step(*args, **kwargs):
         step_function = compile_train_step(*args, **kwargs)
 
-        def killing_step(state, batch):
-            reached = int(jax.device_get(state["step"])) + 1 == int(number)
+        def signalling_step(state, batch):
+            reached = int(jax.device_get(state["step"])) + 1 == number
             outputs = step_function(state, batch)  # dispatched: the step is under way
             if reached:
-                die()
+                os.kill(os.getpid(), signum)
             return outputs
 
-        return killing_step
+        return signalling_step
 
-    trainer.compile_train_step = compile_killing_step
-elif kind == "save":
+    trainer.compile_train_step = compile_signalling_step
+
+
+def kill_inside_save(number: str) -> None:
     finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
     async def killing_finalize(self):
@@ -54,10 +55,18 @@ elif kind == "save":
         return await finalize(self)
 
     atomicity.AtomicRenameTemporaryPath.finalize = killing_finalize
-elif kind == "eval":
-    evaluation.Evaluator.hypotheses = lambda *args, **kwargs: die()
-else:
-    raise SystemExit(f"unknown point {point}")
 
-sys.argv = [str(Path(train.__file__)), *flags]
-app.run(lambda argv: sys.exit(train.main(argv)), flags_parser=train.parse_flags)
+
+if __name__ == "__main__":
+    point, flags = sys.argv[1], sys.argv[2:]
+    kind, _, number = point.partition(":")
+    if kind == "step":
+        signal_at_step(int(number), signal.SIGKILL)
+    elif kind == "save":
+        kill_inside_save(number)
+    elif kind == "eval":
+        evaluation.Evaluator.hypotheses = lambda *args, **kwargs: die()
+    else:
+        raise SystemExit(f"unknown point {point}")
+    sys.argv = [str(Path(train.__file__)), *flags]
+    app.run(lambda argv: sys.exit(train.main(argv)), flags_parser=train.parse_flags)

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -107,9 +106,10 @@ def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_ste
 # ---------------------------------------------------------------- several processes
 
 
-def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cluster") -> list[subprocess.Popen]:
-    """Two processes training together on 4 CPU devices each; `cluster`: joined by a faked SLURM
-    job of two tasks (the environment SLURM gives srun's tasks), which JAX detects."""
+def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cluster", sigterm_at: int | None = None) -> list[subprocess.Popen]:
+    """Two processes training together on 2 CPU devices each; `cluster`: joined by a faked SLURM job
+    of two tasks (the environment SLURM gives srun's tasks), which JAX detects. With `sigterm_at`
+    the second process is sent SIGTERM while that step runs (by itself: the step is then known)."""
     port = str(29000 + os.getpid() % 1000)
     workers = []
     for index in range(2):
@@ -118,6 +118,8 @@ def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cl
             environment.update(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2", SLURM_PROCID=str(index),
                                SLURM_LOCALID=str(index), JAX_COORDINATOR_PORT=port)  # fmt: skip
         command = [sys.executable, str(TWO_PROCESS_WORKER), str(index), coordinator.replace("PORT", port), str(workdir), str(data_dir), str(steps)]
+        if sigterm_at is not None and index == 1:
+            command.append(str(sigterm_at))
         workers.append(subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return workers
 
@@ -142,20 +144,15 @@ def test_a_faked_slurm_job_of_two_tasks_is_detected_and_a_one_task_job_is_not(mo
 
 
 def test_sigterm_to_one_of_two_processes_stops_both_after_one_step_and_the_resumed_run_equals_a_whole_one(shared_data_dir, tmp_path):
-    steps = 100
+    steps, sigterm_at = 80, 9  # JAX agrees on a step some steps later; between two log rows (every 4), the resumed run completes the cut one
     whole = tmp_path / "whole"
     outputs = finished(two_processes(whole, shared_data_dir, steps, coordinator="127.0.0.1:PORT"))
     assert "process 0 of 2 on 4 devices" in outputs[0] and "process 1 of 2 on 4 devices" in outputs[1]
 
     cut = tmp_path / "cut"
-    workers = two_processes(cut, shared_data_dir, steps)
-    deadline = time.time() + 300
-    while time.time() < deadline and not ((cut / "metrics.jsonl").exists() and any(r["split"] == "train" and r["step"] >= 8 for r in metric_rows(cut))):
-        time.sleep(0.02)
-    workers[1].send_signal(signal.SIGTERM)  # to the second process only
-    outputs = finished(workers)
+    outputs = finished(two_processes(cut, shared_data_dir, steps, sigterm_at=sigterm_at))
     stopped = [int(re.search(r"saves a checkpoint after step (\d+)", output).group(1)) for output in outputs]
-    assert stopped[0] == stopped[1] < steps, outputs
+    assert stopped[0] == stopped[1] and sigterm_at <= stopped[0] < steps, outputs
     assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == [stopped[0]]
 
     outputs = finished(two_processes(cut, shared_data_dir, steps))

@@ -1,12 +1,14 @@
 """One of two processes training the tiny config together, for tests/test_faults.py.
 
-    python tests/two_process_worker.py PROCESS_ID COORDINATOR WORKDIR DATA_DIR NUM_TRAIN_STEPS
+    python tests/two_process_worker.py PROCESS_ID COORDINATOR WORKDIR DATA_DIR NUM_TRAIN_STEPS [SIGTERM_AT_STEP]
 
 COORDINATOR is `host:port` (the config's coordinator fields), or `cluster` to leave the config's
-empty and let the environment (a faked SLURM job) name the cluster.
+empty and let the environment (a faked SLURM job) name the cluster. With SIGTERM_AT_STEP the
+process sends itself SIGTERM while that train step runs (a scheduler's preemption notice).
 """
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 
 import trainer  # noqa: E402
+from fault_worker import signal_at_step  # noqa: E402
 from run_setup import setup_distributed  # noqa: E402
 from tiny import tiny_config  # noqa: E402
 
@@ -22,6 +25,8 @@ logging.getLogger().setLevel(logging.INFO)  # the trainer's INFO lines (resuming
 for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
     logging.getLogger(library).setLevel(logging.WARNING)
 process_id, coordinator, workdir, data_dir, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+if len(sys.argv) > 6:
+    signal_at_step(int(sys.argv[6]), signal.SIGTERM)
 joining = {} if coordinator == "cluster" else {"coordinator_address": coordinator, "num_processes": 2, "process_id": process_id}
 config = tiny_config(
     data_dir, **joining, num_train_steps=steps, log_every_steps=4, checkpoint_every_steps=1000, eval_every_steps=1000,
