@@ -414,8 +414,7 @@ def check_memory(config: ml_collections.ConfigDict, mesh: Mesh, *, training: boo
     vocab = CHARACTER_VOCABULARY_GUESS if config.tokenizer.kind == "char" else config.tokenizer.vocab_size
     fields = {k: v for k, v in config.model.to_dict().items() if k != "name"}
     fields.update(vocab_size=vocab, source_vocab_size=vocab, bos_id=vocabularies.BOS_ID, pad_id=vocabularies.PAD_ID)
-    abstract = nnx.eval_shape(lambda: models.create_model(config.model.name, rngs=nnx.Rngs(0), **fields))
-    count = sum(leaf.size for leaf in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    count = parameter_count(config.model.name, fields)
     available = device_memory_bytes(local_device(mesh)) // 2
     copies = 4 if training else 1  # parameters, gradients, Adam's first and second moments (float32)
     if count * 4 * copies > available:
@@ -432,6 +431,27 @@ def check_memory(config: ml_collections.ConfigDict, mesh: Mesh, *, training: boo
             f"{rows} rows, whose output logits alone need {logits / 2**30:.1f} GiB, more than half of its "
             f"{2 * available / 2**30:.1f} GiB; lower batch_size, or raise grad_accum_steps"
         )
+
+
+def parameter_count(name: str, fields: dict) -> int:
+    """The parameters of model `name` with `fields`, from abstract builds (no memory) of at most two
+    layers per stack: every family's parameters grow linearly with each `num_*layers` field, and
+    building dozens of layers even abstractly takes seconds each."""
+
+    def count(**depths) -> int:
+        abstract = nnx.eval_shape(lambda: models.create_model(name, rngs=nnx.Rngs(0), **{**fields, **depths}))
+        return sum(leaf.size for leaf in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+    stacks = {k: v for k, v in fields.items() if k.startswith("num_") and k.endswith("layers") and v > 1}
+    shallow = {k: 1 for k in stacks}
+    total = base = count(**shallow)
+    try:
+        for stack, depth in stacks.items():
+            total += (depth - 1) * (count(**{**shallow, stack: 2}) - base)
+    except ConfigError:  # stacks that must be equally deep (Luong's): they grow together
+        depth = max(stacks.values())
+        total = base + (depth - 1) * (count(**{k: 2 for k in stacks}) - base)
+    return total
 
 
 def check_inputs(config: ml_collections.ConfigDict) -> None:

@@ -293,13 +293,34 @@ def load(source: str | Path | ml_collections.ConfigDict, overrides: Sequence[str
             raise ConfigError(f"{where}: unknown config field {name!r}; valid{inside}: {', '.join(sorted(group))}")
     argv = ["load", *overrides]
     flag_values = flags.FlagValues()
+    defaults = {name: _get(config, name) for name in assignments}
     try:  # the override flags are made from `argv` when the flag is defined
         config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, lock_config=True, sys_argv=argv)
         flag_values(argv)
-        return flag_values.config
     except Exception as error:  # ml_collections and absl raise many types; all are about these flags
         root = error.__cause__ or error.__context__ or error
         raise ConfigError(f"{where} {' '.join(overrides)}: {root}") from error
+    for name, default in defaults.items():
+        _check_sequence(name, default, _get(flag_values.config, name))
+    return flag_values.config
+
+
+def _get(config: ml_collections.ConfigDict, dotted_name: str):
+    for part in dotted_name.split("."):
+        config = config[part]
+    return config
+
+
+def _check_sequence(name: str, default, value) -> None:
+    """ml_collections lets a string replace a tuple field: a tuple field must stay a tuple of the
+    default's element type."""
+    if not isinstance(default, tuple):
+        return
+    kinds = {type(item) for item in default}
+    fits = lambda item: not kinds or type(item) in kinds or (float in kinds and type(item) is int)  # noqa: E731
+    if not isinstance(value, tuple) or not all(fits(item) for item in value):
+        expected = "/".join(sorted(kind.__name__ for kind in kinds)) or "value"
+        raise ConfigError(f"{name} must be a tuple of {expected}s like {default!r}, got {value!r}")
 
 
 def call_in_file(path: str | Path, function: str, what: str):
