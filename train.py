@@ -25,6 +25,7 @@ from pathlib import Path
 import ml_collections
 from absl import app, flags
 
+import allocator
 import evaluation
 import inference
 import run_setup
@@ -93,6 +94,7 @@ def run_mode(config: ml_collections.ConfigDict, workdir: Path):
 def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    allocator.keep_freed_memory()  # before JAX's backend starts its threads
     if FLAGS.verbosity < 1:  # the libraries' INFO lines (Orbax and TFDS log through absl's logger) with --verbosity=1
         for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
             logging.getLogger(library).setLevel(logging.WARNING)
