@@ -28,9 +28,12 @@ import bisect
 import dataclasses
 import functools
 import logging
+import os
 import sys
 import threading
-from typing import Any, Callable, Mapping, Sequence
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import grain
 import numpy as np
@@ -89,31 +92,92 @@ class PipelineSettings:
 # ----------------------------------------------------------------------------- steps
 
 
-def encoder(task: Task, tokenizers: Tokenizers, max_source_length: int, max_target_length: int) -> Callable:
-    """record -> `{'inputs', 'targets'}`: int32 ids ending in eos, trimmed to the limits (an image
-    task's `inputs`: its image `[H, W, C]`)."""
+@dataclasses.dataclass(frozen=True)
+class TokenIds:
+    """A text split's token ids (no eos), flat: example i's source is `source[source_starts[i]:source_starts[i + 1]]`,
+    its target likewise."""
 
-    def encode(record: Mapping[str, Any]) -> Batch:
-        source, target = task.pair(record)
+    source: np.ndarray
+    source_starts: np.ndarray
+    target: np.ndarray
+    target_starts: np.ndarray
+
+    @classmethod
+    def of(cls, source_texts: Iterable[list[int]], target_texts: Iterable[list[int]]) -> "TokenIds":
+        def flat(sequences):
+            sequences = list(sequences)
+            starts = np.cumsum([0, *map(len, sequences)], dtype=np.int64)
+            return (np.concatenate(sequences).astype(np.int32) if sequences else np.zeros(0, np.int32)), starts
+
+        return cls(*flat(source_texts), *flat(target_texts))
+
+    def lengths(self) -> np.ndarray:
+        """`[N, 2]` source and target lengths in tokens, eos included."""
+        return np.stack([np.diff(self.source_starts), np.diff(self.target_starts)], axis=1) + 1
+
+    def example(self, index: int, max_source_length: int, max_target_length: int) -> Batch:
+        """`{'inputs', 'targets'}` of example `index`: int32 ids ending in eos, trimmed to the limits."""
+
+        def ids(flat, starts, limit):
+            start = starts[index]
+            return np.append(flat[start : min(starts[index + 1], start + limit - 1)], EOS_ID).astype(np.int32)
+
+        return {"inputs": ids(self.source, self.source_starts, max_source_length), "targets": ids(self.target, self.target_starts, max_target_length)}
+
+
+_TOKEN_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # records -> {vocabulary digest: TokenIds}
+
+
+def token_ids(task: Task, split: str, tokenizers: Tokenizers) -> TokenIds:
+    """The token ids of a text split, tokenized once: kept for this process, and beside the built
+    data (`<built data>/tokenized/<vocabulary digest>/<split>.npz`) for the next runs with the same
+    vocabulary. Sources without shard files (TFDS catalog data) are tokenized at every start."""
+    records = task.splits[split]
+    try:
+        remembered = _TOKEN_IDS.setdefault(records, {})
+    except TypeError:  # a plain list of records (tests, small tasks) cannot be a weak key: no memory
+        remembered = {}
+    if tokenizers.digest in remembered:
+        return remembered[tokenizers.digest]
+    shards = getattr(records, "shards", None)
+    path = Path(shards[0]).parent / "tokenized" / tokenizers.digest / f"{split}.npz" if shards else None
+    if path is not None and path.exists():
+        with np.load(path) as saved:
+            ids = TokenIds(**{field.name: saved[field.name] for field in dataclasses.fields(TokenIds)})
+    else:
+        pairs = [task.pair(records[i]) for i in range(len(records))]
+        ids = TokenIds.of((tokenizers.source.encode(s) for s, _ in pairs), (tokenizers.target.encode(t) for _, t in pairs))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(f".{os.getpid()}.tmp.npz")
+            np.savez(temporary, **dataclasses.asdict(ids))
+            os.replace(temporary, path)  # whole or absent, whichever process writes it
+    remembered[tokenizers.digest] = ids
+    return ids
+
+
+def encoder(task: Task, split: str, tokenizers: Tokenizers, max_source_length: int, max_target_length: int) -> Callable:
+    """index -> `{'inputs', 'targets'}` of example `index` of `split`: int32 ids ending in eos,
+    trimmed to the limits (an image task's `inputs`: its image `[H, W, C]`)."""
+    records = task.splits[split]
+    if task.inputs == "text":
+        ids = token_ids(task, split, tokenizers)
+        return functools.partial(ids.example, max_source_length=max_source_length, max_target_length=max_target_length)
+
+    def encode(index: int) -> Batch:
+        _, target = task.pair(records[index])
         targets = np.append(tokenizers.target.encode(target)[: max_target_length - 1], EOS_ID).astype(np.int32)
-        if task.inputs == "image":
-            return {"inputs": task.image(record), "targets": targets}
-        inputs = tokenizers.source.encode(source)[: max_source_length - 1]
-        return {"inputs": np.append(inputs, EOS_ID).astype(np.int32), "targets": targets}
+        return {"inputs": task.image(records[index]), "targets": targets}
 
     return encode
 
 
 def example_lengths(task: Task, split: str, tokenizers: Tokenizers) -> np.ndarray:
-    """`[N, 2]` source and target lengths in tokens, eos included (one tokenizing pass); an image
-    counts as a source of length 1."""
+    """`[N, 2]` source and target lengths in tokens, eos included; an image counts as a source of length 1."""
+    if task.inputs == "text":
+        return token_ids(task, split, tokenizers).lengths()
     records = task.splits[split]
-    lengths = np.zeros((len(records), 2), np.int64)
-    for i in range(len(records)):
-        source, target = task.pair(records[i])
-        source_length = 1 if task.inputs == "image" else len(tokenizers.source.encode(source)) + 1
-        lengths[i] = source_length, len(tokenizers.target.encode(target)) + 1
-    return lengths
+    return np.array([(1, len(tokenizers.target.encode(task.pair(records[i])[1])) + 1) for i in range(len(records))], np.int64).reshape(-1, 2)
 
 
 def padded_lengths(task: Task, settings: PipelineSettings) -> dict[str, int]:
@@ -284,7 +348,7 @@ def train_dataset(
             f"task {task.name}: no train example fits max_source_length={settings.max_source_length} / "
             f"max_target_length={settings.max_target_length}"
         )
-    encode = encoder(task, tokenizers, settings.max_source_length, settings.max_target_length)
+    encode = encoder(task, "train", tokenizers, settings.max_source_length, settings.max_target_length)
     lengths = np.minimum(lengths, [[settings.max_source_length, settings.max_target_length]])  # after trimming
     limits = padded_lengths(task, settings)
     if settings.batching == "pack" and task.inputs == "image":
@@ -296,7 +360,7 @@ def train_dataset(
             return pack_plan(order, lengths, rows, (settings.max_source_length, settings.max_target_length))
 
         def make_batch(rows_of_indices: list[list[int]]) -> Batch:
-            return packed_batch([[encode(records[i]) for i in row] for row in rows_of_indices], limits)
+            return packed_batch([[encode(i) for i in row] for row in rows_of_indices], limits)
 
     else:
         plan = bucket_plan(indices, lengths[indices], rows, settings.bucket_boundaries, settings.seed)
@@ -304,7 +368,7 @@ def train_dataset(
         def make_batch(item: tuple[int, np.ndarray]) -> Batch:
             length, members = item
             bucket_limits = {key: min(length, limit) for key, limit in limits.items()}
-            return pad_batch([encode(records[i]) for i in members], bucket_limits, rows)
+            return pad_batch([encode(i) for i in members], bucket_limits, rows)
 
     batches = EpochPlans(plan).map(make_batch).to_iter_dataset(read_options(settings))
     return grain.experimental.ThreadPrefetchIterDataset(batches, prefetch_buffer_size=settings.prefetch_batches), report
@@ -331,7 +395,7 @@ def eval_batches(
     _, report = select(example_lengths(task, split, tokenizers), settings, "trim", f"{task.name} {split}")
     indices = shard(np.arange(len(records)), process_index, process_count)
     num_batches = -(-len(records) // settings.batch_size)
-    encode = encoder(task, tokenizers, settings.max_source_length, settings.max_target_length)
+    encode = encoder(task, split, tokenizers, settings.max_source_length, settings.max_target_length)
     limits = padded_lengths(task, settings)
     extras = {name: get for name, get in (("alignment", task.alignment), ("boxes", task.boxes)) if get is not None}
     empty = np.zeros(0, np.int32)
@@ -343,7 +407,7 @@ def eval_batches(
 
     def example(index: int) -> Batch:
         found = {name: get(records[index]) for name, get in extras.items()}
-        return {**encode(records[index]), "index": np.int32(index), **found}
+        return {**encode(index), "index": np.int32(index), **found}
 
     def batch(number: int) -> Batch:
         examples = [example(i) for i in indices[number * rows : (number + 1) * rows]]

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import hashlib
 import io
 import json
+import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Protocol
 
@@ -205,6 +208,16 @@ class TokenizerSettings:
 class Tokenizers:
     source: Tokenizer
     target: Tokenizer
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """Names the vocabularies by their saved files: the same digest, the same ids for every text."""
+        hashed = hashlib.sha256()
+        with tempfile.TemporaryDirectory() as folder:
+            for name, tokenizer in (("source", self.source), ("target", self.target)):
+                tokenizer.save(Path(folder) / name)
+                hashed.update(type(tokenizer).__name__.encode() + (Path(folder) / name).read_bytes())
+        return hashed.hexdigest()[:16]
 
 
 def _train(settings: TokenizerSettings, texts: Iterable[str]) -> Tokenizer:
