@@ -113,7 +113,10 @@ def load_task_and_tokenizers(config: ml_collections.ConfigDict, workdir: Path) -
         pairs = (task.pair(train[i]) for i in range(len(train)))
         if task.inputs == "image":  # no source text: the (unused) source tokenizer learns the captions too
             pairs = ((target, target) for _, target in pairs)
-        return task, vocabularies.load_or_train(workdir / "tokenizer", vocabularies.TokenizerSettings.from_config(config), pairs)
+        shards = getattr(task.splits["train"], "shards", None)  # built data of our own: the vocabulary is shelved beside it
+        shelf = Path(shards[0]).parent / "vocabularies" if shards else None
+        settings = vocabularies.TokenizerSettings.from_config(config)
+        return task, vocabularies.load_or_train(workdir / "tokenizer", settings, pairs, shelf=shelf)
 
     chief = jax.process_index() == 0
     if chief:

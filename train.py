@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import ml_collections
 from absl import app, flags
 
@@ -35,6 +36,7 @@ from errors import ConfigError, UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.py"
+COMPILATION_CACHE = Path.home() / ".cache" / "attend" / "jax"  # unless JAX_COMPILATION_CACHE_DIR names another
 
 flags.DEFINE_string("config", str(DEFAULT_CONFIG), "Experiment config file (eval/predict: default the run's config.json).")
 flags.DEFINE_string("workdir", None, "Run folder (default: a fresh runs/<config>-<time>).")
@@ -95,6 +97,8 @@ def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     allocator.keep_freed_memory()  # before JAX's backend starts its threads
+    if not jax.config.jax_compilation_cache_dir:  # the next run loads its programs instead of compiling them
+        jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE))
     if FLAGS.verbosity < 1:  # the libraries' INFO lines (Orbax and TFDS log through absl's logger) with --verbosity=1
         for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
             logging.getLogger(library).setLevel(logging.WARNING)

@@ -17,6 +17,8 @@ import functools
 import hashlib
 import io
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Protocol
@@ -260,10 +262,17 @@ def load_saved(kind: str, path: Path, checksum: str | None) -> Tokenizer:
 
 
 def load_or_train(
-    directory: Path, settings: TokenizerSettings, train_pairs: Iterable[tuple[str, str]] | None = None
+    directory: Path,
+    settings: TokenizerSettings,
+    train_pairs: Iterable[tuple[str, str]] | None = None,
+    *,
+    shelf: Path | None = None,
 ) -> Tokenizers:
     """The tokenizers saved in `directory`, or new ones trained on `train_pairs` and saved there
     (with `checksums.json`, the SHA-256 of each file, that later loads check).
+
+    `shelf` (a folder beside the built data the pairs come from) keeps a copy of what was trained
+    there, by settings: a run in a new workdir with the same settings copies it instead of training.
 
     Raises:
       DataError: the saved tokenizers were made with other settings than `settings`, a saved
@@ -283,6 +292,10 @@ def load_or_train(
         checksums = read_json(checksums_file) if checksums_file.exists() else {}
         loaded = [load_saved(settings.kind, directory / file, checksums.get(file)) for file in files]
     else:
+        shelved = shelf / hashlib.sha256(json.dumps(dataclasses.asdict(settings), sort_keys=True).encode()).hexdigest()[:16] if shelf else None
+        if shelved is not None and (shelved / "settings.json").exists():
+            shutil.copytree(shelved, directory, dirs_exist_ok=True)
+            return load_or_train(directory, settings)
         if train_pairs is None:
             raise DataError(f"no tokenizer in {directory} and no training text to make one")
         pairs = list(train_pairs)
@@ -295,4 +308,11 @@ def load_or_train(
             tokenizer.save(directory / file)
         checksums_file.write_text(json.dumps({file: sha256(directory / file) for file in files}))
         settings_file.write_text(json.dumps(dataclasses.asdict(settings)))  # last: marks the save complete
+        if shelved is not None:
+            temporary = shelved.with_name(f"{shelved.name}.{os.getpid()}.tmp")
+            shutil.copytree(directory, temporary, dirs_exist_ok=True)
+            try:
+                os.rename(temporary, shelved)  # whole or absent
+            except OSError:  # another process shelved the same settings first
+                shutil.rmtree(temporary, ignore_errors=True)
     return Tokenizers(loaded[0], loaded[-1])

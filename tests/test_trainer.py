@@ -199,6 +199,14 @@ def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp
     assert [r["step"] for r in metric_rows(copy) if r["split"] == "train"] == [5, 10, 15, 20, 25, 30]
 
 
+def test_a_run_compiles_its_train_step_once(shared_data_dir, tmp_path, monkeypatch):
+    compiled = []
+    compile_train_step = trainer.compile_train_step
+    monkeypatch.setattr(trainer, "compile_train_step", lambda *args: compiled.append(compile_train_step(*args)) or compiled[-1])
+    trainer.train_and_evaluate(tiny_config(shared_data_dir, num_train_steps=12, eval_every_steps=12, checkpoint_every_steps=6), tmp_path)
+    assert [step._cache_size() for step in compiled] == [1]  # no second compilation at step 1 or after a save
+
+
 def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
     config = tiny_config(shared_data_dir, num_train_steps=40, keep_checkpoints=1, best_metric="loss", best_metric_larger_is_better=False)
     trainer.train_and_evaluate(config, tmp_path)

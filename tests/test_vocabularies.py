@@ -1,5 +1,7 @@
 """Tokenizers: fixed special ids, round trips, training limits, save and reload."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -72,3 +74,12 @@ def test_bad_settings_are_named():
         settings(kind="words")
     with pytest.raises(DataError, match="no tokenizer"):
         tk.load_or_train("/nonexistent/tokenizer", settings())
+
+
+def test_a_vocabulary_shelved_beside_the_data_is_copied_into_a_new_workdir_not_trained_again(tmp_path):
+    settings = tk.TokenizerSettings(kind="char", vocab_size=8000, model_type="unigram", shared=True, max_corpus_chars=10**6)
+    first = tk.load_or_train(tmp_path / "run1" / "tokenizer", settings, [("abc", "cab")], shelf=tmp_path / "shelf")
+    second = tk.load_or_train(tmp_path / "run2" / "tokenizer", settings, iter(()), shelf=tmp_path / "shelf")  # no text: shelved
+    assert second.digest == first.digest and (tmp_path / "run2" / "tokenizer" / "checksums.json").exists()
+    other = dataclasses.replace(settings, max_corpus_chars=2)
+    assert tk.load_or_train(tmp_path / "run3" / "tokenizer", other, [("xyz", "zyx")], shelf=tmp_path / "shelf").digest != first.digest
