@@ -93,12 +93,17 @@ def run_mode(config: ml_collections.ConfigDict, workdir: Path):
     return evaluation.predict(config, workdir)
 
 
+def set_up_process() -> None:
+    """What every training process sets before JAX's backend starts (the benchmarks too)."""
+    allocator.keep_freed_memory()
+    if not jax.config.jax_compilation_cache_dir:  # the next run loads its programs instead of compiling them
+        jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE))
+
+
 def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    allocator.keep_freed_memory()  # before JAX's backend starts its threads
-    if not jax.config.jax_compilation_cache_dir:  # the next run loads its programs instead of compiling them
-        jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE))
+    set_up_process()
     if FLAGS.verbosity < 1:  # the libraries' INFO lines (Orbax and TFDS log through absl's logger) with --verbosity=1
         for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
             logging.getLogger(library).setLevel(logging.WARNING)

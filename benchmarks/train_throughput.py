@@ -5,6 +5,9 @@
 
 Overrides take train.py's syntax and apply to every config measured.
 
+    python benchmarks/train_throughput.py --train_py [--steps 60]   # issue 14's check (train.py, against the peak)
+    python benchmarks/train_throughput.py --startup                 # first step, cold and warm
+
     python benchmarks/train_throughput.py --recurrent [--lengths 32,64,128,256] [--width 128]
 
 times one train step (forward, backward, Adam) of RNNsearch and LSTMN (shallow and
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 import subprocess
 import sys
@@ -56,7 +61,10 @@ def matmul_peak_flops(size: int = 2048, repeats: int = 10) -> float:
 
 
 def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> dict:
-    """Runs in its own process (so that 'process start' is meaningful)."""
+    """Runs in its own process (so that 'process start' is meaningful), set up as train.py's."""
+    import train
+
+    train.set_up_process()
     import jax
 
     import input_pipeline
@@ -89,13 +97,13 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
             rates.append(window / elapsed)
             token_rates.append(tokens / elapsed)
         compilations = train_step._cache_size()
-    steps_per_second = statistics.median(rates)
+    steps_per_second = statistics.median(rates) if rates else math.nan
     return {
         "config": config_name,
         "first_step_s": first_step_seconds,
         "compilations": compilations,
         "steps_per_s": steps_per_second,
-        "tokens_per_s": statistics.median(token_rates),
+        "tokens_per_s": statistics.median(token_rates) if token_rates else math.nan,
         "step_gflop": flops / 1e9,
         "achieved_gflops": flops * steps_per_second / 1e9,
         "devices": jax.device_count(),
@@ -147,6 +155,68 @@ def recurrent_table(lengths: list[int], width: int, repeats: int) -> None:
         print(f"| {length} | {rnnsearch:.3f} | {shallow:.3f} | {deep:.3f} | {shallow / rnnsearch:.2f}x | {deep / rnnsearch:.2f}x |", flush=True)
 
 
+REFERENCE_STEP_FLOP = 412.7e9  # the Flax WMT example's kjv_web_transformer step, XLA's count (issue 14)
+
+
+def train_py_check(steps: int, overrides: list[str]) -> None:
+    """The issue's check: a `steps`-step train.py run of kjv_web_transformer logging every 10 steps;
+    the median steps_per_second of its train rows from step 20 on, times the reference's FLOP per
+    step, against the float32 matmul rate measured in the same run (before and after it)."""
+    import input_pipeline
+    from configs import base
+    from run_setup import prepare_run
+
+    before = [matmul_peak_flops() for _ in range(3)]
+    with tempfile.TemporaryDirectory() as workdir:
+        command = [sys.executable, "train.py", "--config=configs/kjv_web_transformer.py", f"--workdir={workdir}",
+                   f"--config.num_train_steps={steps}", "--config.log_every_steps=10", "--config.eval_every_steps=100000",
+                   "--config.checkpoint_every_steps=100000", "--config.eval_decode_examples=8", *overrides]  # fmt: skip
+        subprocess.run(command, cwd=PROJECT_ROOT, check=True, capture_output=True, text=True)
+        rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+        config = base.load(PROJECT_ROOT / "configs" / "kjv_web_transformer.py", overrides)
+        run = prepare_run(config, workdir)  # the run's own vocabulary: the same batches, to count their tokens
+        batches = iter(input_pipeline.train_dataset(run.task, run.tokens, run.pipeline())[0])
+        counts = [(int((b["inputs"] > 0).sum()), int((b["targets"] > 0).sum())) for b in (next(batches) for _ in range(20))]
+    after = [matmul_peak_flops() for _ in range(3)]
+    peak = statistics.median(before + after)
+    train = [r for r in rows if r["split"] == "train" and r["step"] >= 20]
+    steps_per_second = statistics.median(r["steps_per_second"] for r in train)
+    source, target = (statistics.mean(c[i] for c in counts) for i in (0, 1))
+    print(f"float32 matmul peak (2048^3; medians before {statistics.median(before) / 1e9:.0f}, after "
+          f"{statistics.median(after) / 1e9:.0f}): {peak / 1e9:.0f} GFLOP/s")  # fmt: skip
+    print("| run | steps/s (median of rows >= 20) | s/step | source+target tok/s | target tok/s | reference FLOP x steps/s / peak |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| train.py kjv_web_transformer, {steps} steps {' '.join(overrides)} | {steps_per_second:.3f} | {1 / steps_per_second:.2f} | "
+          f"{steps_per_second * (source + target):,.0f} | {steps_per_second * target:,.0f} | "
+          f"{REFERENCE_STEP_FLOP * steps_per_second / peak:.3f} |")  # fmt: skip
+
+
+def startup_check(overrides: list[str]) -> None:
+    """Seconds from process start to the first step done on kjv_web_transformer, cold (no compiled
+    programs, no tokenized arrays or shelved vocabulary; the data built) and warm (a second run in
+    a new workdir), each with its number of train step compilations."""
+    import shutil
+
+    import tasks
+    from configs import base
+
+    config = base.load(PROJECT_ROOT / "configs" / "kjv_web_transformer.py", overrides)
+    task = tasks.load_task(config.task.name, config.data_dir, **{k: v for k, v in config.task.to_dict().items() if k != "name"})
+    built = Path(task.splits["train"].shards[0]).parent
+    print("| start | first step done, s from process start | train step compilations |")
+    print("|---|---:|---:|")
+    with tempfile.TemporaryDirectory() as cache:
+        for start in ("cold", "warm"):
+            if start == "cold":
+                for folder in ("tokenized", "vocabularies"):
+                    shutil.rmtree(built / folder, ignore_errors=True)
+            command = [sys.executable, __file__, "--one", "kjv_web_transformer", "--steps", "0", *overrides]
+            environment = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache}
+            output = subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, check=True).stdout
+            r = json.loads(output.strip().splitlines()[-1])
+            print(f"| {start} | {r['first_step_s']:.1f} | {r['compilations']} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="default,kjv_web_transformer")
@@ -156,8 +226,16 @@ def main() -> None:
     parser.add_argument("--lengths", default="32,64,128,256", help="--recurrent: the lengths")
     parser.add_argument("--width", type=int, default=128, help="--recurrent: embedding, hidden and attention size")
     parser.add_argument("--repeats", type=int, default=5, help="--recurrent: timed steps per model and length")
+    parser.add_argument("--train_py", action="store_true", help="the issue's check: a train.py run of kjv_web_transformer against the matmul peak")
+    parser.add_argument("--startup", action="store_true", help="kjv_web_transformer's start-up, cold and warm")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one config in this process
     args, overrides = parser.parse_known_args()  # the rest: --config.a.b=value overrides
+    if args.train_py:
+        train_py_check(args.steps, overrides)
+        return
+    if args.startup:
+        startup_check(overrides)
+        return
     if args.recurrent:
         recurrent_table([int(n) for n in args.lengths.split(",")], args.width, args.repeats)
         return
