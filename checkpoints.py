@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -60,6 +61,7 @@ class Checkpoints:
             cleanup_tmp_directories=False,  # done before the manager starts: see _remove_unfinished_saves
         )
         directory = Path(directory).absolute()
+        self._saved = False  # digests are written by a run that saves, never by eval or inference
         self._remove_unfinished_saves(directory)
         self.manager = ocp.CheckpointManager(directory, options=options, item_names=("state", "data"))
 
@@ -97,6 +99,7 @@ class Checkpoints:
             self.manager.wait_until_finished()
             self._write_digests()
             self.manager.save(step, args=ocp.args.Composite(**items), metrics=usable, force=True)
+        self._saved = True
 
     @contextlib.contextmanager
     def _writing(self):
@@ -111,15 +114,20 @@ class Checkpoints:
             ) from error
 
     def _write_digests(self) -> None:
-        """Writes `DIGEST_FILE` into each committed checkpoint without one (the first process)."""
-        if jax.process_index() != 0:
+        """Writes `DIGEST_FILE` into each committed checkpoint without one: only a run that saves
+        (its first process), so that eval and inference never write into a run folder. A digest
+        that cannot be written is a warning: its checkpoint is whole, only unverified."""
+        if jax.process_index() != 0 or not self._saved:
             return
         for step in self.manager.all_steps():
             folder = Path(self.manager.directory) / str(step)
             if folder.is_dir() and not (folder / DIGEST_FILE).exists():
-                temporary = folder / (DIGEST_FILE + ".tmp")
-                temporary.write_text(json.dumps(file_digests(folder), indent=0, sort_keys=True))
-                temporary.rename(folder / DIGEST_FILE)  # a digest is whole or absent
+                temporary = folder / f"{DIGEST_FILE}.{os.getpid()}.tmp"
+                try:
+                    temporary.write_text(json.dumps(file_digests(folder), indent=0, sort_keys=True))
+                    temporary.rename(folder / DIGEST_FILE)  # a digest is whole or absent
+                except OSError as error:
+                    logging.warning("cannot write the digest of the checkpoint at step %d (%s): it stays unverified", step, error)
 
     def _damage(self, step: int) -> str | None:
         """What is wrong with the files of the checkpoint at `step` by its digest, or None (also
@@ -182,8 +190,8 @@ class Checkpoints:
         if not candidates:
             raise CheckpointError(f"no checkpoint in {self.manager.directory}")
         for candidate in candidates:
-            damage = self._damage(candidate)
             try:
+                damage = self._damage(candidate)
                 if damage:
                     raise CheckpointError(damage)
                 restored = self.manager.restore(candidate, args=arguments())
@@ -217,9 +225,11 @@ class Checkpoints:
         Raises:
           CheckpointError: the last save could not be written, naming the folder.
         """
-        with self._writing():
-            self.manager.wait_until_finished()
-            self._write_digests()
+        try:
+            with self._writing():
+                self.manager.wait_until_finished()
+                self._write_digests()
+        finally:  # a failed save raises again here: Orbax's threads are released all the same
             self.manager.close()
 
 

@@ -32,11 +32,13 @@ import os
 import sys
 import threading
 import weakref
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import grain
 import numpy as np
+import sentencepiece as spm
 
 from errors import ConfigError, DataError
 from tasks import Task
@@ -125,6 +127,7 @@ class TokenIds:
         return {"inputs": ids(self.source, self.source_starts, max_source_length), "targets": ids(self.target, self.target_starts, max_target_length)}
 
 
+TOKEN_IDS_FORMAT = f"v1-spm{spm.__version__}"  # in the cache's key: another encoder may give other ids
 _TOKEN_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # records -> {vocabulary digest: TokenIds}
 
 
@@ -140,20 +143,36 @@ def token_ids(task: Task, split: str, tokenizers: Tokenizers) -> TokenIds:
     if tokenizers.digest in remembered:
         return remembered[tokenizers.digest]
     shards = getattr(records, "shards", None)
-    path = Path(shards[0]).parent / "tokenized" / tokenizers.digest / f"{split}.npz" if shards else None
-    if path is not None and path.exists():
-        with np.load(path) as saved:
-            ids = TokenIds(**{field.name: saved[field.name] for field in dataclasses.fields(TokenIds)})
-    else:
+    key = f"{TOKEN_IDS_FORMAT}-{tokenizers.digest}"  # the vocabulary and the code that encodes with it
+    path = Path(shards[0]).parent / "tokenized" / key / f"{split}.npz" if shards else None
+    ids = read_token_ids(path, len(records)) if path is not None else None
+    if ids is None:
         pairs = [task.pair(records[i]) for i in range(len(records))]
         ids = TokenIds.of((tokenizers.source.encode(s) for s, _ in pairs), (tokenizers.target.encode(t) for _, t in pairs))
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_suffix(f".{os.getpid()}.tmp.npz")
-            np.savez(temporary, **dataclasses.asdict(ids))
-            os.replace(temporary, path)  # whole or absent, whichever process writes it
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                temporary = path.with_suffix(f".{os.getpid()}.tmp.npz")
+                np.savez(temporary, **dataclasses.asdict(ids))
+                os.replace(temporary, path)  # whole or absent, whichever process writes it
+            except OSError as error:  # data built by someone else, read-only: tokenize at every start
+                logging.warning("cannot keep the token ids of %s at %s (%s)", split, path, error)
     remembered[tokenizers.digest] = ids
     return ids
+
+
+def read_token_ids(path: Path, count: int) -> TokenIds | None:
+    """Token ids kept at `path` for `count` examples, or None (absent, unreadable, or not `count`:
+    then they are made again)."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path) as saved:
+            ids = TokenIds(**{field.name: saved[field.name] for field in dataclasses.fields(TokenIds)})
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        logging.warning("tokenizing again: the token ids at %s are unreadable (%s)", path, error)
+        return None
+    return ids if len(ids.source_starts) == len(ids.target_starts) == count + 1 else None
 
 
 def encoder(task: Task, split: str, tokenizers: Tokenizers, max_source_length: int, max_target_length: int) -> Callable:

@@ -43,10 +43,13 @@ def token_sums(logits: Array, targets: Array, label_smoothing: float = 0.0) -> d
     weights = (targets != PAD_ID).astype(jnp.float32)
     nll = cross_entropy(logits, targets)
     smoothed = nll if label_smoothing == 0.0 else cross_entropy(logits, targets, label_smoothing)
-    # The target's logit is the largest (a tie counts as correct): an argmax is a variadic reduce
-    # that XLA:CPU runs apart, 7% of a 8000-way Transformer step; the max is log-softmax's own.
-    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    correct = (target_logits >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+    # Correct: the target's logit is the largest; of k tied largest logits it counts 1/k, the
+    # argmax's chance of naming it with ties broken at random. Plain reductions (the max is
+    # log-softmax's own), not an argmax: XLA:CPU runs that variadic reduce apart, a sixth of a
+    # kjv_web_transformer step.
+    largest = jnp.max(logits, axis=-1, keepdims=True)
+    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)
+    correct = ((target_logits >= largest) / jnp.sum(logits == largest, axis=-1, keepdims=True))[..., 0]
     return {
         "smoothed_loss_sum": jnp.sum(smoothed * weights),
         "nll_sum": jnp.sum(nll * weights),

@@ -81,6 +81,7 @@ SPACE_KINDS = ("categorical", "uniform", "log_uniform", "int")
 HEARTBEAT_S = 30  # a running trial's worker says it is alive this often
 HEARTBEAT_GRACE_S = 300  # ... and is taken for dead after this long without
 NOT_SHOWN = ("step", "decoded_examples")  # and per-module metrics (names with "/")
+CLUSTER_VARIABLES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "JAX_COORDINATOR_")  # prefixes that make JAX join a cluster
 SWEEP_KEYS = ("method", "space", "objective", "direction", "num_trials", "budget", "pruning", "seed")
 
 
@@ -623,12 +624,15 @@ def worker_environment(index: int, parallel: int, environ: Mapping[str, str], gp
     i-th contiguous block of len(gpus) // parallel of them as CUDA_VISIBLE_DEVICES
     (the remainder stay idle, so every trial has as many devices and shards its
     batch alike) and XLA_PYTHON_CLIENT_PREALLOCATE=false unless `environ` sets
-    it. Without GPUs, or with one worker, `environ` as it is.
+    it. Without GPUs, or with one worker, `environ` as it is. Either way without the variables of
+    a cluster launcher (`CLUSTER_VARIABLES`): each trial trains alone.
 
     Raises:
       SweepError: fewer GPUs than workers; two trials would contend for one GPU.
     """
-    environment = dict(environ)
+    # A trial is one process: under srun or mpirun the cluster's variables would make every trial
+    # join the others as one distributed run (run_setup.setup_distributed).
+    environment = {k: v for k, v in environ.items() if not k.startswith(CLUSTER_VARIABLES)}
     if not gpus or parallel == 1:
         return environment
     if len(gpus) < parallel:

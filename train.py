@@ -37,6 +37,7 @@ from errors import ConfigError, UserError
 PROJECT_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.py"
 COMPILATION_CACHE = Path.home() / ".cache" / "attend" / "jax"  # unless JAX_COMPILATION_CACHE_DIR names another
+COMPILATION_CACHE_BYTES = 2 * 2**30
 
 flags.DEFINE_string("config", str(DEFAULT_CONFIG), "Experiment config file (eval/predict: default the run's config.json).")
 flags.DEFINE_string("workdir", None, "Run folder (default: a fresh runs/<config>-<time>).")
@@ -98,6 +99,7 @@ def set_up_process() -> None:
     allocator.keep_freed_memory()
     if not jax.config.jax_compilation_cache_dir:  # the next run loads its programs instead of compiling them
         jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE))
+        jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)  # the least recently used go
 
 
 def main(argv) -> int:

@@ -348,9 +348,11 @@ def train(run: Run) -> dict:
                     logging.info("stopped at step %d after saving a checkpoint", step)
                     break
     finally:
-        run.checkpoints.close()  # waits for pending saves, which may still read the data iterator's state
-        data_iterator.close()  # stops the prefetch threads now, not at interpreter exit
-        reporter.close()
+        try:
+            run.checkpoints.close()  # waits for pending saves, which may still read the data iterator's state
+        finally:  # also after a failed save
+            data_iterator.close()  # stops the prefetch threads now, not at interpreter exit
+            reporter.close()
     if run.is_chief:
         print_outputs(run.workdir)
     return final

@@ -294,7 +294,8 @@ def load_or_train(
     else:
         shelved = shelf / hashlib.sha256(json.dumps(dataclasses.asdict(settings), sort_keys=True).encode()).hexdigest()[:16] if shelf else None
         if shelved is not None and (shelved / "settings.json").exists():
-            shutil.copytree(shelved, directory, dirs_exist_ok=True)
+            shutil.copytree(shelved, directory, dirs_exist_ok=True, ignore=shutil.ignore_patterns("settings.json"))
+            shutil.copy(shelved / "settings.json", directory)  # last: marks the copy complete
             return load_or_train(directory, settings)
         if train_pairs is None:
             raise DataError(f"no tokenizer in {directory} and no training text to make one")
@@ -310,9 +311,9 @@ def load_or_train(
         settings_file.write_text(json.dumps(dataclasses.asdict(settings)))  # last: marks the save complete
         if shelved is not None:
             temporary = shelved.with_name(f"{shelved.name}.{os.getpid()}.tmp")
-            shutil.copytree(directory, temporary, dirs_exist_ok=True)
             try:
+                shutil.copytree(directory, temporary, dirs_exist_ok=True)
                 os.rename(temporary, shelved)  # whole or absent
-            except OSError:  # another process shelved the same settings first
+            except OSError:  # another process shelved the same settings first, or the data is read-only
                 shutil.rmtree(temporary, ignore_errors=True)
     return Tokenizers(loaded[0], loaded[-1])

@@ -120,7 +120,7 @@ def with_digest(config: ImageCaptionsConfig) -> dict:
 class ImageCaptions(TextPairBuilder):
     """Local images with captions (the Flickr8k layout)."""
 
-    VERSION = tfds.core.Version("1.0.0")
+    VERSION = tfds.core.Version("1.0.1")  # 1.0.1: lines end at \n only (a lone \r stays inside its line)
     BUILDER_CONFIG_CLASS = ImageCaptionsConfig
 
     def _features(self):

@@ -196,7 +196,7 @@ def read_splits(config: ParallelTextConfig, skipped: Skipped) -> dict[str, list[
 class ParallelText(TextPairBuilder):
     """A local parallel corpus (TSV or line-aligned files)."""
 
-    VERSION = tfds.core.Version("1.0.0")
+    VERSION = tfds.core.Version("1.0.1")  # 1.0.1: lines end at \n only (a lone \r stays inside its line)
     BUILDER_CONFIG_CLASS = ParallelTextConfig
     EXTRA_FEATURES = {"origin": tfds.features.Text()}  # file:line, for error reports and analysis
 

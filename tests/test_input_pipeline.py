@@ -210,15 +210,17 @@ def test_eval_batches_carry_the_dates_alignment(tmp_path):
         assert source[start:end] in (target[:4], target[2:4])
 
 
-def test_token_ids_are_tokenized_once_then_read_from_beside_the_built_data(copy_task, char_tokenizers):
+def test_token_ids_are_tokenized_once_then_read_from_beside_the_built_data(copy_task, char_tokenizers, monkeypatch):
     split = copy_task.splits["dev"]
-    folder = Path(split.shards[0]).parent / "tokenized" / char_tokenizers.digest
+    folder = Path(split.shards[0]).parent / "tokenized" / f"{ip.TOKEN_IDS_FORMAT}-{char_tokenizers.digest}"
     ip._TOKEN_IDS.clear()
     (folder / "dev.npz").unlink(missing_ok=True)
     fresh = ip.token_ids(copy_task, "dev", char_tokenizers)
     assert (folder / "dev.npz").exists()
-    ip._TOKEN_IDS.clear()  # a new process: read back from the file
+    ip._TOKEN_IDS.clear()  # a new process: read back from the file, encoding nothing
+    monkeypatch.setattr(type(char_tokenizers.source), "encode", lambda *args: pytest.fail("tokenized again"))
     read = ip.token_ids(copy_task, "dev", char_tokenizers)
+    monkeypatch.undo()
     for index in range(len(split)):
         source, target = copy_task.pair(split[index])
         for ids in (fresh, read):

@@ -50,6 +50,12 @@ def test_token_sums_ignore_padding_and_summarize():
     assert summary["token_accuracy"] == 0
 
 
+def test_token_accuracy_counts_the_target_among_k_tied_largest_logits_as_one_kth():
+    logits = np.array([[[0.0, 1.0, 3.0, 2.0], [0.0, 2.0, 2.0, 0.0], [0.0, 4.0, 4.0, 4.0], [0.0, 0.0, 1.0, 1.0]]], np.float32)
+    targets = np.array([[2, 1, 3, 1]])  # right; one of two tied; one of three tied; not among the largest (id 0 is padding)
+    assert math.isclose(float(metrics.token_sums(logits, targets)["correct_sum"]), 1 + 1 / 2 + 1 / 3, rel_tol=1e-6)
+
+
 def test_exact_match_and_bleu_equal_sacrebleu():
     hypotheses = ["the cat sat on the mat", "a dog barked", "it rains"]
     references = ["the cat sat on the mat", "the dog barked loudly", "it is raining"]

@@ -352,6 +352,9 @@ def test_worker_environment_gives_each_worker_gpus_of_its_own():
     # no GPUs (CPU-only), or one worker: the environment as it is
     assert [sweep.worker_environment(i, 2, environ, []) for i in range(2)] == [environ, environ]
     assert sweep.worker_environment(0, 1, environ, gpus) == environ
+    # under srun or mpirun a trial must not join the other trials as one distributed run
+    launched = {**environ, "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "OMPI_COMM_WORLD_SIZE": "2", "JAX_COORDINATOR_ADDRESS": "h:1"}
+    assert sweep.worker_environment(0, 1, launched, []) == environ
 
 
 def fake_nvidia_smi(folder: Path, count: int) -> Path:
