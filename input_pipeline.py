@@ -184,9 +184,9 @@ def encoder(task: Task, split: str, tokenizers: Tokenizers, max_source_length: i
         return functools.partial(ids.example, max_source_length=max_source_length, max_target_length=max_target_length)
 
     def encode(index: int) -> Batch:
-        _, target = task.pair(records[index])
-        targets = np.append(tokenizers.target.encode(target)[: max_target_length - 1], EOS_ID).astype(np.int32)
-        return {"inputs": task.image(records[index]), "targets": targets}
+        record = records[index]  # read (and its image decoded) once
+        targets = np.append(tokenizers.target.encode(task.pair(record)[1])[: max_target_length - 1], EOS_ID).astype(np.int32)
+        return {"inputs": task.image(record), "targets": targets}
 
     return encode
 

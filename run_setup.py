@@ -389,7 +389,7 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: b
         if limit is not None and length > limit:
             raise ConfigError(f"{name} = {length} is longer than model.max_length = {limit}, the model's longest sequence")
     if training and hasattr(model, "tape_bytes"):  # LSTMN: the training step holds the tapes and their cotangents
-        rows = max(config.batch_size // (mesh.size * max(config.grad_accum_steps, 1)), 1)
+        rows = rows_per_device(config, mesh)
         longest = max(config.data.max_source_length, config.data.max_target_length)
         needed, available = model.tape_bytes(rows, longest), device_memory_bytes(local_device(mesh))
         if needed > available // 2:
@@ -404,6 +404,11 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: b
             f"batch_size {config.batch_size} must be divisible by the {mesh.size} devices "
             f"times grad_accum_steps {config.grad_accum_steps}"
         )
+
+
+def rows_per_device(config: ml_collections.ConfigDict, mesh: Mesh) -> int:
+    """The rows one device holds in one microbatch (at least 1, before batch_size is checked)."""
+    return max(config.batch_size // (mesh.size * config.grad_accum_steps), 1)
 
 
 CHARACTER_VOCABULARY_GUESS = 256  # a character vocabulary's size before it is made: a few hundred at most
@@ -426,7 +431,7 @@ def check_memory(config: ml_collections.ConfigDict, mesh: Mesh, *, training: boo
             f"model {config.model.name} has {count:,} parameters, {count * 4 * copies / 2**30:.1f} GiB with what training keeps "
             f"of them, more than half of a device's {2 * available / 2**30:.1f} GiB; lower {sizes}"
         )
-    rows = config.batch_size // (mesh.size * config.grad_accum_steps) or 1
+    rows = rows_per_device(config, mesh)
     logits = rows * config.data.max_target_length * vocab * 4 * 3  # logits, softmax and their gradient
     if logits > available:
         raise ConfigError(
@@ -447,13 +452,13 @@ def parameter_count(name: str, fields: dict) -> int:
 
     stacks = {k: v for k, v in fields.items() if k.startswith("num_") and k.endswith("layers") and v > 1}
     shallow = {k: 1 for k in stacks}
-    total = base = count(**shallow)
+    total = shallowest = count(**shallow)
     try:
         for stack, depth in stacks.items():
-            total += (depth - 1) * (count(**{**shallow, stack: 2}) - base)
+            total += (depth - 1) * (count(**{**shallow, stack: 2}) - shallowest)
     except ConfigError:  # stacks that must be equally deep (Luong's): they grow together
         depth = max(stacks.values())
-        total = base + (depth - 1) * (count(**{k: 2 for k in stacks}) - base)
+        total = shallowest + (depth - 1) * (count(**{k: 2 for k in stacks}) - shallowest)
     return total
 
 

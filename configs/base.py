@@ -231,8 +231,6 @@ def check(config: ml_collections.ConfigDict) -> None:
     for name in ("best_metric", "data_dir"):
         if not config[name].strip():
             raise ConfigError(f"{name} must not be empty")
-    if config.batch_size % config.grad_accum_steps:
-        raise ConfigError(f"batch_size {config.batch_size} must be divisible by grad_accum_steps {config.grad_accum_steps}")
 
 
 def set_field(config: ml_collections.ConfigDict, dotted_name: str, value) -> None:

@@ -55,9 +55,9 @@ def checked_config(name: str, **fields):
     unknown = sorted(set(fields) - set(fields_of(name)))
     if unknown:
         raise ConfigError(f"unknown field(s) for model {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(fields_of(name)))}")
-    for name, value in fields.items():  # before a huge depth makes building even an abstract model slow
-        if name.startswith("num_") and name.endswith("layers") and isinstance(value, int) and value > MAX_LAYERS:
-            raise ConfigError(f"model.{name} must be at most {MAX_LAYERS}, got {value}")
+    for field, value in fields.items():  # before a huge depth makes building even an abstract model slow
+        if field.startswith("num_") and field.endswith("layers") and isinstance(value, int) and value > MAX_LAYERS:
+            raise ConfigError(f"model.{field} must be at most {MAX_LAYERS}, got {value}")
     return config_class(vocab_size=1, **fields)
 
 
