@@ -207,6 +207,31 @@ def test_a_run_compiles_its_train_step_once(shared_data_dir, tmp_path, monkeypat
     assert [step._cache_size() for step in compiled] == [1]  # no second compilation at step 1 or after a save
 
 
+PERSISTENT_CACHE_PROBE = """
+import warnings; warnings.simplefilter("error")  # JAX warns, and compiles, when it cannot read an entry
+import train; train.set_up_process()
+import jax, jax.numpy as jnp
+hits = []
+jax.monitoring.register_event_listener(lambda event, **_: hits.append(event) if event.endswith("cache_hits") else None)
+f = lambda x: jnp.tanh(x @ x.T).sum()
+jax.jit(f)(jnp.ones((64, 64))).block_until_ready()
+jax.clear_caches()
+jax.jit(f)(jnp.ones((64, 64))).block_until_ready()
+print(len(hits))
+"""
+
+
+def test_a_process_set_up_like_train_py_reads_its_compilation_cache_back(tmp_path):
+    # train.set_up_process() caps the cache's size, which needs the filelock package; without it
+    # JAX wrote entries but warned at every read and compiled again. (conftest's cache, set in the
+    # environment, is left out here: train.py's own set-up is under test.)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env.update(HOME=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONPATH=str(PROJECT_ROOT))
+    probe = subprocess.run([sys.executable, "-c", PERSISTENT_CACHE_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    assert int(probe.stdout.split()[-1]) >= 1, probe.stdout + probe.stderr  # the second compilation (at least) was a hit
+    assert any((tmp_path / ".cache" / "attend" / "jax").iterdir())
+
 def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
     config = tiny_config(shared_data_dir, num_train_steps=40, keep_checkpoints=1, best_metric="loss", best_metric_larger_is_better=False)
     trainer.train_and_evaluate(config, tmp_path)
