@@ -37,7 +37,7 @@ def score_functions(chunk: int, heads: int, head_dim: int):
     v = jnp.asarray(rng.normal(size=(heads, head_dim)), jnp.float32)
     return {
         "scaled_dot (explicit, +softmax+values)": lambda q, k, val: attention.scaled_dot_product_attention(q, k, val)[0],
-        "scaled_dot (fused jax.nn)": attention.fused_scaled_dot_product_attention,
+        "scaled_dot (library jax.nn)": attention.library_scaled_dot_product_attention,
         "dot scores": lambda q, k, val: attention.dot_scores(q, k),
         "general scores": lambda q, k, val: attention.general_scores(q, k, w),
         f"additive scores (chunk {chunk})": lambda q, k, val: attention.additive_scores(q, k, v, query_chunk_size=chunk),

@@ -58,7 +58,7 @@ from flax import nnx
 
 from errors import ConfigError
 from models.attention import Attention, AttentionRole
-from models.layers import shift_right
+from models.layers import Linear, shift_right
 from models.rnn import LSTMCell, LSTMState, time_major
 
 Array = jax.Array
@@ -149,14 +149,14 @@ class Captioner(nnx.Module):
         else:
             self.convs = nnx.List([])
         self.embed = nnx.Embed(config.vocab_size, E, embedding_init=nnx.initializers.normal(0.1), rngs=rngs)  # E
-        self.init_hidden = nnx.Linear(D, N, rngs=rngs)  # f_init_h
-        self.init_cell = nnx.Linear(D, N, rngs=rngs)  # f_init_c
+        self.init_hidden = Linear(D, N, rngs=rngs)  # f_init_h
+        self.init_cell = Linear(D, N, rngs=rngs)  # f_init_c
         self.attention = Attention(N, D, score="additive", attention_dim=config.attention_dim, role=AttentionRole.CROSS, rngs=rngs)  # f_att
-        self.beta = nnx.data(nnx.Linear(N, 1, rngs=rngs) if config.selector else None)  # f_beta
+        self.beta = nnx.data(Linear(N, 1, rngs=rngs) if config.selector else None)  # f_beta
         self.lstm = LSTMCell(E + D, N, rngs=rngs)  # T of eq. 1 over [E y_{t-1}; z_t] (and h_{t-1} inside)
-        self.output_hidden = nnx.Linear(N, E, rngs=rngs)  # L_h
-        self.output_context = nnx.Linear(D, E, use_bias=False, rngs=rngs)  # L_z
-        self.output = nnx.Linear(E, config.vocab_size, rngs=rngs)  # L_o
+        self.output_hidden = Linear(N, E, rngs=rngs)  # L_h
+        self.output_context = Linear(D, E, use_bias=False, rngs=rngs)  # L_z
+        self.output = Linear(E, config.vocab_size, rngs=rngs)  # L_o
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
     # -- the encoder -------------------------------------------------------------

@@ -14,6 +14,24 @@ from flax import nnx
 Array = jax.Array
 
 
+class Linear(nnx.Linear):
+    """`nnx.Linear` applied to the rows of its input flattened to 2-D: `[..., Din] -> [..., Dout]`.
+
+    Same parameters and result as `nnx.Linear`. Why: XLA:CPU runs a `[B*T, Din]` matmul
+    and its two gradients a quarter faster than the same dot over `[B, T, Din]`, whose
+    weight gradient contracts two axes (feed-forward block at 64 x 128 x 256,
+    forward + backward: 58 ms against 78 ms; `benchmarks/train_throughput.py`).
+    """
+
+    def __call__(self, inputs: Array) -> Array:
+        return super().__call__(as_rows(inputs)).reshape(*inputs.shape[:-1], -1)
+
+
+def as_rows(x: Array) -> Array:
+    """`[..., D] -> [N, D]`, a free reshape of a row-major array."""
+    return x.reshape(-1, x.shape[-1])
+
+
 class Embed(nnx.Module):
     """Token embedding, optionally scaled by `sqrt(D)` (Vaswani et al. 2017, section 3.4).
 
@@ -33,8 +51,8 @@ class Embed(nnx.Module):
         return self.embedding(tokens) * self.multiplier
 
     def attend(self, x: Array) -> Array:
-        """Logits against every embedding row: `[B, T, D] -> [B, T, V]`."""
-        return self.embedding.attend(x)
+        """Logits against every embedding row: `[B, T, D] -> [B, T, V]` (one 2-D matmul, see `Linear`)."""
+        return self.embedding.attend(as_rows(x)).reshape(*x.shape[:-1], -1)
 
 
 def sinusoidal_encoding(positions: Array, features: int, max_timescale: float = 10_000.0) -> Array:
@@ -76,8 +94,8 @@ class FeedForward(nnx.Module):
     """
 
     def __init__(self, features: int, hidden: int, *, dropout_rate: float = 0.0, dtype=None, rngs: nnx.Rngs):
-        self.inner = nnx.Linear(features, hidden, dtype=dtype, rngs=rngs)
-        self.outer = nnx.Linear(hidden, features, dtype=dtype, rngs=rngs)
+        self.inner = Linear(features, hidden, dtype=dtype, rngs=rngs)
+        self.outer = Linear(hidden, features, dtype=dtype, rngs=rngs)
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
 
     def __call__(self, x: Array, *, deterministic: bool = True) -> Array:

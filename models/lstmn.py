@@ -69,7 +69,7 @@ from flax import nnx
 
 from errors import ConfigError
 from models.attention import Attention, AttentionRole, AttentionWeights, capturing, masked_softmax
-from models.layers import shift_right
+from models.layers import Linear, shift_right
 from models.rnn import time_major
 
 Array = jax.Array
@@ -259,15 +259,15 @@ class LSTMNCell(nnx.Module):
         """`context_dim`: the inter-attention summary's size for the first decoder layer (0 elsewhere),
         read by the gates (shallow fusion) or by the fusion gate r_t (`fusion_gate`, deep fusion)."""
         self.hidden_dim, self.attention_dim, self.role = hidden_dim, attention_dim, role
-        self.key_proj = nnx.Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)  # W_h
-        self.input_attention = nnx.Linear(input_dim, attention_dim, rngs=rngs)  # W_x (and the bias inside tanh)
-        self.summary_attention = nnx.Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)  # W_h~
+        self.key_proj = Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)  # W_h
+        self.input_attention = Linear(input_dim, attention_dim, rngs=rngs)  # W_x (and the bias inside tanh)
+        self.summary_attention = Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)  # W_h~
         self.v = nnx.Param(nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,)))
         # W of eq. 10 over [h~_t; x_t] (and the context, in shallow fusion): gates i, f, o, c^
         gate_inputs = hidden_dim + input_dim + (0 if fusion_gate else context_dim)
-        self.gates = nnx.Linear(gate_inputs, 4 * hidden_dim, rngs=rngs)
+        self.gates = Linear(gate_inputs, 4 * hidden_dim, rngs=rngs)
         self.gates.bias[...] = jnp.zeros(4 * hidden_dim).at[hidden_dim : 2 * hidden_dim].set(1.0)  # forget bias 1
-        self.fusion = nnx.data(nnx.Linear(context_dim + input_dim, hidden_dim, rngs=rngs) if fusion_gate else None)  # W_r
+        self.fusion = nnx.data(Linear(context_dim + input_dim, hidden_dim, rngs=rngs) if fusion_gate else None)  # W_r
 
     def intra_attention(self, tapes: Tapes, x: Array) -> tuple[Array, Array, Array]:
         """Eqs. 7-9: `(h~_t [B, H], c~_t [B, H], s^t [B, L])` over the written positions."""
@@ -341,7 +341,7 @@ class LSTMN(nnx.Module):
         )  # fmt: skip
         # Inter-attention, eq. 13: keys W_gamma gamma_j (once per source), query W_x x_t + W_gamma~ gamma~_{t-1}.
         self.cross_attention = Attention(E + H, H, score="additive", attention_dim=A, role=AttentionRole.CROSS, rngs=rngs)
-        self.output = nnx.Linear(2 * H, config.vocab_size, rngs=rngs)  # over [h_t; gamma~_t]
+        self.output = Linear(2 * H, config.vocab_size, rngs=rngs)  # over [h_t; gamma~_t]
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
     # -- pieces ----------------------------------------------------------------

@@ -35,7 +35,7 @@ from flax import nnx
 
 from errors import ConfigError
 from models.attention import Attention
-from models.layers import shift_right
+from models.layers import Linear, shift_right
 
 Array = jax.Array
 CELLS = ("gru", "lstm")
@@ -129,10 +129,10 @@ class GRUCell(nnx.Module):
     gates = 3
 
     def __init__(self, input_dim: int, hidden_dim: int, *, rngs: nnx.Rngs):
-        self.input_proj = nnx.Linear(input_dim, 3 * hidden_dim, rngs=rngs)  # [W_z; W_r; W], biases
+        self.input_proj = Linear(input_dim, 3 * hidden_dim, rngs=rngs)  # [W_z; W_r; W], biases
         orthogonal = nnx.initializers.orthogonal()
-        self.gate_proj = nnx.Linear(hidden_dim, 2 * hidden_dim, use_bias=False, kernel_init=orthogonal, rngs=rngs)
-        self.candidate_proj = nnx.Linear(hidden_dim, hidden_dim, use_bias=False, kernel_init=orthogonal, rngs=rngs)
+        self.gate_proj = Linear(hidden_dim, 2 * hidden_dim, use_bias=False, kernel_init=orthogonal, rngs=rngs)
+        self.candidate_proj = Linear(hidden_dim, hidden_dim, use_bias=False, kernel_init=orthogonal, rngs=rngs)
 
     def project(self, x: Array) -> Array:
         """`[..., input_dim] -> [..., 3H]`."""
@@ -167,10 +167,10 @@ class LSTMCell(nnx.Module):
     gates = 4
 
     def __init__(self, input_dim: int, hidden_dim: int, *, rngs: nnx.Rngs):
-        self.input_proj = nnx.Linear(input_dim, 4 * hidden_dim, rngs=rngs)
+        self.input_proj = Linear(input_dim, 4 * hidden_dim, rngs=rngs)
         self.input_proj.bias[...] = jnp.zeros(4 * hidden_dim).at[hidden_dim : 2 * hidden_dim].set(1.0)
         orthogonal = nnx.initializers.orthogonal()
-        self.hidden_proj = nnx.Linear(hidden_dim, 4 * hidden_dim, use_bias=False, kernel_init=orthogonal, rngs=rngs)
+        self.hidden_proj = Linear(hidden_dim, 4 * hidden_dim, use_bias=False, kernel_init=orthogonal, rngs=rngs)
 
     def project(self, x: Array) -> Array:
         """`[..., input_dim] -> [..., 4H]`."""
@@ -407,12 +407,12 @@ class ContextDecoderModel(RNNEncoderDecoder):
         super().__init__(config, first_decoder_input=config.embed_dim, rngs=rngs)
         hidden, maxout = config.hidden_dim, config.maxout_dim
         gates = self.decoder_cells[0].gates * hidden
-        self.context_proj = nnx.Linear(context_dim, gates, use_bias=False, rngs=rngs)  # C, C_z, C_r
-        self.initial_proj = nnx.Linear(initial_dim, config.num_decoder_layers * hidden, rngs=rngs)  # W_s
-        self.readout_hidden = nnx.Linear(hidden, 2 * maxout, rngs=rngs)  # U_o (and the bias)
-        self.readout_embedding = nnx.Linear(config.embed_dim, 2 * maxout, use_bias=False, rngs=rngs)  # V_o
-        self.readout_context = nnx.Linear(context_dim, 2 * maxout, use_bias=False, rngs=rngs)  # C_o
-        self.output = nnx.Linear(maxout, config.vocab_size, rngs=rngs)  # W_o
+        self.context_proj = Linear(context_dim, gates, use_bias=False, rngs=rngs)  # C, C_z, C_r
+        self.initial_proj = Linear(initial_dim, config.num_decoder_layers * hidden, rngs=rngs)  # W_s
+        self.readout_hidden = Linear(hidden, 2 * maxout, rngs=rngs)  # U_o (and the bias)
+        self.readout_embedding = Linear(config.embed_dim, 2 * maxout, use_bias=False, rngs=rngs)  # V_o
+        self.readout_context = Linear(context_dim, 2 * maxout, use_bias=False, rngs=rngs)  # C_o
+        self.output = Linear(maxout, config.vocab_size, rngs=rngs)  # W_o
 
     def _context(self, memory: RNNMemory, previous_hidden: Array) -> tuple[Array, Array | None]:
         """`c_i` `[B, Dc]` and the attention weights `[B, S]` (None without attention)."""
@@ -453,7 +453,7 @@ class RNNEncDec(ContextDecoderModel):
     def __init__(self, config: RNNEncDecConfig, *, rngs: nnx.Rngs):
         super().__init__(config, context_dim=config.hidden_dim, initial_dim=config.hidden_dim, rngs=rngs)
         self.encoder = Encoder(config, bidirectional=False, rngs=rngs)
-        self.summary_proj = nnx.Linear(config.hidden_dim, config.hidden_dim, rngs=rngs)  # V
+        self.summary_proj = Linear(config.hidden_dim, config.hidden_dim, rngs=rngs)  # V
 
     def encode(self, inputs: Array, *, deterministic: bool = True) -> RNNMemory:
         """`inputs [B, S]` -> memory whose `initial` is the summary `c [B, H]`."""
@@ -513,11 +513,11 @@ class Luong(RNNEncoderDecoder):
         self.encoder = Encoder(config, bidirectional=False, rngs=rngs)
         gates = self.decoder_cells[0].gates * hidden
         self.feed_proj = nnx.data(
-            nnx.Linear(hidden, gates, use_bias=False, rngs=rngs) if config.input_feeding else None
+            Linear(hidden, gates, use_bias=False, rngs=rngs) if config.input_feeding else None
         )  # the h~_{t-1} half of the first layer's input weights
         self.cross_attention = Attention(hidden, hidden, score=config.score, attention_dim=config.attention_dim or None, rngs=rngs)
-        self.attentional = nnx.Linear(2 * hidden, hidden, use_bias=False, rngs=rngs)  # W_c
-        self.output = nnx.Linear(hidden, config.vocab_size, rngs=rngs)  # W_s
+        self.attentional = Linear(2 * hidden, hidden, use_bias=False, rngs=rngs)  # W_c
+        self.output = Linear(hidden, config.vocab_size, rngs=rngs)  # W_s
 
     def encode(self, inputs: Array, *, deterministic: bool = True) -> RNNMemory:
         """`inputs [B, S]` -> the top layer's states `h_s [B, S, H]`, their key projection, and the final states."""

@@ -23,7 +23,7 @@ from flax import nnx
 from errors import ConfigError
 from models import attention
 from models.attention import AttentionRole, KVCache, MultiHeadAttention
-from models.layers import Embed, FeedForward, LearnedPositions, layer_norm, shift_right, sinusoidal_encoding
+from models.layers import Embed, FeedForward, LearnedPositions, Linear, layer_norm, shift_right, sinusoidal_encoding
 
 Array = jax.Array
 
@@ -220,7 +220,7 @@ class Transformer(nnx.Module):
         self.encoder_norm = nnx.data(final_norm())
         self.decoder_norm = nnx.data(final_norm())
         self.output = nnx.data(
-            None if config.tie_output else nnx.Linear(config.d_model, config.vocab_size, dtype=dtype, rngs=rngs)
+            None if config.tie_output else Linear(config.d_model, config.vocab_size, dtype=dtype, rngs=rngs)
         )
 
     # -- pieces -------------------------------------------------------------

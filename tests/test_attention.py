@@ -172,32 +172,32 @@ def test_fully_masked_row_with_additive_scores_is_finite():
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_fused_path_equals_explicit_path(masked):
+def test_library_path_equals_explicit_path(masked):
     q, k, v = random_qkv(seed=5)
     mask = random_mask(seed=5) if masked else None
     explicit, _ = attention.scaled_dot_product_attention(q, k, v, mask)
-    fused = attention.fused_scaled_dot_product_attention(q, k, v, mask)
+    fused = attention.library_scaled_dot_product_attention(q, k, v, mask)
     np.testing.assert_allclose(fused, explicit, rtol=1e-5, atol=1e-6)
 
 
-def test_fused_path_gradients_equal_explicit_path_gradients():
-    # The fused kernel computes in float32 even for float64 inputs, so it is
+def test_library_path_gradients_equal_explicit_path_gradients():
+    # The library kernel computes in float32 even for float64 inputs, so it is
     # checked against the explicit path (itself checked by finite differences).
     q, k, v = random_qkv(seed=7)
     mask = random_mask(seed=7)
     loss = lambda attend: lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v, mask)))
     explicit = jax.grad(loss(lambda *a: attention.scaled_dot_product_attention(*a)[0]), argnums=(0, 1, 2))(q, k, v)
-    fused = jax.grad(loss(attention.fused_scaled_dot_product_attention), argnums=(0, 1, 2))(q, k, v)
+    fused = jax.grad(loss(attention.library_scaled_dot_product_attention), argnums=(0, 1, 2))(q, k, v)
     for f, e in zip(fused, explicit):
         np.testing.assert_allclose(f, e, rtol=1e-5, atol=1e-6)
 
 
-def test_fused_path_accepts_broadcast_masks():
+def test_library_path_accepts_broadcast_masks():
     q, k, v = random_qkv(seed=6, t=4, s=4)
     causal = attention.causal_mask(4)  # [1, 1, T, T]
     explicit, _ = attention.scaled_dot_product_attention(q, k, v, causal)
     np.testing.assert_allclose(
-        attention.fused_scaled_dot_product_attention(q, k, v, causal), explicit, rtol=1e-5, atol=1e-6
+        attention.library_scaled_dot_product_attention(q, k, v, causal), explicit, rtol=1e-5, atol=1e-6
     )
 
 
@@ -265,7 +265,7 @@ def test_capture_returns_weights_and_plain_call_keeps_no_state():
     x = rng.normal(size=(2, 4, 8)).astype(np.float32)
     mask = attention.causal_mask(4)
     module = MultiHeadAttention(2, 8, rngs=nnx.Rngs(0))
-    plain = module(x, mask=mask)  # fused path
+    plain = module(x, mask=mask)  # fused path (the explicit one on CPU)
     assert len(nnx.state(module, nnx.Intermediate)) == 0
     captured, recorded = nnx.capture(module, AttentionWeights)(x, mask=mask)  # explicit path
     np.testing.assert_allclose(captured, plain, rtol=1e-5, atol=1e-6)
