@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from errors import ConfigError
+from models.layers import PerSource
 from vocabularies import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 Array = jax.Array
@@ -155,9 +156,11 @@ def _gather_beams(tree: Any, origins: Array, batch: int, beams: int) -> Any:
     flat = (origins + beams * jnp.arange(batch)[:, None]).reshape(-1)  # [B*K]
 
     def gather(x):
+        if isinstance(x, PerSource):  # the same for every hypothesis of a row
+            return x
         return x[flat] if x.ndim and x.shape[0] == batch * beams else x  # scalars (cache index) stay
 
-    return jax.tree.map(gather, tree)
+    return jax.tree.map(gather, tree, is_leaf=lambda x: isinstance(x, PerSource))
 
 
 def beam_search_n_best(
@@ -250,10 +253,14 @@ def decode(
     or `length` tokens (images `[B, H, W, C]`, feature grids `[B, L, D]`).
 
     Returns:
-      `(tokens [B, N, length], scores [B, N])` with N = `num_hypotheses` (1 when sampling).
+      `(tokens [B, N, L], scores [B, N])` with N = `num_hypotheses` (1 when sampling) and
+      L = `min(length, S + max_length_offset)` for token sources, `length` for the others.
     """
     if inputs.ndim == 2:
         max_lengths = source_lengths(inputs) + max_length_offset
+        # No output can be longer than the padded source plus the offset: shorter buffers and
+        # caches for batches of short sources (their search steps move less memory).
+        length = min(length, inputs.shape[1] + max_length_offset)
     else:
         max_lengths = jnp.full(inputs.shape[:1], length, jnp.int32)
     if method == "sample":

@@ -137,16 +137,20 @@ class Translator:
         """As `n_best`, with output ids ending in eos instead of text."""
         search = self._search(self._decode_settings(decode_options))
         key = jax.random.key(self.config.seed + 3)
-        outputs = []
         rows = self._source_rows(sources)
+        # Sources of similar length decode together: a batch's search runs until its longest
+        # output ends, and its sources are padded to the next power of two of its longest.
+        order = np.argsort([len(row) for row in rows], kind="stable") if not self.reads_images else np.arange(len(rows))
+        outputs = [None] * len(rows)
         for start in range(0, len(rows), BATCH_ROWS):
-            chunk = rows[start : start + BATCH_ROWS]
-            tokens, scores = search(self.params, jnp.asarray(self._source_batch(chunk)), jax.random.fold_in(key, start))
-            for row_tokens, row_scores in zip(np.asarray(tokens)[: len(chunk)], np.asarray(scores)[: len(chunk)]):
-                outputs.append([
+            chunk = order[start : start + BATCH_ROWS]
+            batch = jnp.asarray(self._source_batch([rows[i] for i in chunk]))
+            tokens, scores = search(self.params, batch, jax.random.fold_in(key, start))
+            for i, row_tokens, row_scores in zip(chunk, np.asarray(tokens), np.asarray(scores)):
+                outputs[i] = [
                     (ids[: int(np.argmax(ids == EOS_ID)) + 1], float(score))
                     for ids, score in zip(row_tokens, row_scores) if score > decoding.NEVER / 2
-                ])  # fmt: skip
+                ]  # fmt: skip
         return outputs
 
     @functools.cached_property

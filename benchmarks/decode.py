@@ -1,6 +1,16 @@
 """Decoding speed: greedy and beam 4, with and without the key/value cache, at source lengths 16, 64, 256.
 
     python benchmarks/decode.py [--lengths 16,64,256] [--batch 8] [--repeats 3]
+    python benchmarks/decode.py --workdir=RUN [--split data/kjv_web/test.tsv] [--beams 1,4]
+
+With `--workdir`, a trained run's latest checkpoint decodes every source of a
+split file (the first column of each line) through the Python inference API
+(`inference.load(RUN).translate_ids`), once per beam size, in this process:
+start-up (process start to the restored parameters) is reported apart from
+decoding, which is timed from the first decode call to the last (compilations
+included; the second column of the table says how many there were, and their
+seconds), with
+sentences/s and generated tokens/s (eos included, as one generated token).
 
 The model is the kjv_web Transformer's size (3+3 layers, d_model 256, 4 heads,
 d_ff 1024, 8000-token vocabulary), with random parameters and a fixed output
@@ -14,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -21,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT))
 import decoding  # noqa: E402
 import models  # noqa: E402
 from benchmarks.timing import median_seconds  # noqa: E402
@@ -44,12 +56,48 @@ class NoEos:
         return logits.at[:, EOS_ID].set(-1e9), state
 
 
+def decode_run(workdir: str, split: str, beams: list[int]) -> None:
+    """The `--workdir` table: a trained run decoding a split file, timed as the module docstring says."""
+    import psutil
+
+    import train
+
+    train.set_up_process()  # as train.py: the allocator and the persistent compilation cache
+    import inference
+
+    translator = inference.load(workdir)
+    startup = time.time() - psutil.Process().create_time()
+    sources = [line.split("\t")[0] for line in Path(split).read_text(encoding="utf-8").splitlines() if line.strip()]
+    print(f"{workdir} (step {translator.step}) on {jax.devices()[0].platform}: {len(sources)} sources of {split}; "
+          f"start-up {startup:.1f} s")  # fmt: skip
+    print("| search | compilations (s) | decode s | sentences/s | generated tokens/s | generated tokens |")
+    print("|---|---:|---:|---:|---:|---:|")
+    compilations = []  # seconds of each compilation (cache hits are not compilations)
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **_: compilations.append(seconds) if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+    for beam in beams:
+        compilations.clear()
+        start = time.perf_counter()
+        outputs = translator.translate_ids(sources, beam_size=beam)
+        seconds = time.perf_counter() - start
+        generated = sum(len(hypotheses[0][0]) for hypotheses in outputs if hypotheses)
+        name = "greedy" if beam == 1 else f"beam {beam}"
+        print(f"| {name} | {len(compilations)} ({sum(compilations):.1f}) | {seconds:.1f} | {len(sources) / seconds:,.1f} | "
+              f"{generated / seconds:,.0f} | {generated:,} |", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="16,64,256")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workdir", help="a trained run: decode --split with its latest checkpoint")
+    parser.add_argument("--split", default=str(PROJECT_ROOT / "data" / "kjv_web" / "test.tsv"))
+    parser.add_argument("--beams", default="1,4")
     args = parser.parse_args()
+    if args.workdir:
+        return decode_run(args.workdir, args.split, [int(b) for b in args.beams.split(",")])
     model = models.create_model(
         "transformer", rngs=nnx.Rngs(0), vocab_size=8000, d_model=256, num_heads=4, d_ff=1024,
         num_encoder_layers=3, num_decoder_layers=3, dropout_rate=0.0,

@@ -6,6 +6,7 @@ Axis names as in `models/attention.py` (B batch, T length, D model dim, V vocab)
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,14 @@ class Linear(nnx.Linear):
 def as_rows(x: Array) -> Array:
     """`[..., D] -> [N, D]`, a free reshape of a row-major array."""
     return x.reshape(-1, x.shape[-1])
+
+
+class PerSource(NamedTuple):
+    """Decode-state arrays of a source row that no hypothesis changes (the Transformer's
+    cross-attention keys and values): beam search leaves them in place instead of
+    reordering them with the hypotheses at every step (`decoding._gather_beams`)."""
+
+    arrays: Any
 
 
 class Embed(nnx.Module):

@@ -23,7 +23,7 @@ from flax import nnx
 from errors import ConfigError
 from models import attention
 from models.attention import AttentionRole, KVCache, MultiHeadAttention
-from models.layers import Embed, FeedForward, LearnedPositions, Linear, layer_norm, shift_right, sinusoidal_encoding
+from models.layers import Embed, FeedForward, LearnedPositions, Linear, PerSource, layer_norm, shift_right, sinusoidal_encoding
 
 Array = jax.Array
 
@@ -99,10 +99,11 @@ class Memory(NamedTuple):
 
 
 class DecodeState(NamedTuple):
-    """Per decoder layer: the self-attention cache and the source's keys/values (computed once)."""
+    """Per decoder layer: the self-attention cache and the source's keys/values (computed once;
+    `PerSource`, so beam search does not reorder them)."""
 
     caches: tuple[KVCache, ...]
-    cross_keys_values: tuple[tuple[Array, Array], ...]
+    cross_keys_values: PerSource  # of tuple[tuple[Array, Array], ...]
 
 
 class Residual(nnx.Module):
@@ -316,7 +317,7 @@ class Transformer(nnx.Module):
             for layer in self.decoder_layers
         )
         cross = tuple(layer.cross_attention.project_key_value(memory.encoded) for layer in self.decoder_layers)
-        return DecodeState(caches, cross)
+        return DecodeState(caches, PerSource(cross))
 
     def decode_step(self, memory: Memory, token: Array, state: DecodeState) -> tuple[Array, DecodeState]:
         """Next-token logits: `token [B]` (the previous output, bos first) -> `(logits [B, V], state)`."""
@@ -324,7 +325,7 @@ class Transformer(nnx.Module):
         x = self._embed(self.target_embed, token[:, None], jnp.full(token.shape + (1,), position), True)  # [B, 1, D]
         cross_mask = memory.mask[:, None, None, :]  # [B, 1, 1, S]
         caches = []
-        for layer, cache, (cross_key, cross_value) in zip(self.decoder_layers, state.caches, state.cross_keys_values):
+        for layer, cache, (cross_key, cross_value) in zip(self.decoder_layers, state.caches, state.cross_keys_values.arrays):
             x, cache = layer.decode(x, cache, cross_key, cross_value, cross_mask)
             caches.append(cache)
         return self._logits(x)[:, 0], DecodeState(tuple(caches), state.cross_keys_values)

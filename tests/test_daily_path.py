@@ -176,6 +176,8 @@ def test_inference_api_from_a_copied_run_folder(finished_run, tmp_path):
     outputs = translator.translate(sources)
     assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)
     assert not (tmp_path / "no_data_here").exists()
+    mixed = ["the 1st of January, 1999", "12/24/99", "3 March 2021"]  # decoded sorted by length, returned in order
+    assert translator.translate(mixed, beam_size=2) == [translator.translate([s], beam_size=2)[0] for s in mixed]
     # score: the summed log-probabilities of the targets' tokens, eos included, which greedy search
     # also returns for its own output
     greedy = translator.n_best(sources, beam_size=1, length_penalty=0.0)  # lp = 1: log P itself
