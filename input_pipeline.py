@@ -51,6 +51,7 @@ LENGTH_POLICIES = ("drop", "trim")
 
 MAX_LENGTH = 65_536  # tokens: one row's [L, L] attention scores would already need 16 GiB per head
 MAX_THREADS = 256
+MAX_BATCH_TOKENS = 2**24  # padded slots per batch: beyond this one batch's float32 activations alone fill a device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,7 @@ class PipelineSettings:
     length_policy: str
     batching: str
     bucket_boundaries: tuple[int, ...]
+    batch_tokens: int
     num_threads: int
     prefetch_batches: int
 
@@ -83,6 +85,21 @@ class PipelineSettings:
         boundaries = list(self.bucket_boundaries)
         if not boundaries or boundaries != sorted(set(boundaries)) or boundaries[0] < 1:
             raise ConfigError(f"data.bucket_boundaries must be increasing positive lengths, got {self.bucket_boundaries}")
+        if not 0 <= self.batch_tokens <= MAX_BATCH_TOKENS:
+            raise ConfigError(f"data.batch_tokens must be in [0, {MAX_BATCH_TOKENS}], got {self.batch_tokens}")
+        if self.batch_tokens and self.batching != "bucket":
+            raise ConfigError("data.batch_tokens sizes the batches of data.batching='bucket'; packed rows are full already")
+
+    def bucket_rows(self, length: int) -> int:
+        """Rows (global) of a "bucket" batch padded to `length`: `batch_size`, or with `batch_tokens` the
+        largest multiple of `batch_size` whose rows x `length` fit in it (at least `batch_size`)."""
+        if not self.batch_tokens:
+            return self.batch_size
+        return max(self.batch_tokens // length // self.batch_size, 1) * self.batch_size
+
+    def padded_length(self, boundary: int) -> int:
+        """The longer side of a batch of the bucket of `boundary`, within the length limits."""
+        return min(boundary, max(self.max_source_length, self.max_target_length))
 
     @classmethod
     def from_config(cls, config, batch_size: int | None = None) -> "PipelineSettings":
@@ -307,28 +324,33 @@ class EpochPlans(grain.MapDataset):
         return self._plan(epoch)[index - self._epoch_starts[epoch]]
 
 
-def bucket_plan(indices: np.ndarray, lengths: np.ndarray, rows: int, boundaries: Sequence[int], seed: int) -> Callable[[int], list]:
+def bucket_plan(
+    indices: np.ndarray, lengths: np.ndarray, rows: int | Sequence[int], boundaries: Sequence[int], seed: int
+) -> Callable[[int], list]:
     """Epoch -> batches `(padded length, indices)` of examples of similar length.
 
     Examples fall into the bucket of the smallest boundary >= their longer side; each
-    epoch shuffles every bucket, cuts it into full batches (the remainder waits for
-    another epoch) and shuffles the batch order.
+    epoch shuffles every bucket, cuts it into full batches of its `rows` (one number
+    for all buckets, or one per boundary; the remainder waits for another epoch) and
+    shuffles the batch order.
     """
+    rows = [rows] * len(boundaries) if isinstance(rows, int) else list(rows)
     longest = lengths.max(axis=1)  # [N]
     if longest.max(initial=0) > boundaries[-1]:
         raise ConfigError(f"data.bucket_boundaries end at {boundaries[-1]}, below an example of {longest.max()} tokens")
     bucket_of = np.searchsorted(boundaries, longest)  # first boundary >= length
-    buckets = [(boundaries[b], indices[bucket_of == b]) for b in range(len(boundaries))]
-    if all(len(members) < rows for _, members in buckets):
-        raise ConfigError(f"no length bucket holds a full batch of {rows} examples; lower the batch size")
+    buckets = [(boundaries[b], rows[b], indices[bucket_of == b]) for b in range(len(boundaries))]
+    if all(len(members) < size for _, size, members in buckets):
+        sizes = ", ".join(f"{size} of length {length}" for length, size, _ in buckets)
+        raise ConfigError(f"no length bucket holds a full batch ({sizes}); lower batch_size or data.batch_tokens")
 
     def plan(epoch: int) -> list[tuple[int, np.ndarray]]:
         rng = np.random.default_rng([seed, epoch])
         batches = []
-        for length, members in buckets:
+        for length, size, members in buckets:
             shuffled = rng.permutation(members)
-            whole = len(shuffled) // rows * rows
-            batches += [(length, chunk) for chunk in shuffled[:whole].reshape(-1, rows)]
+            whole = len(shuffled) // size * size
+            batches += [(length, chunk) for chunk in shuffled[:whole].reshape(-1, size)]
         return [batches[i] for i in rng.permutation(len(batches))]
 
     return plan
@@ -382,12 +404,14 @@ def train_dataset(
             return packed_batch([[encode(i) for i in row] for row in rows_of_indices], limits)
 
     else:
-        plan = bucket_plan(indices, lengths[indices], rows, settings.bucket_boundaries, settings.seed)
+        boundaries = settings.bucket_boundaries
+        bucket_rows = [settings.bucket_rows(settings.padded_length(b)) // process_count for b in boundaries]
+        plan = bucket_plan(indices, lengths[indices], bucket_rows, boundaries, settings.seed)
 
         def make_batch(item: tuple[int, np.ndarray]) -> Batch:
             length, members = item
             bucket_limits = {key: min(length, limit) for key, limit in limits.items()}
-            return pad_batch([encode(i) for i in members], bucket_limits, rows)
+            return pad_batch([encode(i) for i in members], bucket_limits, len(members))
 
     batches = EpochPlans(plan).map(make_batch).to_iter_dataset(read_options(settings))
     return grain.experimental.ThreadPrefetchIterDataset(batches, prefetch_buffer_size=settings.prefetch_batches), report

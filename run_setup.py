@@ -432,12 +432,21 @@ def check_memory(config: ml_collections.ConfigDict, mesh: Mesh, *, training: boo
             f"of them, more than half of a device's {2 * available / 2**30:.1f} GiB; lower {sizes}"
         )
     rows = rows_per_device(config, mesh)
-    logits = rows * config.data.max_target_length * vocab * 4 * 3  # logits, softmax and their gradient
+    positions = rows * config.data.max_target_length  # target positions of one device's microbatch
+    settings = PipelineSettings.from_config(config)
+    if settings.batch_tokens:  # the largest of the buckets' batches
+        per_device = max(mesh.size * config.grad_accum_steps, 1)
+        positions = max(
+            settings.bucket_rows(settings.padded_length(b)) // per_device * min(b, config.data.max_target_length)
+            for b in settings.bucket_boundaries
+        )
+    logits = positions * vocab * 4 * 3  # logits, softmax and their gradient
     if logits > available:
         raise ConfigError(
-            f"batch_size {config.batch_size} (with data.max_target_length {config.data.max_target_length}) gives each device "
-            f"{rows} rows, whose output logits alone need {logits / 2**30:.1f} GiB, more than half of its "
-            f"{2 * available / 2**30:.1f} GiB; lower batch_size, or raise grad_accum_steps"
+            f"batch_size {config.batch_size} (with data.max_target_length {config.data.max_target_length} and "
+            f"data.batch_tokens {config.data.batch_tokens}) gives each device {positions} target positions, whose output "
+            f"logits alone need {logits / 2**30:.1f} GiB, more than half of its {2 * available / 2**30:.1f} GiB; "
+            "lower batch_size or data.batch_tokens, or raise grad_accum_steps"
         )
 
 

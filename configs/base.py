@@ -152,6 +152,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.batching = "bucket"
     # Padded lengths of the "bucket" batching.
     config.data.bucket_boundaries = (8, 16, 32, 64, 128, 256, 512)
+    # "bucket" batching by tokens: a bucket's batches hold the largest multiple of batch_size rows
+    # whose padded slots (rows x the bucket's length) fit in batch_tokens, at least batch_size;
+    # short sentences come many to a batch. 0: batch_size rows in every bucket.
+    config.data.batch_tokens = 0
     # Grain reader threads, and batches prepared ahead in a background thread.
     config.data.num_threads = 2
     config.data.prefetch_batches = 4

@@ -13,6 +13,7 @@ import input_pipeline as ip
 import tasks
 from configs import base
 import vocabularies as tk
+from errors import ConfigError
 from tasks import Task
 
 
@@ -98,6 +99,35 @@ def test_bucketed_batches_keep_buckets_and_cover_each_epoch():
             assert np.all(lengths[members].max(1) <= length)
             assert np.all(lengths[members].max(1) > {8: 0, 16: 8, 32: 16}[length])
     assert [m.tolist() for _, m in epochs[0]] != [m.tolist() for _, m in epochs[1]]  # reshuffled
+
+
+def test_token_batches_hold_the_largest_multiple_of_batch_size_rows_within_the_tokens():
+    tokens = settings(batching="bucket", batch_size=8, batch_tokens=4096, max_source_length=96, max_target_length=64)
+    # 4096 // 16 = 256 rows; 4096 // 96 = 42 -> 40, a multiple of 8; 1000 > 4096 / 8: at least 8
+    assert [tokens.bucket_rows(n) for n in (16, 96, 1000)] == [256, 40, 8]
+    assert [tokens.padded_length(b) for b in (16, 96, 512)] == [16, 96, 96]  # the longer limit caps a bucket
+    assert settings(batching="bucket", batch_size=8).bucket_rows(16) == 8  # batch_tokens 0: batch_size rows
+
+
+def test_token_batches_have_their_buckets_rows_and_cover_each_epoch(copy_task, char_tokenizers):
+    lengths = np.array([[n, n] for n in [3, 5, 9, 12, 20, 7, 30, 31, 2, 15, 16, 17, 4, 6, 1]])
+    indices = np.arange(len(lengths))
+    rows = {8: 3, 16: 2, 32: 1}  # per boundary, as PipelineSettings.bucket_rows gives them
+    plan = ip.bucket_plan(indices, lengths, list(rows.values()), tuple(rows), seed=0)
+    for epoch in range(2):
+        batches = plan(epoch)
+        members = np.concatenate([m for _, m in batches])
+        assert len(set(members.tolist())) == len(members)  # none twice in an epoch
+        assert len(members) == 6 + 4 + 4  # buckets of 7, 4 and 4 examples: a remainder of one waits
+        assert all(len(m) == rows[length] for length, m in batches)
+    tokens = settings(batching="bucket", batch_size=2, batch_tokens=48, bucket_boundaries=(8, 16, 24))
+    for batch in take(ip.train_dataset(copy_task, char_tokenizers, tokens)[0], 8):
+        longest = max(batch["inputs"].shape[1], batch["targets"].shape[1])
+        bucket = min(b for b in (8, 16, 24) if b >= longest)
+        assert batch["inputs"].shape[0] == {8: 6, 16: 2, 24: 2}[bucket]  # 48 // 8; 48 // 16 = 3 -> 2; 48 // 24
+        assert np.all((batch["inputs"] > 0).sum(1) > 0)  # whole batches: no padding rows
+    with pytest.raises(ConfigError, match="data.batch_tokens"):
+        settings(batching="pack", batch_tokens=48)
 
 
 def test_epoch_plans_concatenate_epochs_of_different_lengths():
