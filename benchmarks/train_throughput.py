@@ -6,6 +6,7 @@
 Overrides take train.py's syntax and apply to every config measured.
 
     python benchmarks/train_throughput.py --train_py [--steps 60]   # issue 14's check (train.py, against the peak)
+    python benchmarks/train_throughput.py --train_py --config.model.dtype=bfloat16   # its bfloat16 row
     python benchmarks/train_throughput.py --startup                 # first step, cold and warm
 
     python benchmarks/train_throughput.py --recurrent [--lengths 32,64,128,256] [--width 128]
@@ -38,18 +39,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
 
-def matmul_peak_flops(size: int = 2048, repeats: int = 10) -> float:
-    """Median float32 FLOP/s of a jitted square matmul."""
+def matmul_peak_flops(size: int = 2048, repeats: int = 10, dtype: str = "float32") -> float:
+    """Median FLOP/s of a jitted square matmul in `dtype`."""
     import jax
     import jax.numpy as jnp
 
-    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32).astype(dtype)
     matmul = jax.jit(lambda a: a @ a)
     matmul(a).block_until_ready()
     times = []
@@ -86,16 +88,19 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
         state, step_metrics = train_step(state, first)
         jax.block_until_ready(step_metrics)
         first_step_seconds = time.time() - started
-        rates, token_rates = [], []
+        rates, token_rates, both_rates = [], [], []
         for _ in range(steps // window):
-            start, tokens = time.perf_counter(), 0.0
+            start, tokens, source_tokens = time.perf_counter(), 0.0, 0
             for _ in range(window):
-                state, step_metrics = train_step(state, run.global_batch(next(batches)))
+                local = next(batches)
+                source_tokens += int(np.count_nonzero(local["inputs"])) if local["inputs"].ndim == 2 else 0  # pad id 0
+                state, step_metrics = train_step(state, run.global_batch(local))
                 tokens += step_metrics["tokens"]  # stays on device: no sync inside the window
             tokens = float(tokens)  # waits for the window's last step
             elapsed = time.perf_counter() - start
             rates.append(window / elapsed)
             token_rates.append(tokens / elapsed)
+            both_rates.append((tokens + source_tokens) / elapsed)
         compilations = train_step._cache_size()
     steps_per_second = statistics.median(rates) if rates else math.nan
     return {
@@ -104,44 +109,27 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
         "compilations": compilations,
         "steps_per_s": steps_per_second,
         "tokens_per_s": statistics.median(token_rates) if token_rates else math.nan,
+        "source_target_tokens_per_s": statistics.median(both_rates) if both_rates else math.nan,
         "step_gflop": flops / 1e9,
         "achieved_gflops": flops * steps_per_second / 1e9,
         "devices": jax.device_count(),
-        "batch": f"{config.batch_size} x {config.data.max_source_length}+{config.data.max_target_length} ({config.data.batching})",
+        "batch": f"{config.batch_size} x {config.data.max_source_length}+{config.data.max_target_length} ({config.data.batching})"
+        + (f", {config.data.batch_tokens} tokens" if config.data.batch_tokens else ""),
     }
 
 
 def recurrent_step_seconds(family: str, length: int, width: int, repeats: int, **fields) -> float:
     """Median seconds of a jitted train step of `family` on 64 rows of `length` source and target tokens."""
-    import jax
-    import jax.numpy as jnp
-    import optax
     from flax import nnx
 
-    import metrics
     import models
-    from benchmarks.timing import median_seconds
+    from benchmarks.timing import median_seconds, train_step_of
 
     sizes = dict(embed_dim=width, hidden_dim=width, attention_dim=width)
     if family == "rnnsearch":
         sizes["maxout_dim"] = width // 2
     model = models.create_model(family, rngs=nnx.Rngs(0), vocab_size=1000, **sizes, **fields)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = optax.adam(1e-3)
-    tokens = jax.random.randint(jax.random.key(length), (2, 64, length), 3, 1000)
-    batch = {"inputs": tokens[0], "targets": tokens[1]}
-
-    @jax.jit
-    def step(params, opt_state, batch):
-        def loss(params):
-            logits = nnx.merge(graphdef, params, rest)(batch)
-            return metrics.token_sums(logits, batch["targets"])["nll_sum"]
-
-        grads = jax.grad(loss)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    return median_seconds(step, (params, tx.init(params), batch), repeats)
+    return median_seconds(*train_step_of(model, 1000, 64, length, seed=length), repeats)
 
 
 def recurrent_table(lengths: list[int], width: int, repeats: int) -> None:
@@ -161,29 +149,34 @@ REFERENCE_STEP_FLOP = 412.7e9  # the Flax WMT example's kjv_web_transformer step
 def train_py_check(steps: int, overrides: list[str]) -> None:
     """The issue's check: a `steps`-step train.py run of kjv_web_transformer logging every 10 steps;
     the median steps_per_second of its train rows from step 20 on, times the reference's FLOP per
-    step, against the float32 matmul rate measured in the same run (before and after it)."""
+    step, against the matmul rate of the run's compute dtype (float32 unless `model.dtype` says
+    bfloat16) measured in the same run (before and after it); the other dtype's rate is printed too."""
     import input_pipeline
     from configs import base
     from run_setup import prepare_run
 
-    before = [matmul_peak_flops() for _ in range(3)]
+    config = base.load(PROJECT_ROOT / "configs" / "kjv_web_transformer.py", overrides)
+    dtype = config.model.dtype  # the peak the step is held against: float32's, or bfloat16's for a bfloat16 run
+    before = [matmul_peak_flops(dtype=dtype) for _ in range(3)]
     with tempfile.TemporaryDirectory() as workdir:
         command = [sys.executable, "train.py", "--config=configs/kjv_web_transformer.py", f"--workdir={workdir}",
                    f"--config.num_train_steps={steps}", "--config.log_every_steps=10", "--config.eval_every_steps=100000",
                    "--config.checkpoint_every_steps=100000", "--config.eval_decode_examples=8", *overrides]  # fmt: skip
         subprocess.run(command, cwd=PROJECT_ROOT, check=True, capture_output=True, text=True)
         rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-        config = base.load(PROJECT_ROOT / "configs" / "kjv_web_transformer.py", overrides)
         run = prepare_run(config, workdir)  # the run's own vocabulary: the same batches, to count their tokens
         batches = iter(input_pipeline.train_dataset(run.task, run.tokens, run.pipeline())[0])
         counts = [(int((b["inputs"] > 0).sum()), int((b["targets"] > 0).sum())) for b in (next(batches) for _ in range(20))]
-    after = [matmul_peak_flops() for _ in range(3)]
+    after = [matmul_peak_flops(dtype=dtype) for _ in range(3)]
     peak = statistics.median(before + after)
+    other = "bfloat16" if dtype == "float32" else "float32"
+    other_peak = statistics.median(matmul_peak_flops(dtype=other) for _ in range(3))
     train = [r for r in rows if r["split"] == "train" and r["step"] >= 20]
     steps_per_second = statistics.median(r["steps_per_second"] for r in train)
     source, target = (statistics.mean(c[i] for c in counts) for i in (0, 1))
-    print(f"float32 matmul peak (2048^3; medians before {statistics.median(before) / 1e9:.0f}, after "
-          f"{statistics.median(after) / 1e9:.0f}): {peak / 1e9:.0f} GFLOP/s")  # fmt: skip
+    print(f"{dtype} matmul peak (2048^3; medians before {statistics.median(before) / 1e9:.0f}, after "
+          f"{statistics.median(after) / 1e9:.0f}): {peak / 1e9:.0f} GFLOP/s; {other} after them: "
+          f"{other_peak / 1e9:.0f} GFLOP/s")  # fmt: skip
     print("| run | steps/s (median of rows >= 20) | s/step | source+target tok/s | target tok/s | reference FLOP x steps/s / peak |")
     print("|---|---:|---:|---:|---:|---:|")
     print(f"| train.py kjv_web_transformer, {steps} steps {' '.join(overrides)} | {steps_per_second:.3f} | {1 / steps_per_second:.2f} | "
@@ -245,8 +238,9 @@ def main() -> None:
 
     peak = matmul_peak_flops()
     print(f"float32 matmul peak of this machine (2048^3, median of 10): {peak / 1e9:.1f} GFLOP/s\n")
-    print("| config | batch | first step s | compilations | steps/s | non-pad tokens/s | GFLOP/step | achieved GFLOP/s | of peak |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| config | batch | first step s | compilations | steps/s | non-pad source+target tokens/s | target tokens/s | "
+          "GFLOP/step | achieved GFLOP/s | of peak |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.configs.split(","):
         command = [sys.executable, __file__, "--one", name, "--steps", str(args.steps), "--window", str(args.window)]
         command += overrides
@@ -254,7 +248,7 @@ def main() -> None:
         r = json.loads(output.strip().splitlines()[-1])
         print(
             f"| {r['config']} | {r['batch']} | {r['first_step_s']:.1f} | {r['compilations']} | {r['steps_per_s']:.2f} | "
-            f"{r['tokens_per_s']:,.0f} | {r['step_gflop']:.2f} | {r['achieved_gflops']:.1f} | "
+            f"{r['source_target_tokens_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | {r['step_gflop']:.2f} | {r['achieved_gflops']:.1f} | "
             f"{100 * r['achieved_gflops'] * 1e9 / peak:.0f}% |",
             flush=True,
         )
