@@ -167,6 +167,10 @@ def additive_scores(
     The `[B, N, T, S, A]` tanh tensor is never materialised whole: queries are
     processed `query_chunk_size` at a time, and each chunk is rematerialised in
     the backward pass, so peak memory is `B * N * chunk * S * A`, in both passes.
+    Up to one chunk of queries (the RNN decoders' one query a step) the tensor is
+    made directly and kept for the backward pass, like any activation: recomputing
+    it would add a tanh pass to every RNNsearch step (benchmarks/scaling.py shows
+    both regimes).
 
     Args:
       query_proj: `[B, T, N, A]`.  key_proj: `[B, S, N, A]`.  v: `[N, A]`.
