@@ -40,6 +40,7 @@ def _reverse():
 def _kjv_web():
     """configs/kjv_web_transformer.py's corpus, vocabulary, schedule and search."""
     config = kjv_web_transformer.get_config()
+    config.grad_accum_steps = 1  # the Transformer's microbatches are its CPU tuning, not the recurrent families'
     config.data.max_source_length = config.data.max_target_length = 96
     config.data.bucket_boundaries = (16, 32, 48, 64, 96)
     return config
