@@ -14,9 +14,11 @@ buffers plus its arguments (parameters, Adam's moments, the batch) and outputs
   4 heads, d_ff 1024, 8000-token vocabulary) with scaled dot-product scores and
   with additive scores (Bahdanau's `v^T tanh(q + k)` per head, the chunked
   score of models/attention.py), on batches of `--tokens` source and target
-  tokens each (rows = tokens / length). The last column is the `[B, T, S, N, A]`
-  tanh tensor that an unchunked additive score would hold, per attention layer:
-  the chunked one stays far below it (DESIGN.md's math contract).
+  tokens each (rows = tokens / length). The last column is what the `[B, T, S, N, A]`
+  tanh tensors of an unchunked additive score would take in the backward pass
+  (one per attention layer, 9 here): it grows with the length at a fixed token
+  count, where the chunked score's (DESIGN.md's math contract) does not; up to
+  one chunk (64 queries) the score is not chunked and keeps its tensors.
 - Against size: the Transformer with d_model in `--sizes` (d_model / 64 heads,
   d_ff 4 d_model, 3+3 layers) at length 128, with its parameters and FLOP rate.
 """
@@ -59,13 +61,14 @@ def measure(rows: int, length: int, repeats: int, **fields) -> dict:
 def length_table(lengths: list[int], tokens: int, repeats: int) -> None:
     shape = dict(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3)
     print(f"Transformer 3+3 layers, d_model 256, 4 heads, d_ff 1024; {tokens} source and {tokens} target tokens a step")
-    print("| length | rows | dot s/step | dot peak MiB | additive s/step | additive peak MiB | unchunked tanh tensor MiB |")
+    print("| length | rows | dot s/step | dot peak MiB | additive s/step | additive peak MiB | unchunked tanh tensors MiB |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for length in lengths:
         rows = max(tokens // length, 1)
         dot = measure(rows, length, repeats, **shape)
         additive = measure(rows, length, repeats, score="additive", **shape)
-        unchunked = rows * length * length * shape["d_model"] * 4 / MIB  # [B, T, S, N, A] float32, N x A = d_model
+        layers = shape["num_encoder_layers"] + 2 * shape["num_decoder_layers"]  # self (and cross) attention layers
+        unchunked = layers * rows * length * length * shape["d_model"] * 4 / MIB  # [B, T, S, N, A] float32, N x A = d_model
         print(f"| {length} | {rows} | {dot['seconds']:.3f} | {dot['peak_mib']:,.0f} | {additive['seconds']:.3f} | "
               f"{additive['peak_mib']:,.0f} | {unchunked:,.0f} |", flush=True)  # fmt: skip
 
