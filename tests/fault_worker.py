@@ -5,6 +5,9 @@
 POINT is `step:N` (while train step N runs; N=1 is the first step, before anything is saved),
 `save:N` (inside the save of step N: its files written, Orbax's commit not yet done) or `eval`
 (inside the first evaluation of this process, while it decodes).
+
+Saves are synchronous in this worker, so that what a kill leaves behind does not depend on the
+machine's speed: an asynchronous save may or may not be committed when a later point is reached.
 """
 
 import os
@@ -18,6 +21,7 @@ import jax  # noqa: E402
 from absl import app  # noqa: E402
 from orbax.checkpoint._src.path import atomicity  # noqa: E402
 
+import checkpoints  # noqa: E402
 import evaluation  # noqa: E402
 import train  # noqa: E402
 import trainer  # noqa: E402
@@ -57,8 +61,18 @@ def kill_inside_save(number: str) -> None:
     atomicity.AtomicRenameTemporaryPath.finalize = killing_finalize
 
 
+def synchronous_saves() -> None:
+    make_checkpoints = checkpoints.Checkpoints.__init__
+
+    def make_synchronous(self, *args, **kwargs):
+        make_checkpoints(self, *args, **{**kwargs, "async_save": False})
+
+    checkpoints.Checkpoints.__init__ = make_synchronous
+
+
 if __name__ == "__main__":
     point, flags = sys.argv[1], sys.argv[2:]
+    synchronous_saves()
     kind, _, number = point.partition(":")
     if kind == "step":
         signal_at_step(int(number), signal.SIGKILL)
