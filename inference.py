@@ -136,7 +136,7 @@ class Translator:
     def translate_ids(self, sources: Sequence, **decode_options) -> list[list[tuple[np.ndarray, float]]]:
         """As `n_best`, with output ids ending in eos instead of text."""
         search = self._search(self._decode_settings(decode_options))
-        key = jax.random.key(self.config.seed + 3)
+        key = jax.random.key(self.config.seed + 3)  # sampling: one key per batch, so a sample depends on its batch
         rows = self._source_rows(sources)
         # Sources of similar length decode together: a batch's search runs until its longest
         # output ends, and its sources are padded to the next power of two of its longest.

@@ -343,6 +343,12 @@ def bucket_plan(
     if all(len(members) < size for _, size, members in buckets):
         sizes = ", ".join(f"{size} of length {length}" for length, size, _ in buckets)
         raise ConfigError(f"no length bucket holds a full batch ({sizes}); lower batch_size or data.batch_tokens")
+    for length, size, members in buckets:
+        if 0 < len(members) < size:
+            logging.warning(
+                "the %d examples of the length bucket %d are fewer than its batch of %d rows and are never trained "
+                "on; lower batch_size or data.batch_tokens, or change data.bucket_boundaries", len(members), length, size
+            )
 
     def plan(epoch: int) -> list[tuple[int, np.ndarray]]:
         rng = np.random.default_rng([seed, epoch])

@@ -173,7 +173,9 @@ EVALUATION_FIELDS = (
 
 
 def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict | None:
-    """The resolved config a run wrote to `workdir/config.json` (lists back as tuples), or None."""
+    """The resolved config a run wrote to `workdir/config.json` (lists back as tuples), or None;
+    completed with the common fields it lacks at their defaults, so that a run folder written
+    before a field existed still resumes, evaluates and loads (`base.with_defaults`)."""
     path = Path(workdir) / "config.json"
     if not path.is_file():
         return None
@@ -181,7 +183,7 @@ def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict | None:
         saved = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise DataError(f"{path} is not a readable config ({error}); restore it or use a fresh workdir") from error
-    return ml_collections.ConfigDict(_tuples(saved))
+    return base.with_defaults(ml_collections.ConfigDict(_tuples(saved)))
 
 
 def _tuples(tree: Any) -> Any:
@@ -389,8 +391,8 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: b
         if limit is not None and length > limit:
             raise ConfigError(f"{name} = {length} is longer than model.max_length = {limit}, the model's longest sequence")
     if training and hasattr(model, "tape_bytes"):  # LSTMN: the training step holds the tapes and their cotangents
-        rows = rows_per_device(config, mesh)
-        longest = max(config.data.max_source_length, config.data.max_target_length)
+        rows, longest = max(((rows, max(lengths)) for rows, *lengths in microbatch_shapes(config, mesh)),
+                            key=lambda shape: model.tape_bytes(*shape))  # fmt: skip
         needed, available = model.tape_bytes(rows, longest), device_memory_bytes(local_device(mesh))
         if needed > available // 2:
             raise ConfigError(
@@ -406,9 +408,19 @@ def check_settings(config: ml_collections.ConfigDict, mesh: Mesh, *, training: b
         )
 
 
-def rows_per_device(config: ml_collections.ConfigDict, mesh: Mesh) -> int:
-    """The rows one device holds in one microbatch (at least 1, before batch_size is checked)."""
-    return max(config.batch_size // (mesh.size * config.grad_accum_steps), 1)
+def microbatch_shapes(config: ml_collections.ConfigDict, mesh: Mesh) -> list[tuple[int, int, int]]:
+    """`(rows, source length, target length)` of one device's microbatch at the length limits (rows
+    at least 1, before batch_size is checked); with `data.batch_tokens`, one per length bucket
+    (short buckets hold more rows)."""
+    data = config.data
+    settings = PipelineSettings.from_config(config)
+    per_device = mesh.size * config.grad_accum_steps
+    if not settings.batch_tokens:
+        return [(max(config.batch_size // per_device, 1), data.max_source_length, data.max_target_length)]
+    return [
+        (max(settings.bucket_rows(settings.padded_length(b)) // per_device, 1), min(b, data.max_source_length), min(b, data.max_target_length))
+        for b in settings.bucket_boundaries
+    ]
 
 
 CHARACTER_VOCABULARY_GUESS = 256  # a character vocabulary's size before it is made: a few hundred at most
@@ -431,15 +443,7 @@ def check_memory(config: ml_collections.ConfigDict, mesh: Mesh, *, training: boo
             f"model {config.model.name} has {count:,} parameters, {count * 4 * copies / 2**30:.1f} GiB with what training keeps "
             f"of them, more than half of a device's {2 * available / 2**30:.1f} GiB; lower {sizes}"
         )
-    rows = rows_per_device(config, mesh)
-    positions = rows * config.data.max_target_length  # target positions of one device's microbatch
-    settings = PipelineSettings.from_config(config)
-    if settings.batch_tokens:  # the largest of the buckets' batches
-        per_device = max(mesh.size * config.grad_accum_steps, 1)
-        positions = max(
-            settings.bucket_rows(settings.padded_length(b)) // per_device * min(b, config.data.max_target_length)
-            for b in settings.bucket_boundaries
-        )
+    positions = max(rows * target for rows, _, target in microbatch_shapes(config, mesh))  # one device's microbatch
     logits = positions * vocab * 4 * 3  # logits, softmax and their gradient
     if logits > available:
         raise ConfigError(

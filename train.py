@@ -78,7 +78,6 @@ def config_for(mode: str, workdir: Path) -> ml_collections.ConfigDict:
     saved = run_setup.read_run_config(workdir)
     if saved is None:
         raise ConfigError(f"--mode={mode} needs a run folder, and {workdir} holds no config.json")
-    saved = base.with_defaults(saved)
     requested = base.load(FLAGS.config if FLAGS["config"].present else saved, OVERRIDES)
     overridden = [arg.removeprefix("--config.").split("=", 1)[0] for arg in OVERRIDES]
     return run_setup.evaluation_config(saved, requested, overridden)

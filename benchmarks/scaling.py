@@ -15,10 +15,10 @@ buffers plus its arguments (parameters, Adam's moments, the batch) and outputs
   with additive scores (Bahdanau's `v^T tanh(q + k)` per head, the chunked
   score of models/attention.py), on batches of `--tokens` source and target
   tokens each (rows = tokens / length). The last column is what the `[B, T, S, N, A]`
-  tanh tensors of an unchunked additive score would take in the backward pass
-  (one per attention layer, 9 here): it grows with the length at a fixed token
-  count, where the chunked score's (DESIGN.md's math contract) does not; up to
-  one chunk (64 queries) the score is not chunked and keeps its tensors.
+  tanh tensors of an unchunked additive score take, one per attention layer (9
+  here; the backward pass keeps more than that): it grows with the length at a
+  fixed token count, where the chunked score's (DESIGN.md's math contract) does
+  not; up to one chunk (64 queries) the score is not chunked and keeps its tensors.
 - Against size: the Transformer with d_model in `--sizes` (d_model / 64 heads,
   d_ff 4 d_model, 3+3 layers) at length 128, with its parameters and FLOP rate.
 """
@@ -61,7 +61,7 @@ def measure(rows: int, length: int, repeats: int, **fields) -> dict:
 def length_table(lengths: list[int], tokens: int, repeats: int) -> None:
     shape = dict(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3)
     print(f"Transformer 3+3 layers, d_model 256, 4 heads, d_ff 1024; {tokens} source and {tokens} target tokens a step")
-    print("| length | rows | dot s/step | dot peak MiB | additive s/step | additive peak MiB | unchunked tanh tensors MiB |")
+    print("| length | rows | dot s/step | dot peak MiB | additive s/step | additive peak MiB | one unchunked tanh tensor per layer, MiB |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for length in lengths:
         rows = max(tokens // length, 1)

@@ -26,7 +26,7 @@ class Linear(nnx.Linear):
     """
 
     def __call__(self, inputs: Array) -> Array:
-        return super().__call__(as_rows(inputs)).reshape(*inputs.shape[:-1], -1)
+        return super().__call__(as_rows(inputs)).reshape(*inputs.shape[:-1], self.out_features)
 
 
 def as_rows(x: Array) -> Array:
@@ -62,7 +62,7 @@ class Embed(nnx.Module):
 
     def attend(self, x: Array) -> Array:
         """Logits against every embedding row: `[B, T, D] -> [B, T, V]` (one 2-D matmul, see `Linear`)."""
-        return self.embedding.attend(as_rows(x)).reshape(*x.shape[:-1], -1)
+        return self.embedding.attend(as_rows(x)).reshape(*x.shape[:-1], self.embedding.num_embeddings)
 
 
 def sinusoidal_encoding(positions: Array, features: int, max_timescale: float = 10_000.0) -> Array:

@@ -176,8 +176,8 @@ def test_library_path_equals_explicit_path(masked):
     q, k, v = random_qkv(seed=5)
     mask = random_mask(seed=5) if masked else None
     explicit, _ = attention.scaled_dot_product_attention(q, k, v, mask)
-    fused = attention.library_scaled_dot_product_attention(q, k, v, mask)
-    np.testing.assert_allclose(fused, explicit, rtol=1e-5, atol=1e-6)
+    library = attention.library_scaled_dot_product_attention(q, k, v, mask)
+    np.testing.assert_allclose(library, explicit, rtol=1e-5, atol=1e-6)
 
 
 def test_library_path_gradients_equal_explicit_path_gradients():
@@ -187,9 +187,22 @@ def test_library_path_gradients_equal_explicit_path_gradients():
     mask = random_mask(seed=7)
     loss = lambda attend: lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v, mask)))
     explicit = jax.grad(loss(lambda *a: attention.scaled_dot_product_attention(*a)[0]), argnums=(0, 1, 2))(q, k, v)
-    fused = jax.grad(loss(attention.library_scaled_dot_product_attention), argnums=(0, 1, 2))(q, k, v)
-    for f, e in zip(fused, explicit):
+    library = jax.grad(loss(attention.library_scaled_dot_product_attention), argnums=(0, 1, 2))(q, k, v)
+    for f, e in zip(library, explicit):
         np.testing.assert_allclose(f, e, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_path_is_the_explicit_one_on_cpu_and_the_library_kernel_elsewhere(monkeypatch):
+    q, k, v = random_qkv(seed=8)
+    mask = random_mask(seed=8)
+    explicit, _ = attention.scaled_dot_product_attention(q, k, v, mask)
+    library, calls = attention.library_scaled_dot_product_attention, []
+    monkeypatch.setattr(attention, "library_scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or library(*a, **kw))
+    np.testing.assert_array_equal(attention.fused_scaled_dot_product_attention(q, k, v, mask), explicit)
+    assert not calls
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    np.testing.assert_allclose(attention.fused_scaled_dot_product_attention(q, k, v, mask), explicit, rtol=1e-5, atol=1e-6)
+    assert calls == [1]
 
 
 def test_library_path_accepts_broadcast_masks():

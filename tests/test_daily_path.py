@@ -62,7 +62,7 @@ def test_evaluation_config_keeps_the_run_and_takes_evaluation_fields(finished_ru
     import run_setup
 
     config, workdir, _ = finished_run
-    saved = base.with_defaults(run_setup.read_run_config(workdir))
+    saved = run_setup.read_run_config(workdir)
     requested = base.load(saved, ["--config.decode.beam_size=3", "--config.eval_decode_examples=5", "--config.learning_rate=9.0"])
     merged = run_setup.evaluation_config(saved, requested, ["decode.beam_size", "eval_decode_examples", "learning_rate"])
     assert (merged.decode.beam_size, merged.eval_decode_examples, merged.learning_rate) == (3, 5, saved.learning_rate)
@@ -163,6 +163,18 @@ def test_settings_that_cannot_work_are_named(overrides, message):
 
 
 # ---------------------------------------------------------------- the Python API
+
+
+def test_a_run_folder_from_before_a_field_existed_resumes_and_loads(finished_run, tmp_path):
+    import run_setup
+
+    config, workdir, _ = finished_run
+    run = copy_of(workdir, tmp_path)
+    saved = json.loads((run / "config.json").read_text())
+    del saved["data"]["batch_tokens"]  # a field added after the run was made
+    (run / "config.json").write_text(json.dumps(saved))
+    run_setup.check_resume(config, run)  # the same run: no refusal over the missing field
+    assert inference.load(run).translate(["3 March 2021"])
 
 
 def test_inference_api_from_a_copied_run_folder(finished_run, tmp_path):

@@ -109,7 +109,7 @@ def test_token_batches_hold_the_largest_multiple_of_batch_size_rows_within_the_t
     assert settings(batching="bucket", batch_size=8).bucket_rows(16) == 8  # batch_tokens 0: batch_size rows
 
 
-def test_token_batches_have_their_buckets_rows_and_cover_each_epoch(copy_task, char_tokenizers):
+def test_token_batches_have_their_buckets_rows_and_cover_each_epoch(copy_task, char_tokenizers, caplog):
     lengths = np.array([[n, n] for n in [3, 5, 9, 12, 20, 7, 30, 31, 2, 15, 16, 17, 4, 6, 1]])
     indices = np.arange(len(lengths))
     rows = {8: 3, 16: 2, 32: 1}  # per boundary, as PipelineSettings.bucket_rows gives them
@@ -120,6 +120,8 @@ def test_token_batches_have_their_buckets_rows_and_cover_each_epoch(copy_task, c
         assert len(set(members.tolist())) == len(members)  # none twice in an epoch
         assert len(members) == 6 + 4 + 4  # buckets of 7, 4 and 4 examples: a remainder of one waits
         assert all(len(m) == rows[length] for length, m in batches)
+    ip.bucket_plan(indices, lengths, [8, 2, 1], tuple(rows), seed=0)  # the first bucket cannot fill a batch
+    assert "the 7 examples of the length bucket 8 are fewer than its batch of 8 rows" in caplog.text
     tokens = settings(batching="bucket", batch_size=2, batch_tokens=48, bucket_boundaries=(8, 16, 24))
     for batch in take(ip.train_dataset(copy_task, char_tokenizers, tokens)[0], 8):
         longest = max(batch["inputs"].shape[1], batch["targets"].shape[1])
