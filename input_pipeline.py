@@ -97,6 +97,11 @@ class PipelineSettings:
             return self.batch_size
         return max(self.batch_tokens // length // self.batch_size, 1) * self.batch_size
 
+    def eval_rows(self) -> int:
+        """Rows (global) of an eval batch, which is padded to the length limits: `batch_size`, or with
+        `batch_tokens` the rows a batch of that length gets."""
+        return self.bucket_rows(max(self.max_source_length, self.max_target_length))
+
     def padded_length(self, boundary: int) -> int:
         """The longer side of a batch of the bucket of `boundary`, within the length limits."""
         return min(boundary, max(self.max_source_length, self.max_target_length))
@@ -432,7 +437,8 @@ def eval_batches(
     process_index: int = 0,
     process_count: int = 1,
 ) -> tuple[grain.IterDataset, dict]:
-    """Every example of `split` once, in order, in batches padded to the maximum lengths.
+    """Every example of `split` once, in order, in batches padded to the maximum lengths
+    (`settings.eval_rows()` rows: with token batching, as many as fit).
 
     Every process gets the same number of batches (rows past the end are
     padding with `index` -1), as collective eval steps need.
@@ -440,10 +446,10 @@ def eval_batches(
     records = task.splits[split]
     if len(records) == 0:
         raise DataError(f"task {task.name}: the {split} split is empty")
-    rows = settings.batch_size // process_count
+    rows = settings.eval_rows() // process_count
     _, report = select(example_lengths(task, split, tokenizers), settings, "trim", f"{task.name} {split}")
     indices = shard(np.arange(len(records)), process_index, process_count)
-    num_batches = -(-len(records) // settings.batch_size)
+    num_batches = -(-len(records) // settings.eval_rows())
     encode = encoder(task, split, tokenizers, settings.max_source_length, settings.max_target_length)
     limits = padded_lengths(task, settings)
     extras = {name: get for name, get in (("alignment", task.alignment), ("boxes", task.boxes)) if get is not None}

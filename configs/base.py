@@ -154,7 +154,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.bucket_boundaries = (8, 16, 32, 64, 128, 256, 512)
     # "bucket" batching by tokens: a bucket's batches hold the largest multiple of batch_size rows
     # whose padded slots (rows x the bucket's length) fit in batch_tokens, at least batch_size;
-    # short sentences come many to a batch. 0: batch_size rows in every bucket.
+    # short sentences come many to a batch; eval batches, padded to the length limits, get the rows
+    # of that length. 0: batch_size rows in every bucket and eval batch.
     config.data.batch_tokens = 0
     # Grain reader threads, and batches prepared ahead in a background thread.
     config.data.num_threads = 2

@@ -128,6 +128,10 @@ def test_token_batches_have_their_buckets_rows_and_cover_each_epoch(copy_task, c
         bucket = min(b for b in (8, 16, 24) if b >= longest)
         assert batch["inputs"].shape[0] == {8: 6, 16: 2, 24: 2}[bucket]  # 48 // 8; 48 // 16 = 3 -> 2; 48 // 24
         assert np.all((batch["inputs"] > 0).sum(1) > 0)  # whole batches: no padding rows
+    wide = settings(batching="bucket", batch_size=2, batch_tokens=96)  # eval batches: 96 // 24 = 4 rows of 24 tokens
+    evaluated = list(ip.eval_batches(copy_task, char_tokenizers, "dev", wide)[0])
+    assert len(evaluated) == 6 and {b["inputs"].shape[0] for b in evaluated} == {wide.eval_rows()} == {4}  # 21 examples
+    assert sorted(i for b in evaluated for i in b["index"] if i >= 0) == list(range(21))
     with pytest.raises(ConfigError, match="data.batch_tokens"):
         settings(batching="pack", batch_tokens=48)
 
