@@ -136,7 +136,7 @@ def heads_major(x: Array) -> Array:
 
     Why explicitly: the einsums over `[B, T, N, H]` leave XLA:CPU to transpose the
     larger `[B, N, T, S]` operands instead (a self-attention block, forward and
-    backward at 64 x 128 x 256: 50 ms this way, 57 ms the other).
+    backward at 64 x 128 x 256, about 5% faster this way: benchmarks/layouts.py).
     """
     return x.swapaxes(1, 2)
 
@@ -245,7 +245,8 @@ def fused_scaled_dot_product_attention(
     kernel on accelerators (`library_scaled_dot_product_attention`), the explicit path on CPU.
 
     On CPU the library's einsums over `[B, T, N, H]` are the slower (see `heads_major`;
-    a self-attention block forward and backward at 64 x 128 x 256: 50 ms against 62 ms).
+    benchmarks/layouts.py: a self-attention block, forward and backward at 64 x 128 x 256,
+    about 6% faster on the explicit path; the kjv_web_transformer step 1.46 -> 1.39 s).
 
     Args and shapes as `scaled_dot_product_attention`; returns `[B, T, N, H]`.
     """

@@ -19,10 +19,10 @@ class Linear(nnx.Linear):
     """`nnx.Linear` applied to the rows of its input flattened to 2-D: `[..., Din] -> [..., Dout]`.
 
     Same parameters and result as `nnx.Linear`. Why: XLA:CPU runs a `[B*T, Din]` matmul
-    and its two gradients a quarter faster than the same dot over `[B, T, Din]`, whose
-    weight gradient contracts two axes (a jitted feed-forward block at 64 x 128 x 256,
-    forward + backward: 58 ms against 78 ms; the kjv_web_transformer train step went
-    from 1.81 s to 1.49 s with this alone).
+    and its two gradients about 30% faster than the same dot over `[B, T, Din]`, whose
+    weight gradient contracts two axes (a feed-forward block at 64 x 128 x 256, forward
+    + backward: benchmarks/layouts.py; the kjv_web_transformer train step went from
+    1.81 s to 1.49 s with this alone).
     """
 
     def __call__(self, inputs: Array) -> Array:
