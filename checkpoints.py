@@ -122,10 +122,9 @@ class Checkpoints:
         for step in self.manager.all_steps():
             folder = Path(self.manager.directory) / str(step)
             if folder.is_dir() and not (folder / DIGEST_FILE).exists():
-                temporary = folder / f"{DIGEST_FILE}.{os.getpid()}.tmp"
+                digests = json.dumps(file_digests(folder), indent=0, sort_keys=True)
                 try:
-                    temporary.write_text(json.dumps(file_digests(folder), indent=0, sort_keys=True))
-                    temporary.rename(folder / DIGEST_FILE)  # a digest is whole or absent
+                    write_whole(folder / DIGEST_FILE, lambda temporary: temporary.write_text(digests))
                 except OSError as error:
                     logging.warning("cannot write the digest of the checkpoint at step %d (%s): it stays unverified", step, error)
 
@@ -245,3 +244,19 @@ def file_digests(folder: Path) -> dict[str, str]:
 def sha256(path: Path) -> str:
     with open(path, "rb") as file:
         return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def write_whole(path: Path, write: Callable[[Path], None]) -> None:
+    """Makes the file or folder `path` whole or not at all: `write(temporary)` beside it (named by
+    this process, so processes writing the same path do not mix), then one rename. Raises
+    `OSError`, with the temporary removed, when either fails (for a folder: when it exists)."""
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError:
+        if temporary.is_dir():
+            shutil.rmtree(temporary, ignore_errors=True)
+        else:
+            temporary.unlink(missing_ok=True)
+        raise

@@ -28,7 +28,6 @@ import bisect
 import dataclasses
 import functools
 import logging
-import os
 import sys
 import threading
 import weakref
@@ -40,6 +39,7 @@ import grain
 import numpy as np
 import sentencepiece as spm
 
+from checkpoints import write_whole
 from errors import ConfigError, DataError
 from tasks import Task
 from vocabularies import EOS_ID, Tokenizers
@@ -172,11 +172,13 @@ def token_ids(task: Task, split: str, tokenizers: Tokenizers) -> TokenIds:
         pairs = [task.pair(records[i]) for i in range(len(records))]
         ids = TokenIds.of((tokenizers.source.encode(s) for s, _ in pairs), (tokenizers.target.encode(t) for _, t in pairs))
         if path is not None:
+            def save(temporary: Path) -> None:
+                with open(temporary, "wb") as file:  # a file object: np.savez would add ".npz" to a name
+                    np.savez(file, **dataclasses.asdict(ids))
+
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                temporary = path.with_suffix(f".{os.getpid()}.tmp.npz")
-                np.savez(temporary, **dataclasses.asdict(ids))
-                os.replace(temporary, path)  # whole or absent, whichever process writes it
+                write_whole(path, save)
             except OSError as error:  # data built by someone else, read-only: tokenize at every start
                 logging.warning("cannot keep the token ids of %s at %s (%s)", split, path, error)
     remembered[tokenizers.digest] = ids

@@ -17,7 +17,6 @@ import functools
 import hashlib
 import io
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Iterable, Iterator, Protocol
 import numpy as np
 import sentencepiece as spm
 
-from checkpoints import sha256
+from checkpoints import sha256, write_whole
 from errors import ConfigError, DataError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -310,10 +309,8 @@ def load_or_train(
         checksums_file.write_text(json.dumps({file: sha256(directory / file) for file in files}))
         settings_file.write_text(json.dumps(dataclasses.asdict(settings)))  # last: marks the save complete
         if shelved is not None:
-            temporary = shelved.with_name(f"{shelved.name}.{os.getpid()}.tmp")
             try:
-                shutil.copytree(directory, temporary, dirs_exist_ok=True)
-                os.rename(temporary, shelved)  # whole or absent
+                write_whole(shelved, lambda temporary: shutil.copytree(directory, temporary, dirs_exist_ok=True))
             except OSError:  # another process shelved the same settings first, or the data is read-only
-                shutil.rmtree(temporary, ignore_errors=True)
+                pass
     return Tokenizers(loaded[0], loaded[-1])
