@@ -15,10 +15,8 @@ Kept: the last `keep` checkpoints, and the best one by an eval metric.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +27,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from errors import CheckpointError
+from files import file_digests, write_whole
 
 DIGEST_FILE = "attend_sha256.json"  # in each checkpoint's folder: a flipped bit may read without an error
 
@@ -122,7 +121,7 @@ class Checkpoints:
         for step in self.manager.all_steps():
             folder = Path(self.manager.directory) / str(step)
             if folder.is_dir() and not (folder / DIGEST_FILE).exists():
-                digests = json.dumps(file_digests(folder), indent=0, sort_keys=True)
+                digests = json.dumps(file_digests(folder, skip=DIGEST_FILE), indent=0, sort_keys=True)
                 try:
                     write_whole(folder / DIGEST_FILE, lambda temporary: temporary.write_text(digests))
                 except OSError as error:
@@ -140,7 +139,7 @@ class Checkpoints:
             recorded = json.loads(path.read_text())
         except (OSError, ValueError):
             return f"its digest {path} is unreadable"
-        found = file_digests(folder)
+        found = file_digests(folder, skip=DIGEST_FILE)
         for name, digest in sorted(recorded.items()):
             if found.get(name) != digest:
                 return f"{folder / name} is {'missing' if name not in found else 'changed'} since it was saved"
@@ -230,33 +229,3 @@ class Checkpoints:
                 self._write_digests()
         finally:  # a failed save raises again here: Orbax's threads are released all the same
             self.manager.close()
-
-
-def file_digests(folder: Path) -> dict[str, str]:
-    """`{relative path: sha256}` of every file under `folder` but the digest itself."""
-    return {
-        str(path.relative_to(folder)): sha256(path)
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and path.name != DIGEST_FILE
-    }
-
-
-def sha256(path: Path) -> str:
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
-
-
-def write_whole(path: Path, write: Callable[[Path], None]) -> None:
-    """Makes the file or folder `path` whole or not at all: `write(temporary)` beside it (named by
-    this process, so processes writing the same path do not mix), then one rename. Raises
-    `OSError`, with the temporary removed, when either fails (for a folder: when it exists)."""
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except OSError:
-        if temporary.is_dir():
-            shutil.rmtree(temporary, ignore_errors=True)
-        else:
-            temporary.unlink(missing_ok=True)
-        raise

@@ -19,13 +19,12 @@ counts the eos.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from errors import ConfigError
+from models.interface import TeacherForcedDecoder
 from models.layers import PerSource
 from vocabularies import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -271,38 +270,6 @@ def decode(
     )
 
 
-def options(decode_config: Any) -> dict:
-    """`decode()`'s keyword arguments from `config.decode` (see configs/base.py)."""
-    return dict(
-        method=decode_config.method, beam_size=decode_config.beam_size, alpha=decode_config.length_penalty,
-        num_hypotheses=decode_config.num_hypotheses, temperature=decode_config.temperature,
-        top_k=decode_config.top_k, top_p=decode_config.top_p, max_length_offset=decode_config.max_length_offset,
-    )  # fmt: skip
-
-
-def check_options(decode_config: Any) -> None:
-    """Raises ConfigError naming the `decode.*` field that cannot work."""
-    d = decode_config
-    if d.method not in METHODS:
-        raise ConfigError(f"decode.method must be one of {', '.join(METHODS)}, got {d.method!r}")
-    if d.beam_size < 1:
-        raise ConfigError(f"decode.beam_size must be at least 1, got {d.beam_size}")
-    if not 1 <= d.num_hypotheses <= (d.beam_size if d.method == "search" else 1):
-        raise ConfigError(
-            f"decode.num_hypotheses must be between 1 and decode.beam_size ({d.beam_size}) for search, "
-            f"and 1 for sampling; got {d.num_hypotheses}"
-        )
-    for name, holds, what in (
-        ("temperature", d.temperature > 0 and math.isfinite(d.temperature), "positive and finite"),
-        ("top_k", d.top_k >= 0, "at least 0 (0 = every token)"),
-        ("top_p", 0 < d.top_p <= 1, "in (0, 1]"),
-        ("length_penalty", 0 <= d.length_penalty < math.inf, "finite and not negative"),
-        ("max_length_offset", d.max_length_offset >= 0, "not negative"),
-    ):  # fmt: skip
-        if not holds:
-            raise ConfigError(f"decode.{name} must be {what}, got {getattr(d, name)}")
-
-
 class WithoutCache:
     """A model's decoding interface without its cache: every step reruns the teacher-forced
     decoder (`model.decode(targets, memory)`) over the whole prefix.
@@ -312,7 +279,9 @@ class WithoutCache:
 
     FILLER = UNK_ID  # unknown future targets: any non-pad token (the causal mask hides them; pad would mask the row)
 
-    def __init__(self, model: Any):
+    def __init__(self, model: TeacherForcedDecoder):
+        if not model.config.has_decode:
+            raise ValueError(f"{type(model).__name__} declares no teacher-forced decode (config.has_decode); WithoutCache needs one")
         self.model = model
 
     def encode(self, inputs: Array) -> Any:

@@ -6,7 +6,7 @@
     translator.attention("3rd of March, 2021")                     # -> {module: weights [N, T, S]}
     captioner.translate(images)                # a captioning run: images [H, W] or [H, W, C] uint8 -> captions
 
-    python inference.py --workdir=runs/X --text "3rd of March, 2021" [--self_attention]
+    python inference.py --workdir=runs/X --text "3rd of March, 2021" [--self_attention]   # --image FILE, --features FILE.npy
 
 `load` reads only the run folder: `config.json`, the vocabulary in
 `tokenizer/` and the parameters of a checkpoint (no optimizer state, no
@@ -24,16 +24,16 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 import decoding
 import reporting
 import visualize
-from errors import ConfigError, DataError, UserError
-from models.attention import AttentionRole, attention_roles, capture_attention
-from run_setup import Run, output_length, prepare_run, read_run_config
-from tasks import inputs_of, with_channels
+from errors import DataError, UserError
+from models.attention import attention_roles, capture_attention
+from run_setup.run import Run, prepare_run
+from settings import DecodeSettings, Settings, read_run_settings, single_process
+from sources import padded_ids
 from vocabularies import EOS_ID, PAD_ID
 
 BATCH_ROWS = 32  # sources decoded together; batches are padded to this many rows (one compilation)
@@ -46,48 +46,24 @@ class Translator:
         self.run, self.step, self.params = run, step, params
         self.roles = attention_roles(run.model(params))
         self._searches: dict[tuple, object] = {}  # compiled searches by decode settings
-        self.reads_images = inputs_of(run.config.task.name) == "image"  # a captioning run: sources are images
+        self.kind = run.settings.source  # text, images or feature grids
 
     @property
-    def config(self) -> ml_collections.ConfigDict:
-        return self.run.config
-
-    def _source_ids(self, sources: Sequence[str]) -> list[np.ndarray]:
-        limit = self.config.data.max_source_length - 1  # room for eos, as in evaluation
-        return [np.append(self.run.tokens.source.encode(text)[:limit], EOS_ID).astype(np.int32) for text in sources]
+    def settings(self) -> Settings:
+        return self.run.settings
 
     def _target_ids(self, targets: Sequence[str]) -> list[np.ndarray]:
         ids = [np.append(self.run.tokens.target.encode(text), EOS_ID).astype(np.int32) for text in targets]
-        limit = getattr(self.run.model(self.params).config, "length_limit", None)  # learned positions, LSTMN tapes
+        limit = self.settings.model.hyperparameters.length_limit  # learned positions, LSTMN tapes
         if limit is not None and max(map(len, ids)) > limit:
             raise UserError(f"a target of {max(map(len, ids))} tokens is longer than model.max_length = {limit}")
         return ids
 
-    def _padded(self, rows: Sequence[np.ndarray]) -> np.ndarray:
-        """`[BATCH_ROWS, L]`: L the next power of two of the longest row (few shapes, few compilations),
-        but no longer than the data limits (learned positions end there)."""
-        limit = max(self.config.data.max_source_length, self.config.data.max_target_length)
-        length = min(1 << max(len(r) for r in rows).bit_length(), max(limit, max(len(r) for r in rows)))
-        array = np.zeros((max(BATCH_ROWS, len(rows)), length), np.int32)
-        for i, row in enumerate(rows):
-            array[i, : len(row)] = row
-        return array
-
-    def _decode_settings(self, overrides: dict) -> tuple:
-        """`config.decode` with `overrides` (e.g. `beam_size=4`), checked, as a hashable tuple of items."""
-        settings = self.config.decode.to_dict()
-        unknown = sorted(set(overrides) - set(settings))
-        if unknown:
-            raise ConfigError(f"unknown decode option(s) {', '.join(unknown)}; valid: {', '.join(sorted(settings))}")
-        settings.update({k: v for k, v in overrides.items() if v is not None})
-        decoding.check_options(ml_collections.ConfigDict(settings))
-        return tuple(sorted(settings.items()))
-
-    def _search(self, settings: tuple):
+    def _search(self, settings: DecodeSettings):
         """The search compiled for these decode settings (kept on this translator, one per settings)."""
         if settings not in self._searches:
-            run, options = self.run, decoding.options(ml_collections.ConfigDict(dict(settings)))
-            length = output_length(self.config, options["max_length_offset"])
+            run, options = self.run, settings.search_options()
+            length = self.settings.output_length(settings.max_length_offset)
 
             @jax.jit
             def search(params, inputs, key):
@@ -96,29 +72,17 @@ class Translator:
             self._searches[settings] = search
         return self._searches[settings]
 
+    @property
+    def _length_limit(self) -> int:
+        """The longest padded row: the data limits (learned positions end there)."""
+        return max(self.settings.data.max_source_length, self.settings.data.max_target_length)
+
     def _source_rows(self, sources: Sequence) -> list[np.ndarray]:
-        """Token ids of each source text, or each source image as `[H, W, C]` uint8 (or a feature grid)."""
-        if not self.reads_images:
-            if not all(isinstance(source, str) for source in sources):
-                raise UserError("this run translates text; give strings")
-            return self._source_ids(sources)
-        if any(isinstance(source, str) for source in sources):
-            raise UserError("this run captions images; give [H, W] or [H, W, C] uint8 arrays, not text")
-        rows = [with_channels(np.asarray(image)) for image in sources]
-        model = self.config.model
-        for row in rows:
-            if model.inputs == "pixels" and (row.ndim != 3 or row.shape[-1] != model.channels or row.dtype != np.uint8):
-                raise UserError(f"images must be uint8 [H, W, {model.channels}] (model.channels), got {row.dtype} {row.shape}")
-        return rows
+        """Each source as the model reads it (token ids, an image `[H, W, C]` uint8, a feature grid), checked."""
+        return self.kind.user_rows(sources, self.settings.model.fields, self.run.tokens, self.settings.data.max_source_length)
 
     def _source_batch(self, rows: Sequence[np.ndarray]) -> np.ndarray:
-        if not self.reads_images:
-            return self._padded(rows)
-        if len({row.shape for row in rows}) > 1:
-            raise UserError(f"images of one call must have one shape, got {sorted({row.shape for row in rows})}")
-        batch = np.zeros((max(BATCH_ROWS, len(rows)), *rows[0].shape), rows[0].dtype)
-        batch[: len(rows)] = rows
-        return batch
+        return self.kind.user_batch(rows, BATCH_ROWS, self._length_limit)
 
     def translate(self, sources: Sequence, **decode_options) -> list[str]:
         """The model's output for each source (text, or for a captioning run an image), with the run's
@@ -135,12 +99,12 @@ class Translator:
 
     def translate_ids(self, sources: Sequence, **decode_options) -> list[list[tuple[np.ndarray, float]]]:
         """As `n_best`, with output ids ending in eos instead of text."""
-        search = self._search(self._decode_settings(decode_options))
-        key = jax.random.key(self.config.seed + 3)  # sampling: one key per batch, so a sample depends on its batch
+        search = self._search(self.settings.decode.with_options(**decode_options))
+        key = jax.random.key(self.settings.seed + 3)  # sampling: one key per batch, so a sample depends on its batch
         rows = self._source_rows(sources)
         # Sources of similar length decode together: a batch's search runs until its longest
         # output ends, and its sources are padded to the next power of two of its longest.
-        order = np.argsort([len(row) for row in rows], kind="stable") if not self.reads_images else np.arange(len(rows))
+        order = np.argsort([len(row) for row in rows], kind="stable") if self.kind.has_length else np.arange(len(rows))
         outputs = [None] * len(rows)
         for start in range(0, len(rows), BATCH_ROWS):
             chunk = order[start : start + BATCH_ROWS]
@@ -173,7 +137,7 @@ class Translator:
         scores = []
         for start in range(0, len(source_ids), BATCH_ROWS):
             inputs = self._source_batch(source_ids[start : start + BATCH_ROWS])
-            outputs = self._padded(target_ids[start : start + BATCH_ROWS])
+            outputs = padded_ids(target_ids[start : start + BATCH_ROWS], BATCH_ROWS, self._length_limit)
             batch = {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(outputs)}
             scores.append(np.asarray(self._log_probs(self.params, batch))[: len(source_ids[start : start + BATCH_ROWS])])
         return np.concatenate(scores)
@@ -191,22 +155,16 @@ class Translator:
 
     def _attention_of(self, inputs: np.ndarray, output: np.ndarray) -> dict[str, np.ndarray]:
         weights = capture_attention(self.run.model(self.params), {"inputs": inputs[None], "targets": output[None]})
-        return visualize.example_weights(weights, self.roles, 0, None if self.reads_images else len(inputs), len(output))
+        return visualize.example_weights(weights, self.roles, 0, self.kind.source_length(inputs), len(output))
 
     def draw_attention(self, source, directory: Path, *, self_attention: bool = False) -> str:
         """Decodes `source` and draws its attention into `directory`; returns the output text."""
         inputs, output = self._attention_inputs(source, None)
         weights = self._attention_of(inputs, output)  # the decoded ids themselves, not their text re-encoded
-        if self.reads_images:
-            (cross,) = [w.mean(axis=0) for module, w in weights.items() if self.roles[module] is AttentionRole.CROSS]
-            grid = self.run.model(self.params).grid_shape(*inputs.shape[:2])
-            visualize.draw_image_attention(directory, f"step_{self.step}", inputs, cross, grid, self.run.tokens.target.pieces(output))
-            return self.run.tokens.target.decode(output)
-        visualize.draw_example(
-            directory, f"step_{self.step}", weights, self.roles,
-            self.run.tokens.source.pieces(inputs), self.run.tokens.target.pieces(output), self_attention=self_attention,
-        )  # fmt: skip
-        return self.run.tokens.target.decode(output)
+        tokens = self.run.tokens
+        self.kind.draw(directory, f"step_{self.step}", inputs, weights, self.roles, tokens.target.pieces(output), tokens,
+                       self.run.model(self.params), self_attention=self_attention)  # fmt: skip
+        return tokens.target.decode(output)
 
 
 def load(
@@ -215,20 +173,18 @@ def load(
     step: int | None = None,
     best: bool = False,
     average_last: int = 0,
-    config: ml_collections.ConfigDict | None = None,
+    settings: Settings | None = None,
 ) -> Translator:
     """A `Translator` of the run in `workdir`: checkpoint `step`, the best, or the latest; with
     `average_last=K > 1`, the mean parameters of the last K checkpoints up to that one.
 
-    `config` replaces `workdir/config.json` (eval and predict pass theirs, with its decode settings).
+    `settings` replace `workdir/config.json`'s (predict passes its own, with its decode settings).
     """
-    if config is None:
-        config = read_run_config(workdir)
-        if config is None:
+    if settings is None:
+        settings = read_run_settings(workdir)
+        if settings is None:
             raise DataError(f"{workdir} holds no config.json: not a run folder")
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.update(coordinator_address="", num_processes=-1, process_id=-1)  # one process, whatever trained it
-    run = prepare_run(config, workdir, devices=jax.local_devices()[:1], with_data=False, training=False)
+    run = prepare_run(single_process(settings), workdir, devices=jax.local_devices()[:1], with_data=False, training=False)
     restored_step, params = run.restore_params(step, best=best)
     if average_last > 1:
         _, params = run.averaged_params(average_last, restored_step)
@@ -236,18 +192,16 @@ def load(
     return Translator(run, restored_step, params)
 
 
-def translate_file(config: ml_collections.ConfigDict, workdir: str | Path, input_file: str) -> Path:
+def translate_file(settings: Settings, workdir: str | Path, input_file: str) -> Path:
     """`train.py --mode=predict --input_file=FILE` (`-`: standard input): one source per line into
     `predictions/step_<N>_<name>.tsv` (source, empty reference, hypothesis). Blank lines are skipped."""
     text = sys.stdin.read() if input_file == "-" else _read_text(input_file)
     sources = [line.strip() for line in text.splitlines() if line.strip()]
     if not sources:
         raise DataError(f"--input_file {input_file} holds no source line")
-    if inputs_of(config.task.name) == "image":
-        raise UserError("--input_file reads text lines; a captioning run captions images: use --mode=predict on its "
-                        "task's split, or inference.load(workdir).translate(images) from Python")  # fmt: skip
-    restore_step = config.restore_step if config.restore_step >= 0 else None
-    translator = load(workdir, step=restore_step, best=config.restore_best, average_last=config.average_last, config=config)
+    checkpoints = settings.checkpoints
+    translator = load(workdir, step=checkpoints.step_to_restore, best=checkpoints.restore_best, average_last=checkpoints.average_last,
+                      settings=settings)  # fmt: skip
     hypotheses = translator.translate(sources)
     name = "stdin" if input_file == "-" else Path(input_file).stem
     path = Path(workdir) / "predictions" / f"step_{translator.step}_{name}.tsv"
@@ -262,39 +216,25 @@ def _read_text(path: str) -> str:
         raise DataError(f"--input_file {path} cannot be read: {error}") from error
 
 
-def read_image(path: str, translator: Translator) -> np.ndarray:
-    """An image file as the run's images are: its channels, resized to the task's size."""
-    from PIL import Image
-
-    from tasks.image_captions import resized
-
-    task = translator.config.task
-    height, width = (task.get("canvas_height"), task.get("canvas_width")) if "canvas_height" in task else (task.height, task.width)
-    try:
-        with Image.open(path) as image:
-            return resized(image, height, width, translator.config.model.channels)
-    except OSError as error:
-        raise UserError(f"cannot read the image {path}: {error}") from error
-
-
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True, help="a run folder")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", help="a source sentence")
-    source.add_argument("--image", help="an image file, for a captioning run (converted to its channels and size)")
+    source.add_argument("--text", dest="source", help="a source sentence")
+    source.add_argument("--image", dest="source", help="an image file, for a captioning run (converted to its channels and size)")
+    source.add_argument("--features", dest="source", help="a .npy feature grid [L, D], for a run on feature grids")
     parser.add_argument("--step", type=int, default=None, help="the checkpoint (default: the latest)")
     parser.add_argument("--self_attention", action="store_true", help="draw self-attention too")
     args = parser.parse_args(argv)
     try:
         translator = load(args.workdir, step=args.step)
-        source = args.text if args.text is not None else read_image(args.image, translator)
+        source = translator.kind.from_command_line(args.source, translator.settings.task.params, translator.settings.model.fields)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    directory = Path(args.workdir) / "attention" / ("text" if args.text is not None else "image")
+    directory = Path(args.workdir) / "attention" / translator.kind.name
     output = translator.draw_attention(source, directory, self_attention=args.self_attention)
-    print(f"{args.text or args.image!r} -> {output!r}")
+    print(f"{args.source!r} -> {output!r}")
     print(f"pictures and weights: {directory}")
     return 0
 

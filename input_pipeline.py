@@ -18,215 +18,33 @@ with packing also `inputs_segment_ids`, `inputs_positions`,
 `targets_segment_ids`, `targets_positions`; eval batches also carry `index`
 (the record index, -1 for padding rows) and, where the task has them, its
 `alignment` spans (see `tasks.Task.alignment`) or its caption's `boxes`.
-`B` is the per-process batch. An image task's `inputs` are its images,
-uint8 `[B, H, W, C]`, bucketed by caption length (no packing).
+`B` is the per-process batch. What `inputs` hold, and whether they pack, is the
+source kind's (`sources.py`): an image task's are its images, uint8 `[B, H, W, C]`,
+bucketed by caption length.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import logging
 import sys
 import threading
-import weakref
-import zipfile
-from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import grain
 import numpy as np
-import sentencepiece as spm
 
-from checkpoints import write_whole
 from errors import ConfigError, DataError
+from settings import PipelineSettings
+from sources import SourceKind
 from tasks import Task
-from vocabularies import EOS_ID, Tokenizers
+from vocabularies import Tokenizers
 
 Batch = dict[str, np.ndarray]
-BATCHINGS = ("pack", "bucket")
-LENGTH_POLICIES = ("drop", "trim")
-
-
-MAX_LENGTH = 65_536  # tokens: one row's [L, L] attention scores would already need 16 GiB per head
-MAX_THREADS = 256
-MAX_BATCH_TOKENS = 2**24  # padded slots per batch: beyond this one batch's float32 activations alone fill a device
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineSettings:
-    """`config.data` with the global batch size and the seed, checked; the fields and their
-    defaults are documented in configs/base.py."""
-
-    batch_size: int  # global: the sum over processes
-    seed: int
-    max_source_length: int  # tokens, eos included
-    max_target_length: int
-    length_policy: str
-    batching: str
-    bucket_boundaries: tuple[int, ...]
-    batch_tokens: int
-    num_threads: int
-    prefetch_batches: int
-
-    def __post_init__(self):
-        if self.batching not in BATCHINGS:
-            raise ConfigError(f"data.batching must be one of {', '.join(BATCHINGS)}, got {self.batching!r}")
-        if self.length_policy not in LENGTH_POLICIES:
-            raise ConfigError(f"data.length_policy must be one of {', '.join(LENGTH_POLICIES)}, got {self.length_policy!r}")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be positive, got {self.batch_size}")
-        for name, highest in (("max_source_length", MAX_LENGTH), ("max_target_length", MAX_LENGTH), ("num_threads", MAX_THREADS),
-                              ("prefetch_batches", MAX_THREADS)):  # fmt: skip
-            lowest = 0 if name == "prefetch_batches" else 1
-            if not lowest <= getattr(self, name) <= highest:
-                raise ConfigError(f"data.{name} must be in [{lowest}, {highest}], got {getattr(self, name)}")
-        boundaries = list(self.bucket_boundaries)
-        if not boundaries or boundaries != sorted(set(boundaries)) or boundaries[0] < 1:
-            raise ConfigError(f"data.bucket_boundaries must be increasing positive lengths, got {self.bucket_boundaries}")
-        if not 0 <= self.batch_tokens <= MAX_BATCH_TOKENS:
-            raise ConfigError(f"data.batch_tokens must be in [0, {MAX_BATCH_TOKENS}], got {self.batch_tokens}")
-        if self.batch_tokens and self.batching != "bucket":
-            raise ConfigError("data.batch_tokens sizes the batches of data.batching='bucket'; packed rows are full already")
-
-    def bucket_rows(self, length: int) -> int:
-        """Rows (global) of a "bucket" batch padded to `length`: `batch_size`, or with `batch_tokens` the
-        largest multiple of `batch_size` whose rows x `length` fit in it (at least `batch_size`)."""
-        if not self.batch_tokens:
-            return self.batch_size
-        return max(self.batch_tokens // length // self.batch_size, 1) * self.batch_size
-
-    def eval_rows(self) -> int:
-        """Rows (global) of an eval batch, which is padded to the length limits: `batch_size`, or with
-        `batch_tokens` the rows a batch of that length gets."""
-        return self.bucket_rows(max(self.max_source_length, self.max_target_length))
-
-    def padded_length(self, boundary: int) -> int:
-        """The longer side of a batch of the bucket of `boundary`, within the length limits."""
-        return min(boundary, max(self.max_source_length, self.max_target_length))
-
-    @classmethod
-    def from_config(cls, config, batch_size: int | None = None) -> "PipelineSettings":
-        """From `config.data`, `config.batch_size` (or `batch_size`) and `config.seed`."""
-        data = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in config.data.to_dict().items()}
-        return cls(batch_size=batch_size or config.batch_size, seed=config.seed, **data)
 
 
 # ----------------------------------------------------------------------------- steps
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenIds:
-    """A text split's token ids (no eos), flat: example i's source is `source[source_starts[i]:source_starts[i + 1]]`,
-    its target likewise."""
-
-    source: np.ndarray
-    source_starts: np.ndarray
-    target: np.ndarray
-    target_starts: np.ndarray
-
-    @classmethod
-    def of(cls, source_texts: Iterable[list[int]], target_texts: Iterable[list[int]]) -> "TokenIds":
-        def flat(sequences):
-            sequences = list(sequences)
-            starts = np.cumsum([0, *map(len, sequences)], dtype=np.int64)
-            return (np.concatenate(sequences).astype(np.int32) if sequences else np.zeros(0, np.int32)), starts
-
-        return cls(*flat(source_texts), *flat(target_texts))
-
-    def lengths(self) -> np.ndarray:
-        """`[N, 2]` source and target lengths in tokens, eos included."""
-        return np.stack([np.diff(self.source_starts), np.diff(self.target_starts)], axis=1) + 1
-
-    def example(self, index: int, max_source_length: int, max_target_length: int) -> Batch:
-        """`{'inputs', 'targets'}` of example `index`: int32 ids ending in eos, trimmed to the limits."""
-
-        def ids(flat, starts, limit):
-            start = starts[index]
-            return np.append(flat[start : min(starts[index + 1], start + limit - 1)], EOS_ID).astype(np.int32)
-
-        return {"inputs": ids(self.source, self.source_starts, max_source_length), "targets": ids(self.target, self.target_starts, max_target_length)}
-
-
-TOKEN_IDS_FORMAT = f"v1-spm{spm.__version__}"  # in the cache's key: another encoder may give other ids
-_TOKEN_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # records -> {vocabulary digest: TokenIds}
-
-
-def token_ids(task: Task, split: str, tokenizers: Tokenizers) -> TokenIds:
-    """The token ids of a text split, tokenized once: kept for this process, and beside the built
-    data (`<built data>/tokenized/<vocabulary digest>/<split>.npz`) for the next runs with the same
-    vocabulary. Sources without shard files (TFDS catalog data) are tokenized at every start."""
-    records = task.splits[split]
-    try:
-        remembered = _TOKEN_IDS.setdefault(records, {})
-    except TypeError:  # a plain list of records (tests, small tasks) cannot be a weak key: no memory
-        remembered = {}
-    if tokenizers.digest in remembered:
-        return remembered[tokenizers.digest]
-    shards = getattr(records, "shards", None)
-    key = f"{TOKEN_IDS_FORMAT}-{tokenizers.digest}"  # the vocabulary and the code that encodes with it
-    path = Path(shards[0]).parent / "tokenized" / key / f"{split}.npz" if shards else None
-    ids = read_token_ids(path, len(records)) if path is not None else None
-    if ids is None:
-        pairs = [task.pair(records[i]) for i in range(len(records))]
-        ids = TokenIds.of((tokenizers.source.encode(s) for s, _ in pairs), (tokenizers.target.encode(t) for _, t in pairs))
-        if path is not None:
-            def save(temporary: Path) -> None:
-                with open(temporary, "wb") as file:  # a file object: np.savez would add ".npz" to a name
-                    np.savez(file, **dataclasses.asdict(ids))
-
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_whole(path, save)
-            except OSError as error:  # data built by someone else, read-only: tokenize at every start
-                logging.warning("cannot keep the token ids of %s at %s (%s)", split, path, error)
-    remembered[tokenizers.digest] = ids
-    return ids
-
-
-def read_token_ids(path: Path, count: int) -> TokenIds | None:
-    """Token ids kept at `path` for `count` examples, or None (absent, unreadable, or not `count`:
-    then they are made again)."""
-    if not path.exists():
-        return None
-    try:
-        with np.load(path) as saved:
-            ids = TokenIds(**{field.name: saved[field.name] for field in dataclasses.fields(TokenIds)})
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
-        logging.warning("tokenizing again: the token ids at %s are unreadable (%s)", path, error)
-        return None
-    return ids if len(ids.source_starts) == len(ids.target_starts) == count + 1 else None
-
-
-def encoder(task: Task, split: str, tokenizers: Tokenizers, max_source_length: int, max_target_length: int) -> Callable:
-    """index -> `{'inputs', 'targets'}` of example `index` of `split`: int32 ids ending in eos,
-    trimmed to the limits (an image task's `inputs`: its image `[H, W, C]`)."""
-    records = task.splits[split]
-    if task.inputs == "text":
-        ids = token_ids(task, split, tokenizers)
-        return functools.partial(ids.example, max_source_length=max_source_length, max_target_length=max_target_length)
-
-    def encode(index: int) -> Batch:
-        record = records[index]  # read (and its image decoded) once
-        targets = np.append(tokenizers.target.encode(task.pair(record)[1])[: max_target_length - 1], EOS_ID).astype(np.int32)
-        return {"inputs": task.image(record), "targets": targets}
-
-    return encode
-
-
-def example_lengths(task: Task, split: str, tokenizers: Tokenizers) -> np.ndarray:
-    """`[N, 2]` source and target lengths in tokens, eos included; an image counts as a source of length 1."""
-    if task.inputs == "text":
-        return token_ids(task, split, tokenizers).lengths()
-    records = task.splits[split]
-    return np.array([(1, len(tokenizers.target.encode(task.pair(records[i])[1])) + 1) for i in range(len(records))], np.int64).reshape(-1, 2)
-
-
-def padded_lengths(task: Task, settings: PipelineSettings) -> dict[str, int]:
-    """The token keys of a batch and their longest lengths (an image has its own fixed shape)."""
-    limits = {"inputs": settings.max_source_length, "targets": settings.max_target_length}
-    return {"targets": limits["targets"]} if task.inputs == "image" else limits
 
 
 def select(lengths: np.ndarray, settings: PipelineSettings, policy: str, what: str) -> tuple[np.ndarray, dict]:
@@ -380,6 +198,7 @@ def train_dataset(
     task: Task,
     tokenizers: Tokenizers,
     settings: PipelineSettings,
+    kind: SourceKind,
     *,
     process_index: int = 0,
     process_count: int = 1,
@@ -394,7 +213,7 @@ def train_dataset(
     records = task.splits["train"]
     if len(records) == 0:
         raise DataError(f"task {task.name}: the train split is empty")
-    lengths = example_lengths(task, "train", tokenizers)
+    lengths = kind.lengths(task, "train", tokenizers)
     kept, report = select(lengths, settings, settings.length_policy, f"{task.name} train")
     indices = shard(kept, process_index, process_count)
     if len(indices) == 0:
@@ -402,11 +221,11 @@ def train_dataset(
             f"task {task.name}: no train example fits max_source_length={settings.max_source_length} / "
             f"max_target_length={settings.max_target_length}"
         )
-    encode = encoder(task, "train", tokenizers, settings.max_source_length, settings.max_target_length)
+    encode = kind.encoder(task, "train", tokenizers, settings.max_source_length, settings.max_target_length)
     lengths = np.minimum(lengths, [[settings.max_source_length, settings.max_target_length]])  # after trimming
-    limits = padded_lengths(task, settings)
-    if settings.batching == "pack" and task.inputs == "image":
-        raise ConfigError(f"task {task.name} reads images, which do not pack; set data.batching='bucket'")
+    limits = kind.padded_keys(settings.max_source_length, settings.max_target_length)
+    if settings.batching == "pack" and not kind.packs:
+        raise ConfigError(f"task {task.name} reads {kind.name} sources, which do not pack; set data.batching='bucket'")
     if settings.batching == "pack":
 
         def plan(epoch: int) -> list:
@@ -435,6 +254,7 @@ def eval_batches(
     tokenizers: Tokenizers,
     split: str,
     settings: PipelineSettings,
+    kind: SourceKind,
     *,
     process_index: int = 0,
     process_count: int = 1,
@@ -449,16 +269,13 @@ def eval_batches(
     if len(records) == 0:
         raise DataError(f"task {task.name}: the {split} split is empty")
     rows = settings.eval_rows() // process_count
-    _, report = select(example_lengths(task, split, tokenizers), settings, "trim", f"{task.name} {split}")
+    _, report = select(kind.lengths(task, split, tokenizers), settings, "trim", f"{task.name} {split}")
     indices = shard(np.arange(len(records)), process_index, process_count)
     num_batches = -(-len(records) // settings.eval_rows())
-    encode = encoder(task, split, tokenizers, settings.max_source_length, settings.max_target_length)
-    limits = padded_lengths(task, settings)
+    encode = kind.encoder(task, split, tokenizers, settings.max_source_length, settings.max_target_length)
+    limits = kind.padded_keys(settings.max_source_length, settings.max_target_length)
     extras = {name: get for name, get in (("alignment", task.alignment), ("boxes", task.boxes)) if get is not None}
-    empty = np.zeros(0, np.int32)
-    blank = {"inputs": empty, "targets": empty, "index": np.int32(-1)}
-    if task.inputs == "image":
-        blank["inputs"] = np.zeros_like(task.image(records[0]))
+    blank = {"inputs": kind.blank(task, split), "targets": np.zeros(0, np.int32), "index": np.int32(-1)}
     for name, get in extras.items():  # alignment spans [K, 4], boxes [K, 4]: a padding row's score nothing
         blank[name] = np.full_like(get(records[0]), 0 if name == "alignment" else -1)
 

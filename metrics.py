@@ -1,5 +1,7 @@
-"""Losses and metrics: cross-entropy with label smoothing, token accuracy, perplexity,
-exact match, and BLEU / chrF through sacrebleu (on detokenised text).
+"""The math of the scores: cross-entropy with label smoothing, token accuracy, perplexity,
+exact match, symbol accuracy, BLEU / chrF through sacrebleu (on detokenised text), alignment
+and localisation accuracy. Which scores exist, their direction and the tasks they apply to
+are declared in `scores.py`.
 
 The array functions return sums and counts so that batches, devices and
 processes combine by addition; `summarize` turns the totals into means.
@@ -92,9 +94,15 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
     }
 
 
-def exact_match(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-    """Share of hypotheses equal to their reference."""
-    return sum(h == r for h, r in zip(hypotheses, references, strict=True)) / max(len(references), 1)
+def exact_match(hypotheses: Sequence[str], references: Sequence[str | Sequence[str]]) -> float:
+    """Share of hypotheses equal to their reference (or, given several, to any of them)."""
+    hits = sum(h in _alternatives(r) for h, r in zip(hypotheses, references, strict=True))
+    return hits / max(len(references), 1)
+
+
+def _alternatives(reference: str | Sequence[str]) -> Sequence[str]:
+    """A hypothesis's references: one string, or a sequence of them."""
+    return (reference,) if isinstance(reference, str) else reference
 
 
 def symbol_accuracy(hypotheses: Sequence[str], references: Sequence[str]) -> float:
@@ -115,52 +123,32 @@ def symbol_accuracy(hypotheses: Sequence[str], references: Sequence[str]) -> flo
 BLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none")
 
 
-def bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a") -> tuple[float, str]:
-    """Corpus BLEU with sacreBLEU's `tokenize` (13a, its default) and its signature."""
-    metric = sacrebleu.BLEU(tokenize=tokenize)
-    score = metric.corpus_score(list(hypotheses), [list(references)])
+def bleu(
+    hypotheses: Sequence[str], references: Sequence[str | Sequence[str]], tokenize: str = "13a", max_ngram_order: int = 4
+) -> tuple[float, str]:
+    """Corpus BLEU with sacreBLEU's `tokenize` (13a, its default) over n-grams up to `max_ngram_order`
+    (4: BLEU-4), and its signature. Each hypothesis has one reference or several (captioning:
+    every caption of an image); sacreBLEU's signature then says `nrefs:var`."""
+    metric = sacrebleu.BLEU(tokenize=tokenize, max_ngram_order=max_ngram_order)
+    score = metric.corpus_score(list(hypotheses), _reference_streams(hypotheses, references))
     return score.score, str(metric.get_signature())
 
 
-def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
-    """Corpus chrF and its signature."""
+def chrf(hypotheses: Sequence[str], references: Sequence[str | Sequence[str]]) -> tuple[float, str]:
+    """Corpus chrF and its signature; each hypothesis has one reference or several."""
     metric = sacrebleu.CHRF()
-    score = metric.corpus_score(list(hypotheses), [list(references)])
+    score = metric.corpus_score(list(hypotheses), _reference_streams(hypotheses, references))
     return score.score, str(metric.get_signature())
 
 
-def caption_metrics(hypotheses: Sequence[str], references: Sequence[Sequence[str]], tokenize: str = "13a") -> dict:
-    """Captioning's metrics over several references per hypothesis: corpus BLEU-1 to BLEU-4
-    (sacreBLEU, `bleu` = BLEU-4, as Xu et al. report them) and exact match with any reference."""
-    streams = max(map(len, references), default=1)
-    padded = [list(refs) + [None] * (streams - len(refs)) for refs in references]  # sacreBLEU skips None
-    results = {}
-    for order in range(1, 5):
-        metric = sacrebleu.BLEU(tokenize=tokenize, max_ngram_order=order)
-        results[f"bleu_{order}"] = metric.corpus_score(list(hypotheses), [list(s) for s in zip(*padded)]).score
-    results["bleu"] = results["bleu_4"]
-    results["bleu_signature"] = str(metric.get_signature())
-    results["exact_match"] = sum(h in refs for h, refs in zip(hypotheses, references, strict=True)) / max(len(references), 1)
-    return results
-
-
-def text_metrics(task_metric: str, hypotheses: Sequence[str], references: Sequence[str], bleu_tokenize: str = "13a") -> dict:
-    """The task metric of decoded text: exact match (and symbol accuracy), or BLEU and chrF with their
-    signatures (captioning's metrics over several references are `caption_metrics`)."""
-    if task_metric == "exact_match":
-        return {
-            "exact_match": exact_match(hypotheses, references),
-            "symbol_accuracy": symbol_accuracy(hypotheses, references),
-        }
-    bleu_score, bleu_signature = bleu(hypotheses, references, bleu_tokenize)
-    chrf_score, chrf_signature = chrf(hypotheses, references)
-    return {
-        "bleu": bleu_score,
-        "chrf": chrf_score,
-        "bleu_signature": bleu_signature,
-        "chrf_signature": chrf_signature,
-        "exact_match": exact_match(hypotheses, references),
-    }
+def _reference_streams(hypotheses: Sequence[str], references: Sequence[str | Sequence[str]]) -> list[list[str | None]]:
+    """sacreBLEU's reference streams: the i-th reference of every hypothesis, None where it has fewer
+    (sacreBLEU skips None)."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    alternatives = [list(_alternatives(r)) for r in references]
+    streams = max(map(len, alternatives), default=1)
+    return [[refs[i] if i < len(refs) else None for refs in alternatives] for i in range(streams)]
 
 
 def alignment_accuracy(weights, spans) -> float:

@@ -49,7 +49,6 @@ import argparse
 import contextlib
 import csv
 import dataclasses
-import fcntl
 import hashlib
 import itertools
 import json
@@ -71,6 +70,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
+import files
 from configs import base
 from errors import ConfigError
 from stopping import StopSignals
@@ -282,7 +282,7 @@ def queue_lock(storage: str, workdir: Path):
       SweepError: a database other than PostgreSQL or SQLite, or one that cannot be reached.
     """
     if not storage:
-        with file_lock(workdir / ".init.lock"):
+        with files.exclusive(workdir / ".init.lock"):
             yield
         return
     import sqlalchemy  # only here: the journal file does without it
@@ -308,19 +308,10 @@ def queue_lock(storage: str, workdir: Path):
         if database in (None, "", ":memory:"):  # a database in memory has only this process
             yield
             return
-        with file_lock(Path(database).with_name(Path(database).name + ".sweep.lock")):
+        with files.exclusive(Path(database).with_name(Path(database).name + ".sweep.lock")):
             yield
     else:
         raise SweepError(f"--storage {storage}: sweeps share a study in PostgreSQL (or SQLite on one machine), not {backend}")
-
-
-@contextlib.contextmanager
-def file_lock(path: Path):
-    """An exclusive flock on `path`: it serialises the processes of this machine."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial | optuna.Trial) -> None:
@@ -631,7 +622,7 @@ def worker_environment(index: int, parallel: int, environ: Mapping[str, str], gp
       SweepError: fewer GPUs than workers; two trials would contend for one GPU.
     """
     # A trial is one process: under srun or mpirun the cluster's variables would make every trial
-    # join the others as one distributed run (run_setup.setup_distributed).
+    # join the others as one distributed run (run_setup.cluster.setup_distributed).
     environment = {k: v for k, v in environ.items() if not k.startswith(CLUSTER_VARIABLES)}
     if not gpus or parallel == 1:
         return environment

@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 
 import jax
-import ml_collections
 from absl import app, flags
 
 import allocator
 import evaluation
 import inference
-import run_setup
+import settings
 import trainer
+from run_setup import run_config
 from configs import base
 from errors import ConfigError, UserError
 
@@ -70,27 +70,27 @@ def default_workdir() -> Path:
     return PROJECT_ROOT / "runs" / f"{Path(FLAGS.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def config_for(mode: str, workdir: Path) -> ml_collections.ConfigDict:
-    """Training: the config file with the overrides. Eval and predict: the run's config.json with the
-    evaluation fields of the overrides (or of `--config`, when given)."""
+def settings_for(mode: str, workdir: Path) -> settings.Settings:
+    """Training: the config file with the overrides, parsed. Eval and predict: the run's config.json
+    with the evaluation fields of the overrides (or of `--config`, when given)."""
     if mode == "train":
-        return base.load(FLAGS.config, OVERRIDES)
-    saved = run_setup.read_run_config(workdir)
+        return settings.parse(base.load(FLAGS.config, OVERRIDES))
+    saved = settings.read_run_config(workdir)
     if saved is None:
         raise ConfigError(f"--mode={mode} needs a run folder, and {workdir} holds no config.json")
     requested = base.load(FLAGS.config if FLAGS["config"].present else saved, OVERRIDES)
     overridden = [arg.removeprefix("--config.").split("=", 1)[0] for arg in OVERRIDES]
-    return run_setup.evaluation_config(saved, requested, overridden)
+    return run_config.for_evaluation(settings.parse(saved), settings.parse(requested), overridden)
 
 
-def run_mode(config: ml_collections.ConfigDict, workdir: Path):
+def run_mode(run_settings: settings.Settings, workdir: Path):
     if FLAGS.mode == "train":
-        return trainer.train_and_evaluate(config, workdir)
+        return trainer.train_and_evaluate(run_settings, workdir)
     if FLAGS.mode == "eval":
-        return evaluation.evaluate(config, workdir)
+        return evaluation.evaluate(run_settings, workdir)
     if FLAGS.input_file:
-        return inference.translate_file(config, workdir, FLAGS.input_file)
-    return evaluation.predict(config, workdir)
+        return inference.translate_file(run_settings, workdir, FLAGS.input_file)
+    return evaluation.predict(run_settings, workdir)
 
 
 def set_up_process() -> None:
@@ -110,7 +110,7 @@ def main(argv) -> int:
             logging.getLogger(library).setLevel(logging.WARNING)
     workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
     try:
-        result = run_mode(config_for(FLAGS.mode, workdir), workdir)
+        result = run_mode(settings_for(FLAGS.mode, workdir), workdir)
     except UserError as error:  # the message names the culprit; anything else is a bug and keeps its traceback
         exit_with_error(error)
     if FLAGS.mode == "eval":

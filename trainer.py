@@ -1,10 +1,10 @@
-"""The training loop: `train_and_evaluate(config, workdir)`, the train step, the optimizer and its schedule.
+"""The training loop: `train_and_evaluate(settings, workdir)`, the train step, the optimizer and its schedule.
 
 The train step is one jitted pure function of the train state (a pytree of
 parameters and optimizer state, split from the NNX model) and a batch; the
 state is donated. Dropout keys derive from the seed and the step, so the
 checkpointed step determines the RNG. The run set-up (devices, data, model,
-checkpoints) is `run_setup.py`'s; evaluation during training is `evaluation.py`'s.
+checkpoints) is `run_setup`'s; evaluation during training is `evaluation.py`'s.
 
 A rerun on the same workdir resumes from its latest readable checkpoint, with
 the data iterator where it was. SIGTERM/SIGINT save a checkpoint and stop; with
@@ -25,7 +25,6 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from flax import nnx
@@ -34,10 +33,13 @@ from jax.experimental import multihost_utils
 import evaluation
 import input_pipeline
 import metrics
-from errors import ConfigError, NonFiniteLoss
 import reporting
+import scores
+from errors import ConfigError, NonFiniteLoss
 from reporting import Reporter
-from run_setup import Run, check_resume, prepare_run
+from run_setup.run import Run, prepare_run
+from run_setup.run_config import check_resume
+from settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
 from stopping import SIGNALS, StopSignals
 
 TrainState = dict  # {"step": int32 [], "params": nnx.State, "opt_state": optax state[, "model_state": dict]}
@@ -46,34 +48,34 @@ TrainState = dict  # {"step": int32 [], "params": nnx.State, "opt_state": optax 
 # ----------------------------------------------------------------------------- set-up
 
 
-def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+def learning_rate_schedule(optimization: OptimizationSettings) -> optax.Schedule:
     """Linear warmup to `learning_rate`, then rsqrt decay (Vaswani et al. eq. 3), cosine, or constant.
 
     rsqrt: `lr(step) = learning_rate * min(step / warmup, sqrt(warmup / step))`, which is
     the paper's `d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)` with its peak value
     `learning_rate = d_model^-0.5 * warmup^-0.5`.
     """
-    peak, warmup = config.learning_rate, max(config.warmup_steps, 1)
-    if config.schedule == "rsqrt":
+    peak, warmup = optimization.learning_rate, max(optimization.warmup_steps, 1)
+    if optimization.schedule == "rsqrt":
         return lambda step: peak * jnp.minimum((step + 1) / warmup, jnp.sqrt(warmup / (step + 1)))
     warm = optax.linear_schedule(0.0, peak, warmup)
-    if config.schedule == "cosine":
-        decay = optax.cosine_decay_schedule(peak, max(config.num_train_steps - warmup, 1))
-    elif config.schedule == "constant":
+    if optimization.schedule == "cosine":
+        decay = optax.cosine_decay_schedule(peak, max(optimization.num_train_steps - warmup, 1))
+    elif optimization.schedule == "constant":
         decay = optax.constant_schedule(peak)
     else:
-        raise ConfigError(f"schedule must be 'rsqrt', 'cosine' or 'constant', got {config.schedule!r}")
+        raise ConfigError(f"schedule must be 'rsqrt', 'cosine' or 'constant', got {optimization.schedule!r}")
     return optax.join_schedules([warm, decay], [warmup])
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(optimization: OptimizationSettings) -> optax.GradientTransformation:
     """Adam (or AdamW with weight decay) on the schedule, after optional global-norm clipping."""
     adam = optax.adamw(
-        learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
-        weight_decay=config.weight_decay,
+        learning_rate_schedule(optimization), b1=optimization.adam_b1, b2=optimization.adam_b2, eps=optimization.adam_eps,
+        weight_decay=optimization.weight_decay,
     )  # fmt: skip
-    if config.grad_clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adam)
+    if optimization.grad_clip_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(optimization.grad_clip_norm), adam)
     return adam
 
 
@@ -87,10 +89,9 @@ def make_train_step(run: Run, tx: optax.GradientTransformation) -> Callable[[Tra
     gradients of the summed token loss are added; the update uses the sum over
     all non-padding tokens, so accumulation equals one big batch.
     """
-    config = run.config
-    dropout_seed = jax.random.key(config.seed + 2)
-    accumulate = config.grad_accum_steps
-    smoothing = config.label_smoothing
+    dropout_seed = jax.random.key(run.settings.seed + 2)
+    accumulate = run.settings.optimization.grad_accum_steps
+    smoothing = run.settings.optimization.label_smoothing
 
     def loss_sums(params, model_state, batch, key):
         """The summed loss to minimise, with `(token sums, next model state)`: the smoothed token
@@ -98,7 +99,7 @@ def make_train_step(run: Run, tx: optax.GradientTransformation) -> Callable[[Tra
         hard attention's estimator, whose moving-average baseline is its model state)."""
         model = run.model(params)
         nnx.reseed(model, dropout=key)
-        if hasattr(model, "objective"):
+        if model.config.has_objective:
             token_sums = functools.partial(metrics.token_sums, label_smoothing=smoothing)
             loss, sums, model_state = model.objective(batch, model_state, jax.random.fold_in(key, 1), token_sums)
             return loss, (sums, model_state)
@@ -166,7 +167,8 @@ def initial_state(run: Run, tx: optax.GradientTransformation) -> TrainState:
     optimizer state, replicated."""
     params = jax.tree.map(jnp.copy, run.params)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
-    model_state = getattr(run.model(run.params), "initial_model_state", dict)()  # e.g. hard attention's baseline
+    model = run.model(run.params)
+    model_state = model.initial_model_state() if model.config.has_objective else {}  # e.g. hard attention's baseline
     if model_state:
         state["model_state"] = model_state
     return jax.device_put(state, run.replicated)
@@ -218,22 +220,19 @@ def unfinished_window(workdir: Path, start_step: int) -> list[tuple[int, dict]]:
     return [(s, {name: np.float32(value) for name, value in values.items()}) for s, values in kept["window"]]  # as the step gave them
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: Path) -> None:
-    (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=list) + "\n")
-
-
 def evaluate_during_training(
     evaluator: evaluation.Evaluator, params: nnx.State, step: int, splits: Sequence[str], reporter: Reporter
 ) -> dict[str, dict]:
     """`splits` evaluated (on `eval_decode_examples` decoded examples), with pictures of dev examples."""
     run = evaluator.run
+    settings = run.settings.evaluation
     results = {}
     for split in splits:
-        results[split], _ = evaluation.evaluate_split(evaluator, params, split, max_decoded=run.config.eval_decode_examples)
+        results[split], _ = evaluation.evaluate_split(evaluator, params, split, max_decoded=settings.eval_decode_examples)
         reporter.write(step, split, results[split])
         if run.is_chief:
             reporting.write_eval(run.workdir, step, split, results[split])
-        if split == "dev" and run.config.visualize_examples:
+        if split == "dev" and settings.visualize_examples:
             evaluation.draw_attention(evaluator, params, "dev", step, reporter)
     return results
 
@@ -242,9 +241,9 @@ class EarlyStopping:
     """Counts the dev evaluations since `best_metric` last improved; `patience` of them (0: never)
     end the run. The count is rebuilt from metrics.jsonl on resume, so it survives one."""
 
-    def __init__(self, config: ml_collections.ConfigDict, earlier_dev_rows: Sequence[dict]):
+    def __init__(self, config: EvaluationSettings, earlier_dev_rows: Sequence[dict]):
         self.patience, self.metric = config.early_stopping_patience, config.best_metric
-        self.sign = 1.0 if config.best_metric_larger_is_better else -1.0
+        self.sign = 1.0 if scores.larger_is_better(config.best_metric) else -1.0
         self.best, self.best_step, self.waited = None, None, 0
         for row in earlier_dev_rows:
             self.update(row["step"], row)
@@ -265,14 +264,14 @@ class EarlyStopping:
         return self.stopped
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+def train_and_evaluate(settings: Settings, workdir: str | Path) -> dict:
     """Trains (or resumes) in `workdir`; returns the final eval metrics by split.
 
-    A rerun on a workdir must be the same run: `run_setup.check_resume` refuses a changed model,
+    A rerun on a workdir must be the same run: `run_setup.run_config.check_resume` refuses a changed model,
     task, tokenizer, data or seed field before anything is written; config.json records the rest.
     """
-    check_resume(config, Path(workdir))
-    run = prepare_run(config, workdir, lock=True)  # a second run on the workdir stops here, having written nothing
+    check_resume(settings, Path(workdir))
+    run = prepare_run(settings, workdir, lock=True)  # a second run on the workdir stops here, having written nothing
     try:
         with reporting.log_file(run.workdir, enabled=run.is_chief):
             return train(run)
@@ -283,51 +282,51 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
 def train(run: Run) -> dict:
     """The loop of `train_and_evaluate` on a prepared run."""
-    config = run.config
+    optimization, evaluation_settings = run.settings.optimization, run.settings.evaluation
     if run.is_chief:
-        write_config(config, run.workdir)
-    tx = make_optimizer(config)
+        write_run_config(run.settings, run.workdir)
+    tx = make_optimizer(optimization)
     state, start_step = initial_state(run, tx), 0
     train_step = compile_train_step(run, tx, state)
     evaluator = evaluation.Evaluator(run)
     train_data, length_report = input_pipeline.train_dataset(
-        run.task, run.tokens, run.pipeline(), process_index=jax.process_index(), process_count=jax.process_count()
+        run.task, run.tokens, run.settings.data, run.settings.source, process_index=jax.process_index(), process_count=jax.process_count()
     )
     data_iterator = iter(train_data)
     if run.checkpoints.steps():
         abstract_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         start_step, state = run.checkpoints.restore(abstract_state, data_iterator)
         logging.info("resuming from the checkpoint at step %d in %s", start_step, run.checkpoints.manager.directory)
-    reporter = Reporter(run.workdir, num_steps=config.num_train_steps, start_step=start_step, enabled=run.is_chief)
+    reporter = Reporter(run.workdir, num_steps=optimization.num_train_steps, start_step=start_step, enabled=run.is_chief)
     training_dev_rows = [r for r in reporting.read_jsonl(run.workdir) if r["split"] == "dev" and "mode" not in r and r["step"] <= start_step]
-    early_stopping = EarlyStopping(config, training_dev_rows)
+    early_stopping = EarlyStopping(evaluation_settings, training_dev_rows)
     if early_stopping.stopped:  # a rerun of a run that stopped early: nothing more to train
         logging.info("the run stopped early at step %d (dev %s not improved for %d evaluations); not training further",
-                     start_step, config.best_metric, early_stopping.waited)  # fmt: skip
-        start_step = config.num_train_steps
+                     start_step, evaluation_settings.best_metric, early_stopping.waited)  # fmt: skip
+        start_step = optimization.num_train_steps
     if start_step == 0:
         reporter.write(0, "data", {f"train_{k}": v for k, v in length_report.items() if k != "policy"})
-    schedule = learning_rate_schedule(config)
+    schedule = learning_rate_schedule(optimization)
     final: dict = {}
     window: list[tuple[int, Any]] = unfinished_window(run.workdir, start_step)
     window_start = time.time()
     try:
         several = jax.process_count() > 1  # then SIGTERM is JAX's preemption notice, which the processes agree on
         with StopSignals(message="saving a checkpoint, then stopping", signals=() if several else SIGNALS) as stop:
-            for step in range(start_step + 1, config.num_train_steps + 1):
+            for step in range(start_step + 1, optimization.num_train_steps + 1):
                 state, step_metrics = train_step(state, run.global_batch(next(data_iterator)))
                 if several and multihost_utils.reached_preemption_sync_point(step):
                     logging.warning("a process was sent SIGTERM: every process saves a checkpoint after step %d, then stops", step)
                     stop.requested = True
                 window.append((step, step_metrics))
-                last = step == config.num_train_steps
-                evaluate_now = step % config.eval_every_steps == 0 or last
-                save_now = step % config.checkpoint_every_steps == 0 or last or stop.requested
-                if step % config.log_every_steps == 0 or evaluate_now or save_now:
+                last = step == optimization.num_train_steps
+                evaluate_now = step % evaluation_settings.eval_every_steps == 0 or last
+                save_now = step % run.settings.checkpoints.checkpoint_every_steps == 0 or last or stop.requested
+                if step % optimization.log_every_steps == 0 or evaluate_now or save_now:
                     window = jax.device_get(window)
                     check_finite(window)  # before any save: a checkpoint never holds a diverged state
                     row = summarize_window(window, float(schedule(step - 1)), time.time() - window_start)
-                    if not stop.requested or step % config.log_every_steps == 0:
+                    if not stop.requested or step % optimization.log_every_steps == 0:
                         reporter.write(step, "train", row)
                     elif run.is_chief:  # stopped between two rows: the rerun's next row takes these steps in
                         keep_unfinished_window(run.workdir, step, window)
@@ -340,7 +339,7 @@ def train(run: Run) -> dict:
                     stop_early = early_stopping.update(step, final["dev"]) and not last
                     if stop_early:
                         logging.info("early stopping at step %d: dev %s has not improved for %d evaluations (best %.4g at step %d)",
-                                     step, config.best_metric, early_stopping.waited, early_stopping.best, early_stopping.best_step)  # fmt: skip
+                                     step, evaluation_settings.best_metric, early_stopping.waited, early_stopping.best, early_stopping.best_step)  # fmt: skip
                         final.update(evaluate_during_training(evaluator, state["params"], step, ("test",), reporter))
                 if save_now or stop.requested or stop_early:  # a signal may have come during this step's eval
                     run.checkpoints.save(step, state, data_iterator, metrics=eval_metrics)

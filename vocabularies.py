@@ -20,13 +20,16 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
 
 import numpy as np
 import sentencepiece as spm
 
-from checkpoints import sha256, write_whole
-from errors import ConfigError, DataError
+from files import sha256, write_whole
+from errors import DataError
+
+if TYPE_CHECKING:  # the settings read the tokenizer kinds from here
+    from settings import TokenizerSettings
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_PIECES = ("<pad>", "<s>", "</s>", "<unk>")
@@ -179,30 +182,6 @@ class SentencePieceTokenizer:
 
 
 KINDS = {"char": CharTokenizer, "word": WordTokenizer, "sentencepiece": SentencePieceTokenizer}
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenizerSettings:
-    """`config.tokenizer`, checked; the fields and their defaults are documented in configs/base.py."""
-
-    kind: str
-    vocab_size: int
-    model_type: str
-    shared: bool
-    max_corpus_chars: int
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ConfigError(f"tokenizer.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        if self.model_type not in ("unigram", "bpe"):
-            raise ConfigError(f"tokenizer.model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
-        for name in ("vocab_size", "max_corpus_chars"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"tokenizer.{name} must be positive, got {getattr(self, name)}")
-
-    @classmethod
-    def from_config(cls, config) -> "TokenizerSettings":
-        return cls(**config.tokenizer.to_dict())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
 import input_pipeline  # noqa: E402
-import run_setup  # noqa: E402
+from run_setup.run import load_task_and_tokenizers  # noqa: E402
+from settings import parse  # noqa: E402
 
 
 def examples_in(batch: dict) -> int:
@@ -40,10 +41,10 @@ def examples_in(batch: dict) -> int:
 
 
 def pipeline_rates(config_name: str, batches: int, window: int) -> dict:
-    config = importlib.import_module(f"configs.{config_name}").get_config()
+    settings = parse(importlib.import_module(f"configs.{config_name}").get_config())
     with tempfile.TemporaryDirectory() as workdir:
-        task, tokens = run_setup.load_task_and_tokenizers(config, Path(workdir))
-        data, _ = input_pipeline.train_dataset(task, tokens, input_pipeline.PipelineSettings.from_config(config))
+        task, tokens = load_task_and_tokenizers(settings, Path(workdir))
+        data, _ = input_pipeline.train_dataset(task, tokens, settings.data, settings.source)
         iterator = iter(data)
         for _ in range(window):  # warm-up: threads started, buffers filled
             next(iterator)
@@ -62,7 +63,7 @@ def pipeline_rates(config_name: str, batches: int, window: int) -> dict:
         "examples_per_s": statistics.median(example_rates),
         "target_tokens_per_s": statistics.median(target_rates),
         "all_tokens_per_s": statistics.median(all_rates),
-        "batching": config.data.batching,
+        "batching": settings.data.batching,
     }
 
 

@@ -13,7 +13,8 @@ The fixed-length summary of RNNencdec should fall as sources grow while
 RNNsearch stays flat.
 
 A family whose run folder `WORKDIR/<family>` already holds a finished run is
-not trained again (delete the folder to retrain).
+not trained again (delete the folder to retrain). The figures measured with it:
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import evaluation  # noqa: E402
 import trainer  # noqa: E402
 import visualize  # noqa: E402
 from configs import base, default, recurrent  # noqa: E402
+from settings import parse  # noqa: E402
 
 FAMILIES = ("rnnencdec", "rnnsearch", "lstmn", "transformer")
 MAX_SOURCE = 100
@@ -73,10 +75,10 @@ def train_and_score(config, workdir: Path) -> dict:
     """Trains (unless finished), then decodes the test split: `{bucket: {metric: value}}`."""
     finished = workdir / "eval" / f"step_{config.num_train_steps}.json"
     if not (finished.exists() and "by_source_length" in json.loads(finished.read_text()).get("test", {})):
-        trainer.train_and_evaluate(config, workdir)
+        trainer.train_and_evaluate(parse(config), workdir)
         whole_split = ml_collections.ConfigDict(config.to_dict())
         whole_split.eval_decode_examples = 0  # training evaluated a subset; the table scores every example
-        evaluation.predict(whole_split, workdir)
+        evaluation.predict(parse(whole_split), workdir)
     return json.loads(finished.read_text())["test"]["by_source_length"]
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-import math
 from pathlib import Path
 from typing import Sequence
 
@@ -103,9 +102,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint_every_steps = 1_000
     # The most recent checkpoints kept (the best one is kept besides).
     config.keep_checkpoints = 3
-    # Eval metric that picks the best checkpoint, and whether larger is better.
+    # Eval score that picks the best checkpoint and drives early stopping: a score of scores.py
+    # that the task writes (whether larger is better is the registry's).
     config.best_metric = "loss"
-    config.best_metric_larger_is_better = False
     # Stop after this many dev evaluations without an improvement of best_metric (then save and
     # evaluate the test split, as at the end); 0 = never stop early.
     config.early_stopping_patience = 0
@@ -197,45 +196,7 @@ def get_config() -> ml_collections.ConfigDict:
     return config
 
 
-# What each common field may hold; `check(config)` applies it before anything is read or written.
-# The groups' own fields are checked where they are defined (the task's and model's dataclasses,
-# input_pipeline.PipelineSettings, vocabularies.TokenizerSettings, decoding.check_options).
-SCHEDULES = ("rsqrt", "cosine", "constant")
-SPLIT_NAMES = ("train", "dev", "test")
-AT_LEAST_ONE = ("num_train_steps", "batch_size", "grad_accum_steps", "log_every_steps", "eval_every_steps",
-                "checkpoint_every_steps", "keep_checkpoints", "length_bucket_width")  # fmt: skip
-NOT_NEGATIVE = ("seed", "warmup_steps", "early_stopping_patience", "eval_decode_examples", "average_last",
-                "visualize_examples", "learning_rate", "weight_decay", "grad_clip_norm")  # fmt: skip
-FRACTIONS = ("label_smoothing", "adam_b1", "adam_b2")  # in [0, 1)
-LARGEST_INT = 2**31 - 1  # sizes and counts beyond this overflow the int32 arithmetic of steps and shapes
-
-
-def check(config: ml_collections.ConfigDict) -> None:
-    """Raises `ConfigError` naming the first common field whose value cannot work."""
-    for name in (*AT_LEAST_ONE, *NOT_NEGATIVE, *FRACTIONS, "adam_eps"):
-        value = config[name]
-        if not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number, got {value}")
-        if isinstance(value, int) and abs(value) > LARGEST_INT:
-            raise ConfigError(f"{name} must be at most {LARGEST_INT}, got {value}")
-    for names, low, what in ((AT_LEAST_ONE, 1, "at least 1"), (NOT_NEGATIVE, 0, "not negative")):
-        for name in names:
-            if config[name] < low:
-                raise ConfigError(f"{name} must be {what}, got {config[name]}")
-    for name in FRACTIONS:
-        if not 0.0 <= config[name] < 1.0:
-            raise ConfigError(f"{name} must be in [0, 1), got {config[name]}")
-    if not config.adam_eps > 0:
-        raise ConfigError(f"adam_eps must be positive, got {config.adam_eps}")
-    if config.schedule not in SCHEDULES:
-        raise ConfigError(f"schedule must be one of {', '.join(SCHEDULES)}, got {config.schedule!r}")
-    if config.eval_split not in SPLIT_NAMES:
-        raise ConfigError(f"eval_split must be one of {', '.join(SPLIT_NAMES)}, got {config.eval_split!r}")
-    if config.restore_step < -1:
-        raise ConfigError(f"restore_step must be a step, or -1 for the latest; got {config.restore_step}")
-    for name in ("best_metric", "data_dir"):
-        if not config[name].strip():
-            raise ConfigError(f"{name} must not be empty")
+# The fields are parsed and checked once, into typed settings, by `settings.parse(config)`.
 
 
 def set_field(config: ml_collections.ConfigDict, dotted_name: str, value) -> None:
@@ -247,11 +208,16 @@ def set_field(config: ml_collections.ConfigDict, dotted_name: str, value) -> Non
     target[leaf] = value
 
 
+# Fields of earlier versions, now derived: best_metric's direction is the score registry's (scores.py).
+RETIRED_FIELDS = ("best_metric_larger_is_better",)
+
+
 def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`config` (a run's config.json, say) completed with the common fields it lacks, at their
-    defaults: a run folder written before a field existed still loads."""
+    defaults, and without the retired ones: a run folder written before a field existed, or after
+    one was retired, still loads."""
     completed = get_config()
-    saved = config.to_dict()
+    saved = {name: value for name, value in config.to_dict().items() if name not in RETIRED_FIELDS}
     families = {name: saved.pop(name) for name in ("task", "model") if name in saved}
     completed.update(saved)
     for name, fields in families.items():  # a task's or model's fields as saved, not merged with others'

@@ -25,7 +25,6 @@ def get_config(attention: str = "soft"):
     config.checkpoint_every_steps = 1_000
     config.log_every_steps = 100
     config.best_metric = "exact_match"
-    config.best_metric_larger_is_better = True
     config.tokenizer.kind = "word"
     config.tokenizer.vocab_size = 64
     config.data.batching = "bucket"

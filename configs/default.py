@@ -23,7 +23,6 @@ def get_config():
     config.checkpoint_every_steps = 500
     config.log_every_steps = 100
     config.best_metric = "exact_match"
-    config.best_metric_larger_is_better = True
     config.data.batching = "pack"
     config.data.max_source_length = 48
     config.data.max_target_length = 32

@@ -25,7 +25,6 @@ def get_config():
     config.checkpoint_every_steps = 2_000
     config.eval_decode_examples = 200
     config.best_metric = "bleu"
-    config.best_metric_larger_is_better = True
     config.tokenizer.kind = "sentencepiece"
     config.tokenizer.vocab_size = 8000
     config.data.batching = "pack"

@@ -35,7 +35,6 @@ def get_config():
     config.average_last = 5
     config.eval_decode_examples = 1_000
     config.best_metric = "bleu"
-    config.best_metric_larger_is_better = True
     config.tokenizer.kind = "sentencepiece"
     config.tokenizer.model_type = "bpe"
     config.tokenizer.vocab_size = 37_000

@@ -4,6 +4,9 @@ Models import nothing of training or data; the trainer builds one with
 `create_model(name, rngs=..., **fields)`. Each family's fields, their defaults
 and documentation live in its dataclass; `configs/base.py` `model()` starts
 from `fields_of(name)`.
+
+Every family is an `EncoderDecoder` and its dataclass a `ModelConfig`, which
+declares what the family does beyond that (`models/interface.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from flax import nnx
 from errors import ConfigError
 
 from models.captioner import Captioner, CaptionerConfig
+from models.interface import EncoderDecoder, ImageGrid, ModelConfig, OwnObjective, TeacherForcedDecoder  # noqa: F401 (the interface)
 from models.lstmn import LSTMN, LSTMNConfig
 from models.rnn import Luong, LuongConfig, RNNEncDec, RNNEncDecConfig, RNNSearch, RNNSearchConfig
 from models.transformer import Transformer, TransformerConfig
@@ -27,8 +31,6 @@ MODELS = {
     "lstmn": (LSTMNConfig, LSTMN),
     "captioner": (CaptionerConfig, Captioner),
 }
-# The families that read images (or feature grids); the others read token ids.
-IMAGE_MODELS = ("captioner",)
 
 
 # Fields that come from the vocabulary, not from the config.
@@ -61,7 +63,7 @@ def checked_config(name: str, **fields):
     return config_class(vocab_size=1, **fields)
 
 
-def create_model(name: str, *, rngs: nnx.Rngs, **fields) -> nnx.Module:
+def create_model(name: str, *, rngs: nnx.Rngs, **fields) -> EncoderDecoder:
     """Builds the model registered as `name` from its hyperparameters.
 
     Raises:
@@ -73,3 +75,13 @@ def create_model(name: str, *, rngs: nnx.Rngs, **fields) -> nnx.Module:
     if unknown:
         raise ConfigError(f"unknown field(s) for model {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
     return model_class(config_class(**fields), rngs=rngs)
+
+
+SOURCE_KINDS = {"tokens": "text", "pixels": "image", "features": "features"}  # ModelConfig.reads -> sources.KINDS
+
+
+def source_kind_of(name: str, fields: dict) -> str:
+    """The kind of source model `name` with `fields` reads (see sources.py), as its dataclass
+    declares (`ModelConfig.reads`): "text" for the translation families; the captioner reads
+    "image"s or, with `inputs="features"`, "features"."""
+    return SOURCE_KINDS[checked_config(name, **fields).reads]

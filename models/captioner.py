@@ -58,6 +58,7 @@ from flax import nnx
 
 from errors import ConfigError
 from models.attention import Attention, AttentionRole
+from models.interface import ModelConfig
 from models.layers import Linear, shift_right
 from models.rnn import LSTMCell, LSTMState, time_major
 
@@ -67,9 +68,12 @@ INPUTS = ("pixels", "features")
 
 
 @dataclasses.dataclass(frozen=True)
-class CaptionerConfig:
+class CaptionerConfig(ModelConfig):
     """Hyperparameters; the defaults are our choice for small images on a CPU (the paper's
     sizes: a 14x14x512 VGG grid, 512 embedding, 1800 hidden units for Flickr8k...)."""
+
+    roles = frozenset({AttentionRole.CROSS})  # f_att, each word over the image's annotation cells
+    has_objective = True  # `Captioner.objective`: the doubly stochastic penalty, hard attention's estimator
 
     vocab_size: int  # caption vocabulary
     source_vocab_size: int | None = None  # unused: the inputs are images (kept for the common interface)
@@ -116,6 +120,11 @@ class CaptionerConfig:
                 raise ConfigError(f"model.{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ConfigError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+
+    @property
+    def reads(self) -> str:
+        """Images ("pixels", through the CNN) or given annotation grids ("features"): `inputs`."""
+        return self.inputs
 
     @property
     def annotation_dim(self) -> int:

@@ -69,6 +69,7 @@ from flax import nnx
 
 from errors import ConfigError
 from models.attention import Attention, AttentionRole, AttentionWeights, capturing, masked_softmax
+from models.interface import ModelConfig
 from models.layers import Linear, shift_right
 from models.rnn import time_major
 
@@ -77,10 +78,13 @@ FUSIONS = ("shallow", "deep")
 
 
 @dataclasses.dataclass(frozen=True)
-class LSTMNConfig:
+class LSTMNConfig(ModelConfig):
     """Hyperparameters. The paper's experiments (language modelling, sentiment analysis,
     natural language inference) use a few hundred units; the defaults here are our choice,
     with the attention size equal to the hidden size, which the paper does not give."""
+
+    # intra-attention over the encoder's and the decoder's tapes, inter-attention over the source
+    roles = frozenset({AttentionRole.SOURCE_SELF, AttentionRole.TARGET_SELF, AttentionRole.CROSS})
 
     vocab_size: int  # target vocabulary
     source_vocab_size: int | None = None  # None: same as vocab_size

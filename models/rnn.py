@@ -34,7 +34,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from errors import ConfigError
-from models.attention import Attention
+from models.attention import Attention, AttentionRole
+from models.interface import ModelConfig
 from models.layers import Linear, shift_right
 
 Array = jax.Array
@@ -47,8 +48,9 @@ LUONG_SCORES = ("dot", "general", "concat")  # Luong et al. eq. 8
 
 
 @dataclasses.dataclass(frozen=True)
-class RNNConfig:
-    """What every recurrent family has; defaults are Bahdanau et al. section 4.2."""
+class RNNConfig(ModelConfig):
+    """What every recurrent family has; defaults are Bahdanau et al. section 4.2. (The capabilities
+    of models/interface.py are its defaults: token sources, no limit on length, no attention.)"""
 
     vocab_size: int  # target vocabulary
     source_vocab_size: int | None = None  # None: same as vocab_size
@@ -78,6 +80,7 @@ class RNNEncDecConfig(RNNConfig):
 
 @dataclasses.dataclass(frozen=True)
 class RNNSearchConfig(RNNEncDecConfig):
+    roles = frozenset({AttentionRole.CROSS})  # the additive attention over the annotations
     attention_dim: int = 1000  # n', the alignment model's hidden size (appendix A.2.2)
 
 
@@ -93,6 +96,8 @@ class LuongConfig(RNNConfig):
     score: str = "general"  # "dot", "general" or "concat" (eq. 8)
     attention_dim: int = 0  # concat's hidden size; 0: hidden_dim
     input_feeding: bool = True  # section 3.3
+
+    roles = frozenset({AttentionRole.CROSS})  # global attention over the encoder's states
 
     def __post_init__(self):
         super().__post_init__()

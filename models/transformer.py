@@ -23,6 +23,7 @@ from flax import nnx
 from errors import ConfigError
 from models import attention
 from models.attention import AttentionRole, KVCache, MultiHeadAttention
+from models.interface import ModelConfig
 from models.layers import Embed, FeedForward, LearnedPositions, Linear, PerSource, layer_norm, shift_right, sinusoidal_encoding
 
 Array = jax.Array
@@ -31,8 +32,10 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(ModelConfig):
     """Hyperparameters; the defaults are the paper's base model (table 3)."""
+
+    has_decode = True  # `Transformer.decode`, the teacher-forced decoder stack (models/interface.py)
 
     vocab_size: int  # target vocabulary (and source, when shared)
     source_vocab_size: int | None = None  # None: same as vocab_size
@@ -85,6 +88,19 @@ class TransformerConfig:
     def length_limit(self) -> int | None:
         """The longest sequence the model can read or write: learned positions end at `max_length`."""
         return self.max_length if self.positional == "learned" else None
+
+    @property
+    def needs_shared_vocabulary(self) -> bool:
+        """One embedding table for source and target needs one vocabulary."""
+        return self.share_embeddings
+
+    @property
+    def roles(self) -> frozenset[AttentionRole]:
+        """Encoder self-attention, and the decoder's masked self- and encoder-decoder attention (a stack
+        of no layers has none)."""
+        encoder = {AttentionRole.SOURCE_SELF} if self.num_encoder_layers else set()
+        decoder = {AttentionRole.TARGET_SELF, AttentionRole.CROSS} if self.num_decoder_layers else set()
+        return frozenset(encoder | decoder)
 
     @property
     def compute_dtype(self) -> jnp.dtype:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+import files
 from errors import ConfigError
 from tasks import base, catalog, dates, digit_strips, image_captions, parallel_text, synthetic
 
@@ -111,6 +111,16 @@ def inputs_of(name: str) -> str:
     return catalog.inputs_of(name)
 
 
+def scoring_of(name: str) -> tuple[str, bool, bool]:
+    """How task `name` is scored, known before it is built: its metric ("exact_match", "bleu" or
+    "caption"), and whether it knows its alignments and its caption words' boxes."""
+    parameters_of(name)  # an unknown name stops here
+    if name in TASKS:
+        kind = TASKS[name]
+        return kind.metric, kind.alignment is not None, kind.boxes is not None
+    return ("caption" if catalog.inputs_of(name) == "image" else "bleu"), False, False
+
+
 def parameters_of(name: str) -> dict[str, Any]:
     """The parameters of task `name` with their defaults (a TFDS catalog name: the catalog's)."""
     if name in TASKS:
@@ -135,9 +145,7 @@ def build_lock(data_dir: str):
     TFDS writes a build to a temporary folder and renames it; two processes
     building the same dataset at once would race on that rename.
     """
-    Path(data_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(data_dir) / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with files.exclusive(Path(data_dir) / ".build.lock"):
         yield
 
 

@@ -35,6 +35,7 @@ assert jax.device_count() == 8, f"expected 8 forced host devices, got {jax.devic
 jax.config.update("jax_default_matmul_precision", "highest")
 
 import pytest  # noqa: E402
+from settings import parse
 
 
 
@@ -51,5 +52,5 @@ def finished_run(shared_data_dir, tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("finished")
     config = tiny_config(shared_data_dir, visualize_examples=3)
-    final = trainer.train_and_evaluate(config, workdir)
+    final = trainer.train_and_evaluate(parse(config), workdir)
     return config, workdir, final

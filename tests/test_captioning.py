@@ -9,10 +9,12 @@ from PIL import Image
 from tiny import tiny_config
 
 import metrics
+import scores
 import trainer
 from configs import base
 from errors import ConfigError, DataError
 from tasks import image_captions, load_task
+from settings import parse
 
 TINY_CAPTIONER = dict(conv_widths=(8, 8), pools=2, embed_dim=8, hidden_dim=16, attention_dim=8)
 
@@ -53,7 +55,7 @@ def test_evaluator_localizes_each_real_rows_words_before_eos():
     weights[1, 0, [0, 1], [1, 1]] = 1.0  # row 1: four words and no eos, against two boxes
     weights[2, 0, 0, 0] = 1.0  # row 2: padding
     stub = SimpleNamespace(attention=lambda params, batch: {"attention": weights}, roles={"attention": AttentionRole.CROSS},
-                           cell_centres=lambda height, width: centres)  # fmt: skip
+                           concrete_model=SimpleNamespace(cell_centres=lambda height, width: centres))  # fmt: skip
     decoded = np.array([[5, 6, 2, 0], [5, 6, 7, 8], [5, 2, 0, 0]])
     boxes = np.array([[[0, 0, 4, 4], [8, 0, 12, 4]]] * 3)
     hits_total = evaluation.Evaluator.localization(stub, None, {"inputs": np.zeros((3, 4, 12, 1))}, decoded, boxes, np.array([0, 1, -1]))
@@ -61,13 +63,13 @@ def test_evaluator_localizes_each_real_rows_words_before_eos():
 
 
 def test_caption_metrics_use_every_reference():
-    results = metrics.caption_metrics(["a dog runs", "two cats"], [["a dog runs fast", "a dog runs"], ["one cat"]])
+    results = scores.text_scores("caption", ["a dog runs", "two cats"], [["a dog runs fast", "a dog runs"], ["one cat"]])
     assert results["exact_match"] == 0.5
     assert results["bleu_1"] > results["bleu_4"] >= 0.0
 
 
 def test_digit_strips_train_and_evaluate_writes_the_caption_metrics_and_pictures(shared_data_dir, tmp_path):
-    final = trainer.train_and_evaluate(captioning_config(shared_data_dir), tmp_path)
+    final = trainer.train_and_evaluate(parse(captioning_config(shared_data_dir)), tmp_path)
     saved = json.loads((tmp_path / "eval" / "step_4.json").read_text())
     for split in ("dev", "test"):
         for name in ("exact_match", "bleu", "bleu_1", "bleu_4", "localized_words"):  # localisation: below
@@ -77,14 +79,14 @@ def test_digit_strips_train_and_evaluate_writes_the_caption_metrics_and_pictures
 
 def test_captions_and_translation_models_do_not_mix(shared_data_dir, tmp_path):
     with pytest.raises(ConfigError, match="pair a captioning task with model.name='captioner'"):
-        trainer.train_and_evaluate(_text_model_on_strips(shared_data_dir), tmp_path)
+        trainer.train_and_evaluate(parse(_text_model_on_strips(shared_data_dir)), tmp_path)
     with pytest.raises(ConfigError, match="reads image"):
         config = tiny_config(shared_data_dir)
         config.unlock()
         config.model = base.model("captioner")
-        trainer.train_and_evaluate(config, tmp_path)
+        trainer.train_and_evaluate(parse(config), tmp_path)
     with pytest.raises(ConfigError, match="model.channels = 3; set model.channels=1"):
-        trainer.train_and_evaluate(captioning_config(shared_data_dir, **{"model.channels": 3}), tmp_path)
+        trainer.train_and_evaluate(parse(captioning_config(shared_data_dir, **{"model.channels": 3})), tmp_path)
     assert not (tmp_path / "checkpoints").exists()
 
 

@@ -17,11 +17,15 @@ from hypothesis import strategies as st
 from tiny import tiny_config, xla_flags
 
 import models
-import run_setup
+from run_setup import preflight
+from run_setup.run import build_model
+from run_setup.cluster import make_mesh
 import trainer
 import vocabularies
 from configs import base
 from errors import ConfigError
+from run_setup.run_config import flatten
+from settings import parse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MULTI_PROCESS_FIELDS = ("coordinator_address", "num_processes", "process_id")  # joining a cluster is not a value check
@@ -29,7 +33,7 @@ MULTI_PROCESS_FIELDS = ("coordinator_address", "num_processes", "process_id")  #
 
 def fields_of(config) -> dict:
     """`{"model.d_model": 16, ...}`: every overridable field of `config` with its value."""
-    return {k: v for k, v in run_setup.flatten(config.to_dict()).items() if k not in MULTI_PROCESS_FIELDS}
+    return {k: v for k, v in flatten(config.to_dict()).items() if k not in MULTI_PROCESS_FIELDS}
 
 
 TINY = tiny_config("unused")
@@ -71,7 +75,7 @@ def overrides(draw) -> tuple[str, str]:
 def checked(name: str, text: str):
     """The tiny config with `--config.<name>=<text>`, checked as a run checks it (on 8 devices)."""
     config = base.load(TINY, [f"--config.{name}={text}"])
-    run_setup.check_settings(config, run_setup.make_mesh())
+    preflight.check(parse(config), make_mesh())
     return config
 
 
@@ -85,12 +89,12 @@ def test_fuzzed_overrides_are_refused_by_name_before_the_workdir_exists_or_build
         assert name in str(error), f"--config.{name}={text}: the message does not name the field: {error}"
         workdir = tmp_path / f"w{abs(hash(override))}"
         with pytest.raises(ConfigError):  # the run itself stops the same way, before creating its workdir
-            trainer.train_and_evaluate(base.load(TINY, [f"--config.{name}={text}"]), workdir)
+            trainer.train_and_evaluate(parse(base.load(TINY, [f"--config.{name}={text}"])), workdir)
         assert not workdir.exists()
         return
     tokens = vocabularies.Tokenizers(*[vocabularies.CharTokenizer("abc")] * 2)
     shallow = base.load(config, [f"--config.model.{k}=2" for k, v in config.model.items() if k.endswith("layers") and v > 2])
-    abstract = nnx.eval_shape(lambda: run_setup.build_model(shallow, tokens))  # an accepted config builds (deeper stacks repeat the layers)
+    abstract = nnx.eval_shape(lambda: build_model(parse(shallow), tokens))  # an accepted config builds (deeper stacks repeat the layers)
     assert jax.tree.leaves(nnx.state(abstract, nnx.Param))
 
 
@@ -142,4 +146,4 @@ def test_a_bad_value_on_the_command_line_is_one_line_exit_code_2_and_no_workdir(
 def test_parameter_count_from_two_layers_equals_the_built_models(name, fields):
     fields = dict(vocab_size=50, source_vocab_size=50, bos_id=1, pad_id=0, **fields)
     built = models.create_model(name, rngs=nnx.Rngs(0), **fields)
-    assert run_setup.parameter_count(name, fields) == sum(x.size for x in jax.tree.leaves(nnx.state(built, nnx.Param)))
+    assert preflight.parameter_count(name, fields) == sum(x.size for x in jax.tree.leaves(nnx.state(built, nnx.Param)))

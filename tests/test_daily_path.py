@@ -16,12 +16,15 @@ from tiny import tiny_config, xla_flags
 
 import evaluation
 import inference
-import metrics
+import scores
 import trainer
 from configs import base
 from errors import ConfigError
-from run_setup import check_settings, make_mesh
+from run_setup import preflight, run_config
+from run_setup.cluster import make_mesh
 from vocabularies import EOS_ID
+import settings
+from settings import parse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,30 +62,29 @@ def test_eval_reads_the_run_folder_and_refuses_another_model(finished_run, tmp_p
 
 
 def test_evaluation_config_keeps_the_run_and_takes_evaluation_fields(finished_run):
-    import run_setup
-
     config, workdir, _ = finished_run
-    saved = run_setup.read_run_config(workdir)
-    requested = base.load(saved, ["--config.decode.beam_size=3", "--config.eval_decode_examples=5", "--config.learning_rate=9.0"])
-    merged = run_setup.evaluation_config(saved, requested, ["decode.beam_size", "eval_decode_examples", "learning_rate"])
-    assert (merged.decode.beam_size, merged.eval_decode_examples, merged.learning_rate) == (3, 5, saved.learning_rate)
-    assert run_setup.evaluation_config(saved, requested, ["decode.beam_size"]).eval_decode_examples == 0
+    saved = settings.read_run_config(workdir)
+    requested = parse(base.load(saved, ["--config.decode.beam_size=3", "--config.eval_decode_examples=5", "--config.learning_rate=9.0"]))
+    merged = run_config.for_evaluation(parse(saved), requested, ["decode.beam_size", "eval_decode_examples", "learning_rate"])
+    assert (merged.decode.beam_size, merged.evaluation.eval_decode_examples, merged.optimization.learning_rate) == (3, 5, saved.learning_rate)
+    assert run_config.for_evaluation(parse(saved), requested, ["decode.beam_size"]).evaluation.eval_decode_examples == 0
+    assert settings.read_run_settings(workdir) == parse(saved)  # config.json reads back into the same settings
     with pytest.raises(ConfigError, match=r"task.train_size: 600 -> 700"):
-        run_setup.evaluation_config(saved, base.load(saved, ["--config.task.train_size=700"]), ["task.train_size"])
+        run_config.for_evaluation(parse(saved), parse(base.load(saved, ["--config.task.train_size=700"])), ["task.train_size"])
 
 
 def test_predict_with_an_n_best_list_and_standard_input(finished_run, tmp_path, monkeypatch):
     config, workdir, final = finished_run
     run = copy_of(workdir, tmp_path)
     beam = tiny_config(config.data_dir, **{"decode.beam_size": 3, "decode.num_hypotheses": 2})
-    path = evaluation.predict(beam, run)
+    path = evaluation.predict(parse(beam), run)
     n_best = [line.split("\t") for line in path.with_suffix(".nbest.tsv").read_text().splitlines()[1:]]
     assert len(n_best) == 2 * 24 and [r[1] for r in n_best[:4]] == ["1", "2", "1", "2"]
     assert all(float(first[2]) >= float(second[2]) for first, second in zip(n_best[::2], n_best[1::2]))
     best = [line.split("\t")[2] for line in path.read_text().splitlines()[1:]]
     assert best == [r[3] for r in n_best[::2]]  # predictions.tsv holds each source's first
     monkeypatch.setattr(sys, "stdin", io.StringIO("3 March 2021\n\n12/24/99\n"))
-    path = inference.translate_file(config, run, "-")
+    path = inference.translate_file(parse(config), run, "-")
     assert path.name == "step_20_stdin.tsv" and len(path.read_text().splitlines()) == 3
 
 
@@ -95,7 +97,7 @@ def test_resuming_with_a_changed_model_is_refused_before_anything_is_written(fin
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     changed = tiny_config(config.data_dir, **{"model.d_ff": 64, "num_train_steps": 30})
     with pytest.raises(ConfigError, match=r"model.d_ff: 32 -> 64"):
-        trainer.train_and_evaluate(changed, run)
+        trainer.train_and_evaluate(parse(changed), run)
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
@@ -159,21 +161,19 @@ def test_switching_task_or_model_in_any_order_and_misspelt_fields():
 )
 def test_settings_that_cannot_work_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        check_settings(tiny_config("unused", **overrides), make_mesh(jax.devices()[:1]))
+        preflight.check(parse(tiny_config("unused", **overrides)), make_mesh(jax.devices()[:1]))
 
 
 # ---------------------------------------------------------------- the Python API
 
 
 def test_a_run_folder_from_before_a_field_existed_resumes_and_loads(finished_run, tmp_path):
-    import run_setup
-
     config, workdir, _ = finished_run
     run = copy_of(workdir, tmp_path)
     saved = json.loads((run / "config.json").read_text())
     del saved["data"]["batch_tokens"]  # a field added after the run was made
     (run / "config.json").write_text(json.dumps(saved))
-    run_setup.check_resume(config, run)  # the same run: no refusal over the missing field
+    run_config.check_resume(parse(config), run)  # the same run: no refusal over the missing field
     assert inference.load(run).translate(["3 March 2021"])
 
 
@@ -213,19 +213,19 @@ def test_inference_api_from_a_copied_run_folder(finished_run, tmp_path):
 
 def test_early_stopping_ends_the_run_and_its_count_survives_a_resume(shared_data_dir, tmp_path):
     # learning rate 0: the dev loss never improves after the first evaluation
-    settings = dict(learning_rate=0.0, schedule="constant", num_train_steps=40, eval_every_steps=5, checkpoint_every_steps=40)
-    final = trainer.train_and_evaluate(tiny_config(shared_data_dir, early_stopping_patience=2, **settings), tmp_path)
+    overrides = dict(learning_rate=0.0, schedule="constant", num_train_steps=40, eval_every_steps=5, checkpoint_every_steps=40)
+    final = trainer.train_and_evaluate(parse(tiny_config(shared_data_dir, early_stopping_patience=2, **overrides)), tmp_path)
     assert [r["step"] for r in rows(tmp_path) if r["split"] == "dev"] == [5, 10, 15]  # best at 5, then 2 without
     assert [r["step"] for r in rows(tmp_path) if r["split"] == "test"] == [15] and "test" in final
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [15]
     # two more evaluations are allowed now only if the count started over: it must not
-    trainer.train_and_evaluate(tiny_config(shared_data_dir, early_stopping_patience=3, **settings), tmp_path)
+    trainer.train_and_evaluate(parse(tiny_config(shared_data_dir, early_stopping_patience=3, **overrides)), tmp_path)
     assert [r["step"] for r in rows(tmp_path) if r["split"] == "dev"] == [5, 10, 15, 20]
 
 
 def test_bleu_tokenizer_is_a_field_and_its_signature_is_kept():
     hypotheses, references = ["猫が座った。"], ["猫が座った"]
-    default = metrics.text_metrics("bleu", hypotheses, references)
-    by_char = metrics.text_metrics("bleu", hypotheses, references, "char")
+    default = scores.text_scores("bleu", hypotheses, references)
+    by_char = scores.text_scores("bleu", hypotheses, references, bleu_tokenize="char")
     assert "tok:13a" in default["bleu_signature"] and "tok:char" in by_char["bleu_signature"]
     assert by_char["bleu"] > default["bleu"]  # 13a sees one word; char sees the shared characters

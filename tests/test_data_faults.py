@@ -12,11 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import input_pipeline as ip
+from sources import KINDS
 import tasks
 import vocabularies as tk
 from configs import base
+from settings import TokenizerSettings, parse
 from errors import DataError
 from tasks import image_captions, parallel_text
+
+TEXT = KINDS["text"]
 
 PAIRS = [(f"source sentence {i}", f"target sentence {i}") for i in range(40)]
 BLOCK = 1 << 16  # ArrayRecord pads a shard to 64 KiB blocks and keeps its footer at the start of the last one
@@ -99,10 +103,10 @@ def test_overwritten_records_stop_the_pipeline_before_training_naming_the_shard(
     overwrite(shard, 1500, 20)  # inside the records (40 of about 100 bytes each); the footer is intact
     task = tasks.load_task("parallel_text", data_dir, **corpus)  # size and footer are right: loads
     chars = tk.CharTokenizer.train((text for pair in PAIRS for text in pair), 10**6)
-    settings = dataclasses.replace(ip.PipelineSettings.from_config(base.get_config()), batch_size=4, num_threads=1)
+    settings = dataclasses.replace(parse(base.get_config()).data, batch_size=4, num_threads=1)
     message = f"corrupt built data: record [0-9]+ in {escaped(shard)} cannot be read .*hash mismatch.*delete the folder"
     with pytest.raises(DataError, match=message):
-        ip.train_dataset(task, tk.Tokenizers(chars, chars), settings)  # reads every record before the first batch
+        ip.train_dataset(task, tk.Tokenizers(chars, chars), settings, TEXT)  # reads every record before the first batch
 
 
 def test_overwritten_padding_is_not_detected_and_harmless(copy_of_built, corpus):
@@ -127,10 +131,10 @@ def test_corrupt_dataset_info_is_named(copy_of_built, corpus):
 TOKENIZER_KINDS = {"char": ".json", "word": ".json", "sentencepiece": ".model"}
 
 
-def tokenizer_settings(kind: str) -> tk.TokenizerSettings:
+def tokenizer_settings(kind: str) -> TokenizerSettings:
     config = base.get_config()
     config.tokenizer.update(kind=kind, vocab_size=40, shared=True)
-    return tk.TokenizerSettings.from_config(config)
+    return parse(config).tokenizer
 
 
 @pytest.fixture(scope="module")

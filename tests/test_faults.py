@@ -17,10 +17,12 @@ from tiny import tiny_config, xla_flags
 from test_trainer import assert_same_final_state, metric_rows, run_train_py
 
 import checkpoints
+import files
 import trainer
 from errors import CheckpointError
-import run_setup
-from run_setup import prepare_run
+from run_setup import cluster
+from run_setup.run import prepare_run
+from settings import parse
 
 TIMING = ("tokens_per_second", "steps_per_second")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +41,7 @@ def largest_file(folder: Path) -> Path:
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): checkpoints.sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(folder)): files.sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_flipped_bits_fall_back_to_the_newest_good_checkpoint_and_with_none_good_touch_nothing(finished_run, tmp_path, caplog):
@@ -51,14 +53,14 @@ def test_flipped_bits_fall_back_to_the_newest_good_checkpoint_and_with_none_good
 
     damaged = largest_file(folder / "20" / "state")  # the parameters' and moments' data: it reads without an error
     flip_a_bit(damaged)
-    step, _ = prepare_run(config, copy).restore_params()
+    step, _ = prepare_run(parse(config), copy).restore_params()
     assert step == 10
     assert f"{damaged} is changed since it was saved" in caplog.text and "fell back to the checkpoint at step 10" in caplog.text
 
     flip_a_bit(largest_file(folder / "10" / "state"))
     before, rows = snapshot(copy / "checkpoints"), (copy / "metrics.jsonl").read_text()
     with pytest.raises(CheckpointError, match=r"no readable checkpoint in .*checkpoints \(tried steps \[20, 10\]\)"):
-        trainer.train_and_evaluate(tiny_config(config.data_dir, num_train_steps=30), copy)
+        trainer.train_and_evaluate(parse(tiny_config(config.data_dir, num_train_steps=30)), copy)
     assert snapshot(copy / "checkpoints") == before and (copy / "metrics.jsonl").read_text() == rows
 
 
@@ -73,12 +75,12 @@ def test_a_failed_checkpoint_write_names_the_folder_and_the_run_resumes_once_fix
     monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", disk_full_at_step_20)
     config = tiny_config(shared_data_dir, num_train_steps=20, eval_every_steps=20)
     with pytest.raises(CheckpointError, match=rf"cannot write a checkpoint to {tmp_path}/checkpoints \(No space left on device\)"):
-        trainer.train_and_evaluate(config, tmp_path)
-    assert prepare_run(config, tmp_path).checkpoints.steps() == [10]
+        trainer.train_and_evaluate(parse(config), tmp_path)
+    assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10]
 
     monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", finalize)  # the disk is fixed
-    trainer.train_and_evaluate(config, tmp_path)
-    assert prepare_run(config, tmp_path).checkpoints.steps() == [10, 20]
+    trainer.train_and_evaluate(parse(config), tmp_path)
+    assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10, 20]
     assert [r["step"] for r in metric_rows(tmp_path) if r["split"] == "train"] == [5, 10, 15, 20]
 
 
@@ -134,13 +136,13 @@ def finished(workers: list[subprocess.Popen]) -> list[str]:
 def test_a_faked_slurm_job_of_two_tasks_is_detected_and_a_one_task_job_is_not(monkeypatch):
     for name in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "OMPI_MCA_orte_hnp_uri"):
         monkeypatch.delenv(name, raising=False)
-    assert run_setup.detected_cluster() is None
+    assert cluster.detected_cluster() is None
     monkeypatch.setenv("SLURM_JOB_ID", "7"), monkeypatch.setenv("SLURM_STEP_NODELIST", "node[001-002]")
     monkeypatch.setenv("SLURM_PROCID", "0"), monkeypatch.setenv("SLURM_LOCALID", "0")
     monkeypatch.setenv("SLURM_NTASKS", "1")
-    assert run_setup.detected_cluster() is None  # an allocation without srun: one process, trains alone
+    assert cluster.detected_cluster() is None  # an allocation without srun: one process, trains alone
     monkeypatch.setenv("SLURM_NTASKS", "2")
-    assert run_setup.detected_cluster() == "slurm"
+    assert cluster.detected_cluster() == "slurm"
 
 
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_resumed_run_equals_a_whole_one(shared_data_dir, tmp_path):

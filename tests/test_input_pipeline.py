@@ -5,16 +5,20 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-import grain
 import numpy as np
 import pytest
 
 import input_pipeline as ip
+import sources
+from sources import KINDS
 import tasks
 from configs import base
 import vocabularies as tk
+from settings import parse
 from errors import ConfigError
 from tasks import Task
+
+TEXT = KINDS["text"]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +39,7 @@ def settings(**overrides):
     config = base.get_config()
     fields = dict(batch_size=4, max_source_length=24, max_target_length=24, seed=1, num_threads=1, batching="pack")
     fields.update(overrides)
-    return dataclasses.replace(ip.PipelineSettings.from_config(config), **fields)
+    return dataclasses.replace(parse(config).data, **fields)
 
 
 def decoded_rows(batch, tokenizers, key="inputs"):
@@ -123,13 +127,13 @@ def test_token_batches_have_their_buckets_rows_and_cover_each_epoch(copy_task, c
     ip.bucket_plan(indices, lengths, [8, 2, 1], tuple(rows), seed=0)  # the first bucket cannot fill a batch
     assert "the 7 examples of the length bucket 8 are fewer than its batch of 8 rows" in caplog.text
     tokens = settings(batching="bucket", batch_size=2, batch_tokens=48, bucket_boundaries=(8, 16, 24))
-    for batch in take(ip.train_dataset(copy_task, char_tokenizers, tokens)[0], 8):
+    for batch in take(ip.train_dataset(copy_task, char_tokenizers, tokens, TEXT)[0], 8):
         longest = max(batch["inputs"].shape[1], batch["targets"].shape[1])
         bucket = min(b for b in (8, 16, 24) if b >= longest)
         assert batch["inputs"].shape[0] == {8: 6, 16: 2, 24: 2}[bucket]  # 48 // 8; 48 // 16 = 3 -> 2; 48 // 24
         assert np.all((batch["inputs"] > 0).sum(1) > 0)  # whole batches: no padding rows
     wide = settings(batching="bucket", batch_size=2, batch_tokens=96)  # eval batches: 96 // 24 = 4 rows of 24 tokens
-    evaluated = list(ip.eval_batches(copy_task, char_tokenizers, "dev", wide)[0])
+    evaluated = list(ip.eval_batches(copy_task, char_tokenizers, "dev", wide, TEXT)[0])
     assert len(evaluated) == 6 and {b["inputs"].shape[0] for b in evaluated} == {wide.eval_rows()} == {4}  # 21 examples
     assert sorted(i for b in evaluated for i in b["index"] if i >= 0) == list(range(21))
     with pytest.raises(ConfigError, match="data.batch_tokens"):
@@ -147,7 +151,7 @@ def test_epoch_plans_concatenate_epochs_of_different_lengths():
 
 @pytest.mark.parametrize("batching", ["pack", "bucket"])
 def test_iterator_state_restores_exactly(copy_task, char_tokenizers, batching):
-    dataset, _ = ip.train_dataset(copy_task, char_tokenizers, settings(batching=batching))
+    dataset, _ = ip.train_dataset(copy_task, char_tokenizers, settings(batching=batching), TEXT)
     iterator = iter(dataset)
     for _ in range(7):
         next(iterator)
@@ -162,9 +166,9 @@ def test_iterator_state_restores_exactly(copy_task, char_tokenizers, batching):
 
 
 def test_same_seed_same_batches_other_seed_other_batches(copy_task, char_tokenizers):
-    first = take(ip.train_dataset(copy_task, char_tokenizers, settings())[0], 3)
-    again = take(ip.train_dataset(copy_task, char_tokenizers, settings())[0], 3)
-    other = take(ip.train_dataset(copy_task, char_tokenizers, settings(seed=2))[0], 3)
+    first = take(ip.train_dataset(copy_task, char_tokenizers, settings(), TEXT)[0], 3)
+    again = take(ip.train_dataset(copy_task, char_tokenizers, settings(), TEXT)[0], 3)
+    other = take(ip.train_dataset(copy_task, char_tokenizers, settings(seed=2), TEXT)[0], 3)
     assert all(np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(first, again))
     assert not all(np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(first, other))
 
@@ -174,7 +178,7 @@ def test_two_processes_see_disjoint_examples_covering_the_split(copy_task, char_
     kept = len(copy_task.splits["train"])
     seen = []
     for process in range(2):
-        dataset, _ = ip.train_dataset(copy_task, char_tokenizers, settings(batch_size=2, **limits), process_index=process, process_count=2)
+        dataset, _ = ip.train_dataset(copy_task, char_tokenizers, settings(batch_size=2, **limits), TEXT, process_index=process, process_count=2)
         rows = [row for batch in take(dataset, kept // 2) for row in decoded_rows(batch, char_tokenizers)]
         assert len(set(rows)) == kept // 2  # one epoch of this process: each of its examples once
         seen.append(set(rows))
@@ -183,28 +187,28 @@ def test_two_processes_see_disjoint_examples_covering_the_split(copy_task, char_
 
 
 def test_length_limits_drop_or_trim_and_report(copy_task, char_tokenizers):
-    lengths = ip.example_lengths(copy_task, "train", char_tokenizers)
+    lengths = sources.KINDS["text"].lengths(copy_task, "train", char_tokenizers)
     over = int(((lengths[:, 0] > 24) | (lengths[:, 1] > 24)).sum())
     assert over > 0
-    _, report = ip.train_dataset(copy_task, char_tokenizers, settings())
+    _, report = ip.train_dataset(copy_task, char_tokenizers, settings(), TEXT)
     assert report == {"examples": 96, "over_length": over, "policy": "drop"}
-    dataset, report = ip.train_dataset(copy_task, char_tokenizers, settings(length_policy="trim", batching="bucket"))
+    dataset, report = ip.train_dataset(copy_task, char_tokenizers, settings(length_policy="trim", batching="bucket"), TEXT)
     assert report["policy"] == "trim"
     rows = [row for batch in take(dataset, 30) for row in batch["inputs"]]
     assert max(int((row > 0).sum()) for row in rows) == 24  # trimmed, eos kept
     assert all(row[(row > 0).sum() - 1] == tk.EOS_ID for row in rows)
-    dropped_rows = [row for batch in take(ip.train_dataset(copy_task, char_tokenizers, settings(batching="bucket"))[0], 30) for row in batch["inputs"]]
+    dropped_rows = [row for batch in take(ip.train_dataset(copy_task, char_tokenizers, settings(batching="bucket"), TEXT)[0], 30) for row in batch["inputs"]]
     assert max(int((row > 0).sum()) for row in dropped_rows) <= 24
 
 
 def test_nothing_within_limits_and_empty_split_are_named(copy_task, char_tokenizers):
     with pytest.raises(ValueError, match="no train example fits max_source_length=2"):
-        ip.train_dataset(copy_task, char_tokenizers, settings(max_source_length=2))
+        ip.train_dataset(copy_task, char_tokenizers, settings(max_source_length=2), TEXT)
     empty = Task("empty", {"train": [], "dev": [], "test": []}, "exact_match")
     with pytest.raises(ValueError, match="task empty: the train split is empty"):
-        ip.train_dataset(empty, char_tokenizers, settings())
+        ip.train_dataset(empty, char_tokenizers, settings(), TEXT)
     with pytest.raises(ValueError, match="task empty: the dev split is empty"):
-        ip.eval_batches(empty, char_tokenizers, "dev", settings())
+        ip.eval_batches(empty, char_tokenizers, "dev", settings(), TEXT)
 
 
 # -------------------------------------------------------------- eval batches
@@ -212,7 +216,7 @@ def test_nothing_within_limits_and_empty_split_are_named(copy_task, char_tokeniz
 
 def test_eval_batches_hold_every_example_once_in_order(copy_task, char_tokenizers):
     records = copy_task.splits["dev"]
-    dataset, _ = ip.eval_batches(copy_task, char_tokenizers, "dev", settings(batch_size=4, max_source_length=41, max_target_length=41))
+    dataset, _ = ip.eval_batches(copy_task, char_tokenizers, "dev", settings(batch_size=4, max_source_length=41, max_target_length=41), TEXT)
     batches = list(dataset)
     assert len(batches) == 6  # ceil(21 / 4)
     index = np.concatenate([b["index"] for b in batches])
@@ -224,7 +228,7 @@ def test_eval_batches_hold_every_example_once_in_order(copy_task, char_tokenizer
 
 def test_eval_batches_of_two_processes_align(copy_task, char_tokenizers):
     per_process = [
-        list(ip.eval_batches(copy_task, char_tokenizers, "dev", settings(batch_size=4), process_index=p, process_count=2)[0])
+        list(ip.eval_batches(copy_task, char_tokenizers, "dev", settings(batch_size=4), TEXT, process_index=p, process_count=2)[0])
         for p in range(2)
     ]
     assert len(per_process[0]) == len(per_process[1]) == 6
@@ -235,7 +239,7 @@ def test_eval_batches_of_two_processes_align(copy_task, char_tokenizers):
 def test_eval_batches_carry_the_dates_alignment(tmp_path):
     task = tasks.load_task("dates", str(tmp_path), train_size=50, dev_size=10, test_size=10)
     chars = tk.CharTokenizer.train((t for r in task.splits["train"] for t in task.pair(r)), 10**6)
-    dataset, _ = ip.eval_batches(task, tk.Tokenizers(chars, chars), "test", settings(batch_size=4, max_source_length=48, max_target_length=12))
+    dataset, _ = ip.eval_batches(task, tk.Tokenizers(chars, chars), "test", settings(batch_size=4, max_source_length=48, max_target_length=12), TEXT)
     batch = next(iter(dataset))
     assert batch["alignment"].shape == (4, 3, 4)  # [B, fields, (target start, end, source start, end)]
     for row in range(4):
@@ -248,14 +252,14 @@ def test_eval_batches_carry_the_dates_alignment(tmp_path):
 
 def test_token_ids_are_tokenized_once_then_read_from_beside_the_built_data(copy_task, char_tokenizers, monkeypatch):
     split = copy_task.splits["dev"]
-    folder = Path(split.shards[0]).parent / "tokenized" / f"{ip.TOKEN_IDS_FORMAT}-{char_tokenizers.digest}"
-    ip._TOKEN_IDS.clear()
+    folder = Path(split.shards[0]).parent / "tokenized" / f"{sources.TOKEN_IDS_FORMAT}-{char_tokenizers.digest}"
+    sources._TOKEN_IDS.clear()
     (folder / "dev.npz").unlink(missing_ok=True)
-    fresh = ip.token_ids(copy_task, "dev", char_tokenizers)
+    fresh = sources.token_ids(copy_task, "dev", char_tokenizers)
     assert (folder / "dev.npz").exists()
-    ip._TOKEN_IDS.clear()  # a new process: read back from the file, encoding nothing
+    sources._TOKEN_IDS.clear()  # a new process: read back from the file, encoding nothing
     monkeypatch.setattr(type(char_tokenizers.source), "encode", lambda *args: pytest.fail("tokenized again"))
-    read = ip.token_ids(copy_task, "dev", char_tokenizers)
+    read = sources.token_ids(copy_task, "dev", char_tokenizers)
     monkeypatch.undo()
     for index in range(len(split)):
         source, target = copy_task.pair(split[index])

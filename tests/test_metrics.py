@@ -70,3 +70,18 @@ def test_symbol_accuracy_hand_worked():
     # "abcd" vs "abxd": 3 of 4; "ab" vs "abcd": 2 of 4; "abcde" vs "abc": 3 of 5; "" vs "": nothing counted
     assert metrics.symbol_accuracy(["abxd", "ab", "abcde", ""], ["abcd", "abcd", "abc", ""]) == (3 + 2 + 3) / (4 + 4 + 5)
     assert metrics.symbol_accuracy([], []) == 0.0
+
+
+def test_bleu_chrf_and_exact_match_over_several_references_equal_sacrebleu():
+    hypotheses = ["a dog runs", "two cats"]
+    references = [["a dog runs fast", "a dog runs"], ["one cat"]]
+    streams = [["a dog runs fast", "one cat"], ["a dog runs", None]]  # sacreBLEU skips None
+    assert metrics.exact_match(hypotheses, references) == 1 / 2
+    for order in (1, 4):
+        expected = sacrebleu.BLEU(tokenize="char", max_ngram_order=order)
+        score, signature = metrics.bleu(hypotheses, references, "char", max_ngram_order=order)
+        assert score == expected.corpus_score(hypotheses, streams).score
+        assert signature == str(expected.get_signature()) and signature.startswith("nrefs:var|")
+    assert metrics.chrf(hypotheses, references)[0] == sacrebleu.CHRF().corpus_score(hypotheses, streams).score
+    # one reference each, as strings or as lists of one: the same
+    assert metrics.bleu(hypotheses, ["a dog runs", "one cat"]) == metrics.bleu(hypotheses, [["a dog runs"], ["one cat"]])

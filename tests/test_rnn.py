@@ -15,9 +15,10 @@ import models
 import trainer
 from configs import base, recurrent
 from models.attention import capture_attention
-from run_setup import prepare_run
+from run_setup.run import prepare_run
 from vocabularies import EOS_ID
 from models.rnn import LSTMState, RNNDecodeState, RNNMemory
+from settings import parse
 
 V, E, H = 13, 5, 6  # vocabulary, embedding, hidden
 
@@ -300,11 +301,11 @@ def test_rnnsearch_trains_in_the_trainer_and_draws_its_alignment(shared_data_dir
     config.unlock()  # tiny_config locks it
     config.model = base.model("rnnsearch", **fields)
     config.data.batching = "bucket"
-    final = trainer.train_and_evaluate(config, tmp_path)
+    final = trainer.train_and_evaluate(parse(config), tmp_path)
     # the reported alignment accuracy, recomputed here from the restored model's attention: for each
     # dev example, the share of the year's, month's and day's target characters whose most-attended
     # source character lies in the field's true source span
-    run = prepare_run(config, tmp_path)
+    run = prepare_run(parse(config), tmp_path)
     model = run.model(run.restore_params()[1])
     records = list(run.task.splits["dev"])
 

@@ -20,7 +20,8 @@ import trainer
 from configs import base
 from errors import NonFiniteLoss
 from input_pipeline import train_dataset
-from run_setup import prepare_run
+from run_setup.run import prepare_run
+from settings import parse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TINY_FLAGS = [
@@ -61,7 +62,7 @@ def copy_with_a_damaged_checkpoint(workdir: Path, tmp_path: Path, step: int) -> 
 def test_rsqrt_schedule_is_the_papers_formula():
     config = base.get_config()
     config.update(learning_rate=512**-0.5 * 4000**-0.5, warmup_steps=4000, schedule="rsqrt")
-    schedule = trainer.learning_rate_schedule(config)
+    schedule = trainer.learning_rate_schedule(parse(config).optimization)
     for step_number in (1, 100, 4000, 9000, 100_000):  # the paper counts steps from 1
         paper = 512**-0.5 * min(step_number**-0.5, step_number * 4000**-1.5)
         assert abs(float(schedule(step_number - 1)) / paper - 1) < 1e-5
@@ -70,15 +71,15 @@ def test_rsqrt_schedule_is_the_papers_formula():
 def test_cosine_and_constant_schedules():
     config = base.get_config()
     config.update(learning_rate=1.0, warmup_steps=10, num_train_steps=110, schedule="cosine")
-    schedule = trainer.learning_rate_schedule(config)
+    schedule = trainer.learning_rate_schedule(parse(config).optimization)
     assert float(schedule(5)) == pytest.approx(0.5)
     assert float(schedule(60)) == pytest.approx(0.5, abs=1e-6)  # halfway through the cosine
     assert float(schedule(110)) == pytest.approx(0.0, abs=1e-6)
     config.schedule = "constant"
-    assert float(trainer.learning_rate_schedule(config)(50)) == 1.0
+    assert float(trainer.learning_rate_schedule(parse(config).optimization)(50)) == 1.0
     config.schedule = "linear"
     with pytest.raises(ValueError, match="schedule must be"):
-        trainer.learning_rate_schedule(config)
+        trainer.learning_rate_schedule(parse(config).optimization)
 
 
 # ----------------------------------------------------------- data parallelism
@@ -86,7 +87,7 @@ def test_cosine_and_constant_schedules():
 
 def first_step(run, batch):
     """One train step of `run` from its initial state on `batch`."""
-    tx = trainer.make_optimizer(run.config)
+    tx = trainer.make_optimizer(run.settings.optimization)
     state = trainer.initial_state(run, tx)
     return trainer.compile_train_step(run, tx, state)(state, run.global_batch(batch))
 
@@ -94,9 +95,9 @@ def first_step(run, batch):
 def test_eight_devices_equal_one_device(shared_data_dir, tmp_path):
     assert jax.device_count() == 8
     config = tiny_config(shared_data_dir, batch_size=32)
-    run8 = prepare_run(config, tmp_path / "eight")
-    run1 = prepare_run(config, tmp_path / "one", devices=jax.devices()[:1])
-    batch = next(iter(train_dataset(run8.task, run8.tokens, run8.pipeline())[0]))
+    run8 = prepare_run(parse(config), tmp_path / "eight")
+    run1 = prepare_run(parse(config), tmp_path / "one", devices=jax.devices()[:1])
+    batch = next(iter(train_dataset(run8.task, run8.tokens, run8.settings.data, run8.settings.source)[0]))
     state8, metrics8 = first_step(run8, batch)
     state1, metrics1 = first_step(run1, batch)
     assert all(len(p.sharding.device_set) == 8 for p in jax.tree.leaves(state8["params"]))  # replicated over 8
@@ -106,9 +107,9 @@ def test_eight_devices_equal_one_device(shared_data_dir, tmp_path):
 
 
 def test_gradient_accumulation_equals_one_big_batch(shared_data_dir, tmp_path):
-    whole = prepare_run(tiny_config(shared_data_dir, batch_size=32, **{"model.dropout_rate": 0.0}), tmp_path / "a")
-    split = prepare_run(tiny_config(shared_data_dir, batch_size=32, grad_accum_steps=2, **{"model.dropout_rate": 0.0}), tmp_path / "b")
-    batch = next(iter(train_dataset(whole.task, whole.tokens, whole.pipeline())[0]))
+    whole = prepare_run(parse(tiny_config(shared_data_dir, batch_size=32, **{"model.dropout_rate": 0.0})), tmp_path / "a")
+    split = prepare_run(parse(tiny_config(shared_data_dir, batch_size=32, grad_accum_steps=2, **{"model.dropout_rate": 0.0})), tmp_path / "b")
+    batch = next(iter(train_dataset(whole.task, whole.tokens, whole.settings.data, whole.settings.source)[0]))
     state_a, metrics_a = first_step(whole, batch)
     state_b, metrics_b = first_step(split, batch)
     np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-5)
@@ -140,7 +141,7 @@ def test_run_writes_its_outputs(finished_run):
 
 def test_predict_writes_hypotheses_and_scores_by_length(finished_run, tmp_path):
     config, workdir, final = finished_run
-    path = evaluation.predict(config, workdir)
+    path = evaluation.predict(parse(config), workdir)
     rows = path.read_text().splitlines()
     assert path.name == "step_20.tsv" and rows[0] == "source\treference\thypothesis" and len(rows) == 25
     results = json.loads((workdir / "eval" / "step_20.json").read_text())["test"]
@@ -148,21 +149,21 @@ def test_predict_writes_hypotheses_and_scores_by_length(finished_run, tmp_path):
     assert results["exact_match"] == final["test"]["exact_match"]
     lines = tmp_path / "mine.txt"
     lines.write_text("3 March 2021\n\n12/24/99\n")
-    path = inference.translate_file(config, workdir, str(lines))
+    path = inference.translate_file(parse(config), workdir, str(lines))
     rows = path.read_text().splitlines()
     assert path.name == "step_20_mine.tsv" and [r.split("\t")[0] for r in rows[1:]] == ["3 March 2021", "12/24/99"]
 
 
 def test_average_of_the_last_checkpoints(finished_run):
     config, workdir, _ = finished_run
-    run = prepare_run(config, workdir)
+    run = prepare_run(parse(config), workdir)
     steps, averaged = run.averaged_params(2, 20)
     assert steps == [10, 20]
     states = [run.restore_params(s)[1] for s in steps]
     for mean, a, b in zip(jax.tree.leaves(averaged), *(jax.tree.leaves(p) for p in states)):
         np.testing.assert_allclose(np.asarray(mean), (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
     config = tiny_config(config.data_dir, average_last=2)
-    outcome = evaluation.evaluate(config, workdir)
+    outcome = evaluation.evaluate(parse(config), workdir)
     assert set(outcome) == {"test", "test_average_last_2"}
 
 
@@ -176,14 +177,14 @@ def test_inference_command_draws_a_sentence(finished_run, capsys):
 
 def test_eval_mode_reproduces_the_final_eval(finished_run):
     config, workdir, final = finished_run
-    results = evaluation.evaluate(config, workdir)
+    results = evaluation.evaluate(parse(config), workdir)
     assert results == final["test"]
 
 
 def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp_path, caplog):
     config, workdir, _ = finished_run
     copy = copy_with_a_damaged_checkpoint(workdir, tmp_path, step=20)
-    run = prepare_run(config, copy)
+    run = prepare_run(parse(config), copy)
     step, _ = run.restore_params()
     assert step == 10
     assert "checkpoint at step 20" in caplog.text and "unreadable" in caplog.text
@@ -193,7 +194,7 @@ def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp
 def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp_path):
     config, workdir, _ = finished_run
     copy = copy_with_a_damaged_checkpoint(workdir, tmp_path, step=20)
-    trainer.train_and_evaluate(tiny_config(config.data_dir, visualize_examples=3, num_train_steps=30), copy)
+    trainer.train_and_evaluate(parse(tiny_config(config.data_dir, visualize_examples=3, num_train_steps=30)), copy)
     names = sorted(p.name for p in (copy / "checkpoints").iterdir() if not p.name.startswith("."))
     assert "20.unreadable" in names and {"20", "30"} <= set(names)  # saved again, the bad one kept aside
     assert [r["step"] for r in metric_rows(copy) if r["split"] == "train"] == [5, 10, 15, 20, 25, 30]
@@ -203,7 +204,7 @@ def test_a_run_compiles_its_train_step_once(shared_data_dir, tmp_path, monkeypat
     compiled = []
     compile_train_step = trainer.compile_train_step
     monkeypatch.setattr(trainer, "compile_train_step", lambda *args: compiled.append(compile_train_step(*args)) or compiled[-1])
-    trainer.train_and_evaluate(tiny_config(shared_data_dir, num_train_steps=12, eval_every_steps=12, checkpoint_every_steps=6), tmp_path)
+    trainer.train_and_evaluate(parse(tiny_config(shared_data_dir, num_train_steps=12, eval_every_steps=12, checkpoint_every_steps=6)), tmp_path)
     assert [step._cache_size() for step in compiled] == [1]  # no second compilation at step 1 or after a save
 
 
@@ -235,9 +236,9 @@ def test_a_process_set_up_like_train_py_reads_its_compilation_cache_back(tmp_pat
 
 
 def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
-    config = tiny_config(shared_data_dir, num_train_steps=40, keep_checkpoints=1, best_metric="loss", best_metric_larger_is_better=False)
-    trainer.train_and_evaluate(config, tmp_path)
-    run = prepare_run(config, tmp_path)
+    config = tiny_config(shared_data_dir, num_train_steps=40, keep_checkpoints=1, best_metric="loss")
+    trainer.train_and_evaluate(parse(config), tmp_path)
+    run = prepare_run(parse(config), tmp_path)
     dev_loss = {r["step"]: r["loss"] for r in metric_rows(tmp_path) if r["split"] == "dev"}
     best = min(dev_loss, key=dev_loss.get)
     assert run.checkpoints.best_step() == best
@@ -273,8 +274,8 @@ def sigkill_and_rerun(tmp_path, data_dir, flags, *, kill_after: int, checkpoint:
 
 
 def assert_same_final_state(config, whole_dir, cut_dir, step):
-    whole = prepare_run(config, whole_dir, devices=jax.devices()[:1])
-    cut = prepare_run(config, cut_dir, devices=jax.devices()[:1])
+    whole = prepare_run(parse(config), whole_dir, devices=jax.devices()[:1])
+    cut = prepare_run(parse(config), cut_dir, devices=jax.devices()[:1])
     abstract = whole.abstract(trainer.initial_state(whole, trainer.make_optimizer(config)))
     _, whole_state = whole.checkpoints.restore(abstract, step=step)
     _, cut_state = cut.checkpoints.restore(abstract, step=step)
@@ -307,8 +308,8 @@ def test_sigterm_during_eval_still_saves(shared_data_dir, tmp_path, monkeypatch)
 
     monkeypatch.setattr(evaluation, "evaluate_split", evaluate_then_signal)
     config = tiny_config(shared_data_dir, num_train_steps=1000, checkpoint_every_steps=1000, eval_every_steps=10)
-    trainer.train_and_evaluate(config, tmp_path)
-    assert prepare_run(config, tmp_path).checkpoints.steps() == [10]
+    trainer.train_and_evaluate(parse(config), tmp_path)
+    assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10]
     assert max(row["step"] for row in metric_rows(tmp_path)) == 10
 
 # ------------------------------------------------------------ bad input
@@ -332,14 +333,14 @@ def test_bad_config_fails_with_a_message_naming_it(shared_data_dir, tmp_path, fl
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_dir, tmp_path):
-    trainer.train_and_evaluate(tiny_config(shared_data_dir, num_train_steps=10), tmp_path)
+    trainer.train_and_evaluate(parse(tiny_config(shared_data_dir, num_train_steps=10)), tmp_path)
     exploding = tiny_config(
         shared_data_dir, learning_rate=1e30, schedule="constant", num_train_steps=60,
         checkpoint_every_steps=5, eval_every_steps=1000,
     )  # fmt: skip
     with pytest.raises(NonFiniteLoss, match=r"loss is (nan|inf) at step 1[1-5]"):
-        trainer.train_and_evaluate(exploding, tmp_path)
-    run = prepare_run(exploding, tmp_path)
+        trainer.train_and_evaluate(parse(exploding), tmp_path)
+    run = prepare_run(parse(exploding), tmp_path)
     assert run.checkpoints.steps() == [10]
     _, params = run.restore_params()
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
@@ -347,16 +348,16 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_di
 
 def test_a_second_run_on_a_workdir_is_refused_and_a_killed_runs_lock_is_taken_over(shared_data_dir, tmp_path):
     from errors import WorkdirInUse
-    from run_setup import WorkdirLock
+    from files import WorkdirLock
 
     config = tiny_config(shared_data_dir, num_train_steps=2, eval_every_steps=2, checkpoint_every_steps=2)
     tmp_path.mkdir(exist_ok=True)
     first = WorkdirLock.acquire(tmp_path)  # another run training there (another open file: flock refuses even this process)
     with pytest.raises(WorkdirInUse, match=f"in use by another run .*\"pid\": {os.getpid()}"):
-        trainer.train_and_evaluate(config, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]  # no tokenizer, checkpoints, metrics or log
-    first.release()  # as the kernel does when a run is killed; the file and its stale pid stay behind
-    assert (tmp_path / ".lock").read_text()
-    trainer.train_and_evaluate(config, tmp_path)
+        trainer.train_and_evaluate(parse(config), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".lock.holder"]  # no tokenizer, checkpoints, metrics or log
+    first.release()  # as the kernel does when a run is killed; the holder file and its stale pid stay behind
+    assert (tmp_path / ".lock.holder").read_text()
+    trainer.train_and_evaluate(parse(config), tmp_path)
     assert (tmp_path / "checkpoints" / "2").exists()
     WorkdirLock.acquire(tmp_path).release()  # the finished run let go of it

@@ -7,14 +7,13 @@ import pytest
 
 import vocabularies as tk
 from configs import base
+from settings import TokenizerSettings
 from errors import ConfigError, DataError
 
 
 def settings(**fields):
     """configs/base.py's tokenizer settings, with `fields` changed."""
-    config = base.get_config()
-    config.tokenizer.update(fields)
-    return tk.TokenizerSettings.from_config(config)
+    return TokenizerSettings(**{**base.get_config().tokenizer.to_dict(), **fields})
 
 CORPUS = [
     ("the cat sat on the mat", "die Katze sass auf der Matte"),
@@ -77,7 +76,7 @@ def test_bad_settings_are_named():
 
 
 def test_a_vocabulary_shelved_beside_the_data_is_copied_into_a_new_workdir_not_trained_again(tmp_path):
-    settings = tk.TokenizerSettings(kind="char", vocab_size=8000, model_type="unigram", shared=True, max_corpus_chars=10**6)
+    settings = TokenizerSettings(kind="char", vocab_size=8000, model_type="unigram", shared=True, max_corpus_chars=10**6)
     first = tk.load_or_train(tmp_path / "run1" / "tokenizer", settings, [("abc", "cab")], shelf=tmp_path / "shelf")
     second = tk.load_or_train(tmp_path / "run2" / "tokenizer", settings, iter(()), shelf=tmp_path / "shelf")  # no text: shelved
     assert second.digest == first.digest and (tmp_path / "run2" / "tokenizer" / "checksums.json").exists()

@@ -18,7 +18,8 @@ import jax  # noqa: E402
 
 import trainer  # noqa: E402
 from fault_worker import signal_at_step  # noqa: E402
-from run_setup import setup_distributed  # noqa: E402
+from run_setup.cluster import setup_distributed  # noqa: E402
+from settings import parse  # noqa: E402
 from tiny import tiny_config  # noqa: E402
 
 logging.getLogger().setLevel(logging.INFO)  # the trainer's INFO lines (resuming, ...) in log.txt, as train.py logs them
@@ -31,7 +32,8 @@ joining = {} if coordinator == "cluster" else {"coordinator_address": coordinato
 config = tiny_config(
     data_dir, **joining, num_train_steps=steps, log_every_steps=4, checkpoint_every_steps=1000, eval_every_steps=1000,
 )  # fmt: skip
-setup_distributed(config)
+settings = parse(config)
+setup_distributed(settings.cluster)
 assert jax.process_count() == 2 and jax.process_index() == process_id, "the two processes did not join"
 print(f"process {jax.process_index()} of {jax.process_count()} on {jax.device_count()} devices", flush=True)
-trainer.train_and_evaluate(config, workdir)
+trainer.train_and_evaluate(settings, workdir)

@@ -1,0 +1,90 @@
+"""Whole-or-absent writes, SHA-256 digests and locks between processes: one home for them.
+
+Locks are the `filelock` package's (an `flock` the kernel releases when its
+process ends, however it ends): `exclusive(path)` waits for its turn,
+`WorkdirLock` refuses at once and names the run that holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Callable, Iterator
+
+import filelock
+
+from errors import WorkdirInUse
+
+
+def write_whole(path: Path, write: Callable[[Path], None]) -> None:
+    """Makes the file or folder `path` whole or not at all: `write(temporary)` beside it (named by
+    this process, so processes writing the same path do not mix), then one rename. Raises
+    `OSError`, with the temporary removed, when either fails (for a folder: when it exists)."""
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError:
+        if temporary.is_dir():
+            shutil.rmtree(temporary, ignore_errors=True)
+        else:
+            temporary.unlink(missing_ok=True)
+        raise
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def file_digests(folder: Path, *, skip: str = "") -> dict[str, str]:
+    """`{relative path: sha256}` of every file under `folder` but one named `skip` (the digest file itself)."""
+    return {
+        str(path.relative_to(folder)): sha256(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != skip
+    }
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Holds the lock file `path` (created with its folder), waiting for the process holding it:
+    it serialises the processes of one machine (builds into one data_dir, opening one study)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(path):
+        yield
+
+
+class WorkdirLock:
+    """`workdir/.lock`, held by the run training there; `workdir/.lock.holder` names the holder (pid
+    and host). A lock left by a killed run is free (the kernel released it) and simply taken over."""
+
+    def __init__(self, lock: filelock.BaseFileLock):
+        self.lock = lock
+
+    @classmethod
+    def acquire(cls, workdir: Path) -> "WorkdirLock":
+        """The lock of `workdir` (which exists), or `WorkdirInUse` naming the holder; waits for nothing."""
+        lock = filelock.FileLock(workdir / ".lock", blocking=False)
+        holder = workdir / ".lock.holder"
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            try:
+                named = holder.read_text().strip()
+            except OSError:
+                named = ""
+            raise WorkdirInUse(
+                f"{workdir} is in use by another run ({named or 'an unknown process'}); wait for it to end, or train in another workdir"
+            ) from None
+        holder.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
+        return cls(lock)
+
+    def release(self) -> None:
+        if self.lock.is_locked:
+            self.lock.release()

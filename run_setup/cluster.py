@@ -1,0 +1,75 @@
+"""Processes and devices: joining a cluster, the mesh over every device, a device's memory.
+
+Devices: one `Mesh` over every device of every process, batches sharded along
+`data`, parameters replicated.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+
+from settings import ClusterSettings
+
+
+def setup_distributed(cluster: ClusterSettings) -> None:
+    """Joins the other processes when the settings name a coordinator, or the environment does
+    (`JAX_COORDINATOR_ADDRESS`), or JAX detects a cluster of several processes (SLURM, Open MPI,
+    Kubernetes, Cloud TPU pods): then `jax.distributed.initialize()` reads it all from there."""
+    if jax.distributed.is_initialized():
+        return
+    if cluster.coordinator_address:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
+        jax.distributed.initialize(
+            coordinator_address=cluster.coordinator_address,
+            num_processes=cluster.num_processes,
+            process_id=cluster.process_id,
+        )
+    elif os.environ.get("JAX_COORDINATOR_ADDRESS") or detected_cluster():
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize()
+
+
+def detected_cluster() -> str | None:
+    """The cluster that JAX's own detection (the one `jax.distributed.initialize()` runs) finds
+    with more than one process, by name (`"slurm"`, `"ompi"`, ...), or None. A one-task job, such
+    as a SLURM allocation without srun, is no cluster: it trains alone."""
+    from jax._src.clusters import ClusterEnv  # JAX exports no public name for its detection
+
+    for cluster in ClusterEnv._cluster_types:
+        if not cluster.opt_in_only_method and cluster.is_env_present():
+            return cluster.name if cluster.get_process_count() > 1 else None
+    return None
+
+
+def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A one-axis mesh (`data`) over `devices` (default: every device of every process)."""
+    return Mesh(np.array(jax.devices() if devices is None else devices), ("data",))
+
+
+def device_memory_bytes(device: jax.Device) -> int:
+    """The memory a device may use: its allocator's limit (accelerators), else the host's RAM."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def local_device(mesh: Mesh) -> jax.Device:
+    """A device of `mesh` that this process holds (only those answer `memory_stats`)."""
+    return next(device for device in mesh.devices.flat if device.process_index == jax.process_index())
+
+
+def gathered(array) -> np.ndarray:
+    """A global array in full on every process."""
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def is_chief() -> bool:
+    """Whether this is the first process, the one that writes the run's files."""
+    return jax.process_index() == 0

@@ -1,0 +1,196 @@
+"""The `Run`: what training, evaluation and inference share (settings, data and vocabulary, the
+mesh, the model, its checkpoints) and restoring (or averaging) its parameters.
+
+`prepare_run(settings, workdir)` returns a `Run`. trainer.py, evaluation.py and
+inference.py each build on it and import nothing of each other (trainer.py
+calls evaluation.py to evaluate during training, one way). Inside a jitted
+function the model is `run.model(params)`: the NNX graph merged with the
+(traced) parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import models
+import scores
+import tasks
+import vocabularies
+from checkpoints import Checkpoints
+from errors import CheckpointError
+from files import WorkdirLock
+from run_setup import preflight
+from run_setup.cluster import is_chief, make_mesh, setup_distributed
+from settings import Settings
+
+# ----------------------------------------------------------------------------- data and vocabulary
+
+
+def load_task_and_tokenizers(settings: Settings, workdir: Path) -> tuple[tasks.Task, vocabularies.Tokenizers]:
+    """The task's data (built if needed) and the run's tokenizers (trained on its train split if needed).
+
+    With several processes, the first builds and trains while the others wait, then they
+    read what it wrote: concurrent builds into one data_dir or workdir would race.
+    """
+
+    def load() -> tuple[tasks.Task, vocabularies.Tokenizers]:
+        task = tasks.load_task(settings.task.name, settings.task.data_dir, **settings.task.params)
+        settings.source.check_task(task, settings.model.fields)  # before a tokenizer is trained and written
+        train = task.splits["train"]
+        pairs = settings.source.tokenizer_pairs(task.pair(train[i]) for i in range(len(train)))
+        shards = getattr(task.splits["train"], "shards", None)  # built data of our own: the vocabulary is shelved beside it
+        shelf = Path(shards[0]).parent / "vocabularies" if shards else None
+        return task, vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer, pairs, shelf=shelf)
+
+    if is_chief():
+        loaded = load()
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("attend: data and tokenizer ready")
+    return loaded if is_chief() else load()
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def model_fields(settings: Settings, tokens: vocabularies.Tokenizers) -> dict:
+    """The model settings' fields and the vocabulary's sizes and special ids."""
+    return {
+        **settings.model.fields,
+        "vocab_size": tokens.target.vocab_size,
+        "source_vocab_size": tokens.source.vocab_size,
+        "bos_id": vocabularies.BOS_ID,
+        "pad_id": vocabularies.PAD_ID,
+    }
+
+
+def build_model(settings: Settings, tokens: vocabularies.Tokenizers) -> nnx.Module:
+    rngs = nnx.Rngs(params=settings.seed, dropout=settings.seed + 1)
+    return models.create_model(settings.model.name, rngs=rngs, **model_fields(settings, tokens))
+
+
+def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """`(graphdef, params, rngs)`; the model must hold nothing else."""
+    graphdef, params, rngs, rest = nnx.split(model, nnx.Param, nnx.RngState, ...)
+    if jax.tree.leaves(rest):
+        raise TypeError(f"the model holds state that is neither parameters nor RNG: {rest}")
+    return graphdef, params, rngs
+
+
+def merge_model(graphdef: nnx.GraphDef, params: nnx.State, rngs: nnx.State) -> nnx.Module:
+    """The model inside a traced function. The RNG state is copied so that its Variables belong to
+    this trace (NNX States hold Variables, and a closed-over one cannot be reseeded here)."""
+    return nnx.merge(graphdef, params, jax.tree.map(lambda x: x, rngs))
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+@dataclasses.dataclass
+class Run:
+    """What training, evaluation and inference share: settings, data, vocabulary, devices, model, checkpoints.
+
+    `task` is None for a run prepared without its data (inference reads only the run folder).
+    """
+
+    settings: Settings
+    workdir: Path
+    task: tasks.Task | None
+    tokens: vocabularies.Tokenizers
+    mesh: Mesh
+    graphdef: nnx.GraphDef
+    params: nnx.State  # the initial parameters, replicated over the mesh
+    rngs: nnx.State
+    checkpoints: Checkpoints
+    lock: WorkdirLock | None = None  # held while training (the chief's)
+
+    @property
+    def is_chief(self) -> bool:
+        return is_chief()
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    @property
+    def batch_sharding(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec("data"))
+
+    def model(self, params: nnx.State) -> nnx.Module:
+        """The model with `params` (inside a traced function: see `merge_model`)."""
+        return merge_model(self.graphdef, params, self.rngs)
+
+    def abstract(self, tree: Any) -> Any:
+        """Shapes, dtypes and the replicated sharding of `tree`, for restoring into."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated), tree)
+
+    def global_batch(self, local: dict) -> dict:
+        """Process-local numpy rows -> global arrays sharded along `data`."""
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, v) for k, v in local.items()}
+
+    def restore_params(self, step: int | None = None, *, best: bool = False) -> tuple[int, nnx.State]:
+        """The parameters (no optimizer state) of checkpoint `step`, the best one, or the latest readable."""
+        if best:
+            step = self.checkpoints.best_step()
+            if step is None:
+                raise CheckpointError(f"no checkpoint in {self.workdir / 'checkpoints'} has eval metrics to pick the best")
+        return self.checkpoints.restore_params(self.abstract(self.params), step=step)
+
+    def averaged_params(self, last: int, up_to: int) -> tuple[list[int], nnx.State]:
+        """The mean parameters of the last `last` checkpoints at or before step `up_to`."""
+        steps = [s for s in self.checkpoints.steps() if s <= up_to][-last:]
+        total = None
+        for step in steps:
+            _, params = self.checkpoints.restore_params(self.abstract(self.params), step=step)
+            total = params if total is None else jax.tree.map(jnp.add, total, params)
+        return steps, jax.tree.map(lambda p: p / len(steps), total)
+
+
+def prepare_run(
+    settings: Settings,
+    workdir: str | Path,
+    devices: Sequence[jax.Device] | None = None,
+    *,
+    with_data: bool = True,
+    training: bool = True,
+    lock: bool = False,
+) -> Run:
+    """Devices, data and vocabulary (or, `with_data=False`, the vocabulary saved in `workdir` only),
+    the model with its initial parameters, and the checkpoint manager of `workdir`. With `lock`, the
+    chief first takes the workdir's lock (`run.lock`; the caller releases it), after the settings are
+    checked against the devices and before anything in the workdir is read or written."""
+    setup_distributed(settings.cluster)
+    mesh = make_mesh(devices)
+    preflight.check(settings, mesh, training=training)
+    workdir = Path(workdir)
+    held = None
+    if lock and is_chief():
+        workdir.mkdir(parents=True, exist_ok=True)
+        held = WorkdirLock.acquire(workdir)
+    try:
+        if with_data:
+            workdir.mkdir(parents=True, exist_ok=True)
+            task, tokens = load_task_and_tokenizers(settings, workdir)
+        else:
+            task, tokens = None, vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer)
+        graphdef, params, rngs = split_model(build_model(settings, tokens))
+        evaluation = settings.evaluation
+        checkpoints = Checkpoints(
+            workdir / "checkpoints",
+            keep=settings.checkpoints.keep_checkpoints,
+            best_metric=evaluation.best_metric,
+            larger_is_better=scores.larger_is_better(evaluation.best_metric),
+        )
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+    params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+    return Run(settings, workdir, task, tokens, mesh, graphdef, params, rngs, checkpoints, held)

@@ -1,0 +1,84 @@
+"""A run folder's settings against a new command's: a resumed run must be the same run, and
+eval/predict take only evaluation fields from the command line."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from errors import ConfigError
+from settings import Settings, copy_tree, parse, read_run_settings
+
+
+# The fields that make a run what it is: its checkpoints, vocabulary and data only fit these.
+RUN_IDENTITY = ("seed", "model", "task", "tokenizer", "data")
+# The fields --mode=eval and --mode=predict may set for a run folder (data_dir: the folder moved).
+EVALUATION_FIELDS = (
+    "eval_split", "restore_step", "restore_best", "average_last", "decode", "eval_decode_examples",
+    "length_bucket_width", "visualize_examples", "visualize_self_attention", "data_dir", "metrics",
+    "coordinator_address", "num_processes", "process_id",  # how this command runs, not what the run is
+)  # fmt: skip
+
+
+def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+    """`{"model.d_model": 128, ...}`: the leaves of a nested dict by dotted name."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return flat
+
+
+def differences(saved: Settings, new: Settings, groups: Sequence[str]) -> list[str]:
+    """`"name: saved -> new"` for each field of `groups` (a group or a single field) that differs."""
+
+    def flat(settings: Settings) -> dict[str, Any]:
+        fields = settings.fields
+        return {name: value for name, value in flatten(fields).items() if name.split(".")[0] in groups}
+
+    before, after = flat(saved), flat(new)
+    return [
+        f"{name}: {before.get(name, '(absent)')!r} -> {after.get(name, '(absent)')!r}"
+        for name in sorted(set(before) | set(after))
+        if before.get(name) != after.get(name)
+    ]
+
+
+def check_resume(settings: Settings, workdir: Path) -> None:
+    """A rerun on a run folder must be the same run: a changed model, task, vocabulary, data or seed
+    field stops here, before anything is written. Other changes (steps, schedule, intervals,
+    decoding, logging) are allowed and logged."""
+    saved = read_run_settings(workdir)
+    if saved is None:
+        return
+    changed = differences(saved, settings, RUN_IDENTITY)
+    if changed:
+        raise ConfigError(
+            f"{workdir} holds a run with another config: {'; '.join(changed)}. Resume with the same "
+            "model, task, tokenizer, data and seed fields, or use a fresh workdir"
+        )
+    other = [group for group in settings.fields if group not in RUN_IDENTITY]
+    for change in differences(saved, settings, other):
+        logging.info("resuming with a changed field, %s", change)
+
+
+def for_evaluation(saved: Settings, requested: Settings, overridden: Sequence[str]) -> Settings:
+    """The settings --mode=eval/predict run with: the run's own (`saved`), with the evaluation fields
+    of `requested` (a config file or overrides). A model, task, vocabulary, data or seed field of
+    `requested` that differs from the run's stops with its name. `eval_decode_examples` (decode a
+    subset) carries over only when `overridden` names it: by default the whole split is decoded."""
+    changed = differences(saved, requested, RUN_IDENTITY)
+    if changed:
+        raise ConfigError(
+            f"eval/predict read the run's config.json; these fields differ from it: {'; '.join(changed)}. "
+            f"Only evaluation fields may change: {', '.join(EVALUATION_FIELDS)}"
+        )
+    fields = {**saved.as_dict(), **{name: copy_tree(requested.fields[name]) for name in EVALUATION_FIELDS}}
+    if "eval_decode_examples" not in overridden:
+        fields["eval_decode_examples"] = 0
+    return parse(fields)
+
+
