@@ -38,6 +38,7 @@ def write_whole(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def sha256(path: Path) -> str:
+    """The SHA-256 of the file `path`, as hex."""
     with open(path, "rb") as file:
         return hashlib.file_digest(file, "sha256").hexdigest()
 
@@ -56,7 +57,7 @@ def exclusive(path: Path) -> Iterator[None]:
     """Holds the lock file `path` (created with its folder), waiting for the process holding it:
     it serialises the processes of one machine (builds into one data_dir, opening one study)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(path):
+    with filelock.FileLock(path, fallback_to_soft=False):  # the kernel's flock: a killed holder leaves it free
         yield
 
 
@@ -70,7 +71,8 @@ class WorkdirLock:
     @classmethod
     def acquire(cls, workdir: Path) -> "WorkdirLock":
         """The lock of `workdir` (which exists), or `WorkdirInUse` naming the holder; waits for nothing."""
-        lock = filelock.FileLock(workdir / ".lock", blocking=False)
+        # The kernel's flock or nothing (no soft lock a killed run would leave held); any thread may release it.
+        lock = filelock.FileLock(workdir / ".lock", blocking=False, thread_local=False, fallback_to_soft=False)
         holder = workdir / ".lock.holder"
         try:
             lock.acquire()
@@ -82,7 +84,8 @@ class WorkdirLock:
             raise WorkdirInUse(
                 f"{workdir} is in use by another run ({named or 'an unknown process'}); wait for it to end, or train in another workdir"
             ) from None
-        holder.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
+        named = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n"
+        write_whole(holder, lambda temporary: temporary.write_text(named))
         return cls(lock)
 
     def release(self) -> None:

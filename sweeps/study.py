@@ -1,0 +1,291 @@
+"""The sweep file and the study: reading and checking a sweep file (spaces, distributions, the
+grid), and opening the study it runs in, its storage and the lock that serialises opening it."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+import files
+import scores
+import tasks
+from configs import base
+from errors import ConfigError
+
+METHODS = ("grid", "random", "tpe")
+SPACE_KINDS = ("categorical", "uniform", "log_uniform", "int")
+SWEEP_KEYS = ("method", "space", "objective", "direction", "num_trials", "budget", "pruning", "seed")
+
+
+class SweepError(ConfigError):
+    """A bad sweep file, config or flag; the message names the culprit."""
+
+
+# ---------------------------------------------------------------- the sweep file
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """A validated sweep file: see configs/sweeps/smoke.py for the fields."""
+
+    method: str
+    space: dict[str, tuple]  # field -> ("categorical", [choices]) | ("uniform"|"log_uniform"|"int", low, high)
+    objective: str  # "<split>/<metric>", e.g. "dev/exact_match"
+    direction: str  # "maximize" or "minimize"
+    num_trials: int
+    budget: dict[str, Any]  # config overrides of every trial
+    pruning: bool = True
+    seed: int = 0
+
+    @property
+    def objective_split(self) -> str:
+        return self.objective.split("/", 1)[0]
+
+    @property
+    def objective_metric(self) -> str:
+        return self.objective.split("/", 1)[1]
+
+
+def override_flags(overrides: dict[str, Any]) -> list[str]:
+    """`{"model.d_model": 64}` -> `["--config.model.d_model=64"]`: how a trial's overrides reach train.py."""
+    return [f"--config.{name}={format_value(value)}" for name, value in overrides.items()]
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(format_value(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def with_overrides(config_path: str | Path, overrides: dict[str, Any], where: str) -> ml_collections.ConfigDict:
+    """The config file with `overrides` applied exactly as train.py will apply them (`base.load`);
+    an unknown field or a value the field cannot take names `where` and the field."""
+    config = base.load(config_path)
+    for name, value in overrides.items():  # one at a time, so the message names the field
+        if not base.has_field(config, name):
+            raise SweepError(f"{where}: unknown config field {name!r}")
+        try:
+            base.load(config_path, override_flags({name: value}))
+        except ConfigError as error:
+            raise SweepError(f"{where}: config field {name!r} cannot take {value!r} ({error})") from error
+    return base.load(config_path, override_flags(overrides))
+
+
+def space_values(path: str | Path, name: str, space: Any) -> list:
+    """Checks one space and returns the values that stand for it (choices, or the bounds)."""
+    where = f"sweep file {path}: space {name!r}"
+    if not isinstance(space, (tuple, list)) or not space or space[0] not in SPACE_KINDS:
+        raise SweepError(f"{where} must be (kind, ...) with kind one of {', '.join(SPACE_KINDS)}, got {space!r}")
+    kind = space[0]
+    if kind == "categorical":
+        if len(space) != 2 or not isinstance(space[1], (tuple, list)) or not space[1]:
+            raise SweepError(f"{where} is an empty space: ('categorical', [choices]) needs at least one choice")
+        return list(space[1])
+    if len(space) != 3 or not all(isinstance(x, (int, float)) for x in space[1:]):
+        raise SweepError(f"{where} must be ({kind!r}, low, high), got {space!r}")
+    low, high = space[1:]
+    if not low < high:
+        raise SweepError(f"{where} is an empty space: low {low} is not below high {high}")
+    if kind == "log_uniform" and low <= 0:
+        raise SweepError(f"{where}: log_uniform needs low > 0, got {low}")
+    if kind == "int" and not (isinstance(low, int) and isinstance(high, int)):
+        raise SweepError(f"{where}: int bounds must be integers, got {low!r}, {high!r}")
+    return [low, high]
+
+
+def objective_direction(path: str | Path, config: ml_collections.ConfigDict, metric: str, given: str | None) -> str:
+    """The objective's direction: the score registry's (scores.py), for an objective the config's task
+    writes. A config that is not attend's (another `--train_script`) states it, or minimizes."""
+    if not base.has_field(config, "task.name"):
+        return given or "minimize"
+    task_metric, alignment, boxes = tasks.scoring_of(config.task.name)
+    try:
+        score = scores.check_best_metric(metric, task_metric, alignment=alignment, boxes=boxes, field="objective")
+    except ConfigError as error:
+        raise SweepError(f"sweep file {path}: {error}") from error
+    if given not in (None, score.direction):
+        raise SweepError(f"sweep file {path}: direction {given!r} contradicts {metric!r}, which is better {'larger' if score.larger_is_better else 'smaller'}; "
+                         f"leave direction out or set {score.direction!r}")  # fmt: skip
+    return score.direction
+
+
+def load_sweep(path: str | Path, config_path: str | Path) -> Sweep:
+    """Reads and checks a sweep file against the config it sweeps.
+
+    Raises:
+      SweepError: naming the file and the culprit (unknown key or field, empty space, bad method...).
+    """
+    fields = base.call_in_file(path, "get_sweep", "sweep")
+    fields = fields.to_dict() if isinstance(fields, ml_collections.ConfigDict) else dict(fields)
+    unknown = sorted(set(fields) - set(SWEEP_KEYS))
+    if unknown:
+        raise SweepError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(SWEEP_KEYS)}")
+    missing = [k for k in ("method", "space", "objective") if k not in fields]
+    if missing:
+        raise SweepError(f"sweep file {path}: missing {', '.join(missing)}")
+    if fields["method"] not in METHODS:
+        raise SweepError(f"sweep file {path}: method {fields['method']!r}; valid: {', '.join(METHODS)}")
+    space = {name: tuple(value) if isinstance(value, list) else value for name, value in dict(fields["space"]).items()}
+    if not space:
+        raise SweepError(f"sweep file {path}: the space is empty; name at least one config field")
+    for name, value in space.items():
+        for candidate in space_values(path, name, value):
+            with_overrides(config_path, {name: candidate}, f"sweep file {path}")
+    if fields["method"] == "grid" and any(s[0] != "categorical" for s in space.values()):
+        raise SweepError(f"sweep file {path}: a grid sweeps categorical spaces only")
+    budget = dict(fields.get("budget", {}))
+    with_overrides(config_path, budget, f"sweep file {path} budget")
+    objective = fields["objective"]
+    if not isinstance(objective, str) or objective.count("/") != 1:
+        raise SweepError(f"sweep file {path}: objective must be '<split>/<metric>' like 'dev/exact_match', got {objective!r}")
+    direction = fields.get("direction")
+    if direction not in (None, "minimize", "maximize"):
+        raise SweepError(f"sweep file {path}: direction must be minimize or maximize, got {direction!r}")
+    direction = objective_direction(path, base.load(config_path), objective.split("/", 1)[1], direction)
+    grid_size = math.prod(len(s[1]) for s in space.values()) if fields["method"] == "grid" else None
+    num_trials = int(fields.get("num_trials", grid_size or 0))
+    if num_trials < 1:
+        raise SweepError(f"sweep file {path}: num_trials must be at least 1")
+    return Sweep(fields["method"], space, objective, direction, grid_size or num_trials, budget,
+                 bool(fields.get("pruning", True)), int(fields.get("seed", 0)))  # fmt: skip
+
+
+def distributions(sweep: Sweep) -> dict[str, optuna.distributions.BaseDistribution]:
+    def one(space):
+        kind, *args = space
+        if kind == "categorical":
+            return CategoricalDistribution(list(args[0]))
+        if kind == "int":
+            return IntDistribution(*args)
+        return FloatDistribution(*args, log=kind == "log_uniform")
+
+    return {name: one(space) for name, space in sweep.space.items()}
+
+
+def grid_points(sweep: Sweep) -> list[dict]:
+    points = [{}]
+    for name, (_, choices) in sweep.space.items():
+        points = [{**point, name: choice} for point in points for choice in choices]
+    return points
+
+
+# ---------------------------------------------------------------- the study
+
+
+def open_study(args, sweep: Sweep) -> optuna.Study:
+    """Creates or loads the study; the first process to open it records the sweep and queues the grid.
+
+    All of it happens under `queue_lock`, so processes opening one study at the
+    same moment (on one machine or several) create the database's tables once
+    and queue each grid point once. The sweep is recorded after its grid: a
+    process killed while queueing leaves no record, and the next one queues
+    the points still missing.
+    """
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    worker_seed = sweep.seed + (args.worker_index or 0)  # workers must not draw the same random points
+    sampler = optuna.samplers.TPESampler(seed=worker_seed) if sweep.method == "tpe" else optuna.samplers.RandomSampler(seed=worker_seed)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=2) if sweep.pruning else optuna.pruners.NopPruner()
+    description = json.loads(json.dumps({"config": str(args.config), "sweep": dataclasses.asdict(sweep)}))
+    study_name = args.study_name or workdir.name
+    with queue_lock(args.storage, workdir):
+        study = optuna.create_study(
+            storage=open_storage(args.storage, workdir), sampler=sampler, pruner=pruner, study_name=study_name,
+            direction=sweep.direction, load_if_exists=True,
+        )  # fmt: skip
+        recorded = study.user_attrs.get("description")
+        if recorded is None:
+            if sweep.method == "grid":
+                for point in grid_points(sweep):  # skipping the points queued before a kill
+                    study.enqueue_trial(point, user_attrs={"queued": True}, skip_if_exists=True)
+            study.set_user_attr("description", description)
+        elif recorded != description:
+            raise SweepError(
+                f"study {study.study_name!r} in {args.storage or workdir} was made by another sweep "
+                f"({recorded}); use another --workdir or --study_name"
+            )
+    return study
+
+
+def open_storage(storage: str, workdir: Path) -> optuna.storages.BaseStorage:
+    """The database `storage` names, or without one the journal file in `workdir`."""
+    if not storage:
+        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal")))
+    try:
+        return optuna.storages.RDBStorage(storage)
+    except Exception as error:  # SQLAlchemy and the drivers raise many types
+        raise cannot_open(storage, error) from error
+
+
+def cannot_open(storage: str, error: Exception) -> SweepError:
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return SweepError(f"--storage {storage}: cannot open the database ({reason})")
+
+
+@contextlib.contextmanager
+def queue_lock(storage: str, workdir: Path):
+    """Serialises opening studies in `storage` (or the journal in `workdir`) between every process that does.
+
+    PostgreSQL: a transaction-level advisory lock in the database itself, so it
+    holds between machines (each with its own workdir); it ends with the
+    transaction, or with the connection if the process dies. One lock for the
+    whole database, as a fresh one gets its tables from the first opening.
+    SQLite (one machine): a file lock beside the database file. The journal
+    file (one machine): a file lock in the workdir, beside the journal.
+
+    Raises:
+      SweepError: a database other than PostgreSQL or SQLite, or one that cannot be reached.
+    """
+    if not storage:
+        with files.exclusive(workdir / ".init.lock"):
+            yield
+        return
+    import sqlalchemy  # only here: the journal file does without it
+
+    try:
+        url = sqlalchemy.engine.make_url(storage)
+    except Exception as error:  # a malformed URL
+        raise cannot_open(storage, error) from error
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        # The lock's name, unchanged since queue_lock lived in sweep.py: sweeps of either age exclude each other.
+        key = int.from_bytes(hashlib.sha256(b"attend sweep.py queue_lock").digest()[:8], "big", signed=True)
+        with contextlib.ExitStack() as stack:
+            try:
+                engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+                stack.callback(engine.dispose)
+                connection = stack.enter_context(engine.begin())
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+            except Exception as error:  # no driver, no server, no access
+                raise cannot_open(storage, error) from error
+            yield
+    elif backend == "sqlite":
+        database = url.database
+        if database in (None, "", ":memory:"):  # a database in memory has only this process
+            yield
+            return
+        with files.exclusive(Path(database).with_name(Path(database).name + ".sweep.lock")):
+            yield
+    else:
+        raise SweepError(f"--storage {storage}: sweeps share a study in PostgreSQL (or SQLite on one machine), not {backend}")
+
+
+def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial | optuna.Trial) -> None:
+    """Queues the params of a trial cut short again, in the same folder (it resumes from its checkpoint)."""
+    attrs = {k: trial.user_attrs[k] for k in ("workdir",) if k in trial.user_attrs}
+    study.enqueue_trial(trial.params, user_attrs={**attrs, "queued": True, "retry_of": trial.number})
+
+
+def counted(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """The trials that count toward num_trials: not those cut short and queued again, nor surplus ones."""
+    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    return [t for t in trials if t.number not in retried and not t.user_attrs.get("surplus")]

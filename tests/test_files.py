@@ -1,0 +1,111 @@
+"""files.py: whole-or-absent writes, digests, and the locks between processes."""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import files
+from errors import WorkdirInUse
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def python(code: str) -> subprocess.Popen:
+    """Another process running `code` with the project importable; its stdout a pipe."""
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+
+
+def test_write_whole_writes_a_file_and_leaves_no_temporary(tmp_path):
+    files.write_whole(tmp_path / "a.txt", lambda temporary: temporary.write_text("whole"))
+    assert (tmp_path / "a.txt").read_text() == "whole"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+def test_a_failing_write_leaves_the_path_absent_or_as_it_was(tmp_path):
+    def half(temporary: Path) -> None:
+        temporary.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        files.write_whole(tmp_path / "new.txt", half)
+    assert list(tmp_path.iterdir()) == []  # absent, temporary removed
+    (tmp_path / "old.txt").write_text("old")
+    with pytest.raises(OSError, match="disk full"):
+        files.write_whole(tmp_path / "old.txt", half)
+    assert [p.name for p in tmp_path.iterdir()] == ["old.txt"]
+    assert (tmp_path / "old.txt").read_text() == "old"
+
+
+def test_write_whole_writes_a_folder_and_refuses_one_that_exists(tmp_path):
+    source = tmp_path / "source"
+    (source / "inner").mkdir(parents=True)
+    (source / "inner" / "x.txt").write_text("x")
+    copy = lambda temporary: shutil.copytree(source, temporary)  # noqa: E731
+    files.write_whole(tmp_path / "copy", copy)
+    assert (tmp_path / "copy" / "inner" / "x.txt").read_text() == "x"
+    with pytest.raises(OSError):  # the rename onto a folder that is not empty fails
+        files.write_whole(tmp_path / "copy", copy)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "source"]  # the temporary folder removed
+
+
+def test_digests(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a").write_bytes(b"abc")
+    (tmp_path / "sub" / "b").write_bytes(b"")
+    (tmp_path / "digests.json").write_text("{}")
+    assert files.sha256(tmp_path / "a") == hashlib.sha256(b"abc").hexdigest()
+    assert files.file_digests(tmp_path, skip="digests.json") == {
+        "a": hashlib.sha256(b"abc").hexdigest(),
+        "sub/b": hashlib.sha256(b"").hexdigest(),
+    }
+    assert "digests.json" in files.file_digests(tmp_path)
+
+
+def test_the_workdir_lock_refuses_another_process_naming_it_and_is_free_once_it_is_killed(tmp_path):
+    holder = python(
+        f"import files, pathlib, time; lock = files.WorkdirLock.acquire(pathlib.Path({str(tmp_path)!r})); print('held', flush=True); time.sleep(60)"
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(WorkdirInUse, match=f'in use by another run .*"pid": {holder.pid}'):
+            files.WorkdirLock.acquire(tmp_path)
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # no release, no clean-up: the kernel drops its flock
+        holder.wait()
+    lock = files.WorkdirLock.acquire(tmp_path)  # taken over, the stale holder file rewritten
+    assert json.loads((tmp_path / ".lock.holder").read_text())["pid"] == os.getpid()
+    lock.release()
+    lock.release()  # twice is harmless
+    files.WorkdirLock.acquire(tmp_path).release()
+
+
+def test_the_workdir_lock_refuses_a_second_holder_in_this_process_too(tmp_path):
+    first = files.WorkdirLock.acquire(tmp_path)
+    with pytest.raises(WorkdirInUse, match=f'"pid": {os.getpid()}'):
+        files.WorkdirLock.acquire(tmp_path)
+    threading.Thread(target=first.release).start()  # any thread may let go of it
+    time.sleep(0.1)
+    files.WorkdirLock.acquire(tmp_path).release()
+
+
+def test_the_blocking_lock_serialises_two_processes(tmp_path):
+    path, done = tmp_path / "folder" / ".build.lock", tmp_path / "done"
+    with files.exclusive(path):  # creates the folder
+        waiter = python(
+            f"import files, pathlib; print('waiting', flush=True)\n"
+            f"with files.exclusive(pathlib.Path({str(path)!r})): pathlib.Path({str(done)!r}).touch()"
+        )
+        assert waiter.stdout.readline() == "waiting\n"
+        time.sleep(0.5)  # time enough to take a free lock
+        assert waiter.poll() is None and not done.exists()  # it waits for this process
+    assert waiter.wait(timeout=10) == 0
+    assert done.exists()
