@@ -8,7 +8,8 @@ Each variant is `train.py` on `configs/captioner_digit_strips.py` (soft) or
 lambda, run one after the other in its own process; the table reports the test split's BLEU-4,
 exact caption match and localisation accuracy (test strips are made of digit scans never seen in
 training) from `eval/step_<steps>.json`, and each command's wall time on this machine. A variant
-whose folder already holds the final evaluation is not trained again.
+whose folder already holds the final evaluation is not trained again. The figures measured with
+it: docs/performance.md.
 """
 
 from __future__ import annotations

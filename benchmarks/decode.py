@@ -18,6 +18,8 @@ length equal to the source length (eos is never chosen, so every configuration
 generates the same number of tokens). "Without the cache" reruns the
 teacher-forced decoder over the whole prefix at every step, as a model without
 incremental decoding must. Times are medians of repeated compiled runs.
+
+The figures measured with `--workdir`, with the commands that train the runs: docs/performance.md.
 """
 
 from __future__ import annotations

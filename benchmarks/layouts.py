@@ -11,7 +11,8 @@ At the kjv_web_transformer shape (64 rows x 128 tokens, d_model 256, 4 heads, d_
 - the same through `jax.nn.dot_product_attention` (the library path, which
   `fused_scaled_dot_product_attention` takes off CPU).
 
-Times are medians of compiled runs (benchmarks/timing.py).
+Times are medians of compiled runs (benchmarks/timing.py). The figures measured with it:
+docs/performance.md ("What each choice is worth").
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def attention_seconds(attend, x: jax.Array, repeats: int) -> float:
 
 
 def token_major(q, k, v, mask):
-    """The explicit path with its einsums over `[B, T, N, H]` (what `heads_major` replaced)."""
+    """The explicit path with its einsums over `[B, T, N, H]`: the alternative to `heads_major`'s layout."""
     scores = jnp.einsum("BTNH,BSNH->BNTS", q, k) / (q.shape[-1] ** 0.5)
     weights = attention.masked_softmax(scores, mask)
     return jnp.einsum("BNTS,BSNH->BTNH", weights, v)

@@ -21,6 +21,8 @@ buffers plus its arguments (parameters, Adam's moments, the batch) and outputs
   not; up to one chunk (64 queries) the score is not chunked and keeps its tensors.
 - Against size: the Transformer with d_model in `--sizes` (d_model / 64 heads,
   d_ff 4 d_model, 3+3 layers) at length 128, with its parameters and FLOP rate.
+
+The figures measured with it: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 
 Overrides take train.py's syntax and apply to every config measured.
 
-    python benchmarks/train_throughput.py --train_py [--steps 60]   # issue 14's check (train.py, against the peak)
+    python benchmarks/train_throughput.py --train_py [--steps 60]   # train.py's kjv_web_transformer against the peak
     python benchmarks/train_throughput.py --train_py --config.model.dtype=bfloat16   # its bfloat16 row
     python benchmarks/train_throughput.py --startup                 # first step, cold and warm
 
@@ -24,6 +24,8 @@ tokens/s (median over windows of the real loop: pipeline, host-to-device,
 step), and FLOP utilisation: XLA's cost analysis of the compiled step (FLOPs
 per step) times steps/s, against this machine's float32 matmul peak, which the
 script measures itself (median of repeated 2048^3 matmuls).
+
+The figures measured with these commands, each with its command: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ import psutil
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
+
+from settings import parse  # noqa: E402
 
 
 def matmul_peak_flops(size: int = 2048, repeats: int = 10, dtype: str = "float32") -> float:
@@ -72,16 +76,16 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
     import input_pipeline
     import trainer
     from configs import base
-    from run_setup import prepare_run
+    from run_setup.run import prepare_run
 
     config = base.load(PROJECT_ROOT / "configs" / f"{config_name}.py", overrides)
     started = psutil.Process().create_time()
     with tempfile.TemporaryDirectory() as workdir:
-        run = prepare_run(config, workdir)
-        tx = trainer.make_optimizer(config)
+        run = prepare_run(parse(config), workdir)
+        tx = trainer.make_optimizer(run.settings.optimization)
         state = trainer.initial_state(run, tx)
         train_step = trainer.compile_train_step(run, tx, state)
-        data, _ = input_pipeline.train_dataset(run.task, run.tokens, run.pipeline())
+        data, _ = input_pipeline.train_dataset(run.task, run.tokens, run.settings.data, run.settings.source)
         batches = iter(data)
         first = run.global_batch(next(batches))
         flops = train_step.lower(state, first).compile().cost_analysis()["flops"]
@@ -143,17 +147,18 @@ def recurrent_table(lengths: list[int], width: int, repeats: int) -> None:
         print(f"| {length} | {rnnsearch:.3f} | {shallow:.3f} | {deep:.3f} | {shallow / rnnsearch:.2f}x | {deep / rnnsearch:.2f}x |", flush=True)
 
 
-REFERENCE_STEP_FLOP = 412.7e9  # the Flax WMT example's kjv_web_transformer step, XLA's count (issue 14)
+REFERENCE_STEP_FLOP = 412.7e9  # the Flax WMT example's kjv_web_transformer step, XLA's count (docs/performance.md)
 
 
 def train_py_check(steps: int, overrides: list[str]) -> None:
-    """The issue's check: a `steps`-step train.py run of kjv_web_transformer logging every 10 steps;
-    the median steps_per_second of its train rows from step 20 on, times the reference's FLOP per
-    step, against the matmul rate of the run's compute dtype (float32 unless `model.dtype` says
-    bfloat16) measured in the same run (before and after it); the other dtype's rate is printed too."""
+    """The Transformer throughput check of docs/performance.md: a `steps`-step train.py run of
+    kjv_web_transformer logging every 10 steps; the median steps_per_second of its train rows from
+    step 20 on, times the reference's FLOP per step, against the matmul rate of the run's compute
+    dtype (float32 unless `model.dtype` says bfloat16) measured in the same run (before and after
+    it); the other dtype's rate is printed too."""
     import input_pipeline
     from configs import base
-    from run_setup import prepare_run
+    from run_setup.run import prepare_run
 
     config = base.load(PROJECT_ROOT / "configs" / "kjv_web_transformer.py", overrides)
     dtype = config.model.dtype  # the peak the step is held against: float32's, or bfloat16's for a bfloat16 run
@@ -164,8 +169,8 @@ def train_py_check(steps: int, overrides: list[str]) -> None:
                    "--config.checkpoint_every_steps=100000", "--config.eval_decode_examples=8", *overrides]  # fmt: skip
         subprocess.run(command, cwd=PROJECT_ROOT, check=True, capture_output=True, text=True)
         rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-        run = prepare_run(config, workdir)  # the run's own vocabulary: the same batches, to count their tokens
-        batches = iter(input_pipeline.train_dataset(run.task, run.tokens, run.pipeline())[0])
+        run = prepare_run(parse(config), workdir)  # the run's own vocabulary: the same batches, to count their tokens
+        batches = iter(input_pipeline.train_dataset(run.task, run.tokens, run.settings.data, run.settings.source)[0])
         counts = [(int((b["inputs"] > 0).sum()), int((b["targets"] > 0).sum())) for b in (next(batches) for _ in range(20))]
     after = [matmul_peak_flops(dtype=dtype) for _ in range(3)]
     peak = statistics.median(before + after)
