@@ -3,10 +3,11 @@
 XLA's CPU runtime allocates each execution's buffers (GiBs for a Transformer
 step) with malloc and frees them at its end. glibc serves blocks that large
 with mmap from per-thread arenas and unmaps them when freed, so every step
-faults all of that memory back in, page by page: on `kjv_web_transformer`,
-800,000 minor page faults and 0.75 s of kernel time per 2.8 s step. With one
-arena, no mmap and no trimming, the heap keeps its peak size and a step's
-buffers reuse the previous step's pages (see benchmarks/train_throughput.py).
+faults all of that memory back in, page by page: on `kjv_web_transformer`
+without these settings, 800,000 minor page faults and 0.75 s of kernel time per
+2.8 s step. With one arena, no mmap and no trimming, the heap keeps its peak
+size and a step's buffers reuse the previous step's pages (the step with and
+without: docs/performance.md, "What each choice is worth").
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ def token_sums(logits: Array, targets: Array, label_smoothing: float = 0.0) -> d
     smoothed = _smoothed_nll(logits, target_logits, log_partition, label_smoothing)
     # Correct: the target's logit is the largest; of k tied largest logits it counts 1/k, the
     # argmax's chance of naming it with ties broken at random. Plain reductions, not an argmax:
-    # XLA:CPU runs that variadic reduce apart, a sixth of a kjv_web_transformer step.
+    # XLA:CPU runs the argmax's variadic reduce apart, a sixth of a kjv_web_transformer step
+    # (docs/performance.md, "What each choice is worth").
     ties = jnp.sum(logits == largest, axis=-1)
     correct = (target_logits >= largest[..., 0]) / ties
     return {

@@ -224,7 +224,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="32,64,128,256", help="--recurrent: the lengths")
     parser.add_argument("--width", type=int, default=128, help="--recurrent: embedding, hidden and attention size")
     parser.add_argument("--repeats", type=int, default=5, help="--recurrent: timed steps per model and length")
-    parser.add_argument("--train_py", action="store_true", help="the issue's check: a train.py run of kjv_web_transformer against the matmul peak")
+    parser.add_argument("--train_py", action="store_true", help="a train.py run of kjv_web_transformer against the matmul peak (docs/performance.md)")
     parser.add_argument("--startup", action="store_true", help="kjv_web_transformer's start-up, cold and warm")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one config in this process
     args, overrides = parser.parse_known_args()  # the rest: --config.a.b=value overrides

@@ -208,7 +208,8 @@ def set_field(config: ml_collections.ConfigDict, dotted_name: str, value) -> Non
     target[leaf] = value
 
 
-# Fields of earlier versions, now derived: best_metric's direction is the score registry's (scores.py).
+# Fields a run folder's config.json may hold that no config sets any more; `with_defaults` drops
+# them. `best_metric_larger_is_better`: best_metric's direction is the score registry's (scores.py).
 RETIRED_FIELDS = ("best_metric_larger_is_better",)
 
 

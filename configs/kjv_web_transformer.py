@@ -17,7 +17,8 @@ def get_config():
     config.batch_size = 64
     # The 64 rows as two microbatches of 32, their gradients summed: the same update, and on a
     # 2-core CPU a step 8-15% faster (one microbatch's activations and [rows x 128 x 8000] logits
-    # are half as large; benchmarks/train_throughput.py --train_py). On a GPU, set it to 1.
+    # are half as large; benchmarks/train_throughput.py --train_py against the same with
+    # --config.grad_accum_steps=1; docs/performance.md). On a GPU, set it to 1.
     config.grad_accum_steps = 2
     config.learning_rate = 1e-3
     config.warmup_steps = 2_000

@@ -244,9 +244,10 @@ def fused_scaled_dot_product_attention(
     """Same output as `scaled_dot_product_attention`, without the weights: the library's
     kernel on accelerators (`library_scaled_dot_product_attention`), the explicit path on CPU.
 
-    On CPU the library's einsums over `[B, T, N, H]` are the slower (see `heads_major`;
-    benchmarks/layouts.py: a self-attention block, forward and backward at 64 x 128 x 256,
-    about 6% faster on the explicit path; the kjv_web_transformer step 1.46 -> 1.39 s).
+    On CPU the library's einsums over `[B, T, N, H]` are the slower (see `heads_major`): a
+    self-attention block, forward and backward at 64 x 128 x 256, runs about 6% faster on the
+    explicit path (`benchmarks/layouts.py`; the effect on the kjv_web_transformer step:
+    docs/performance.md, "What each choice is worth").
 
     Args and shapes as `scaled_dot_product_attention`; returns `[B, T, N, H]`.
     """

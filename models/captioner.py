@@ -33,14 +33,17 @@ Choices where the paper leaves room, and why:
   before the ReLU; instance normalisation without the scale) and the kernels start as He et al.
   (2015) prescribe. A from-scratch CNN on mostly blank strips otherwise hands the decoder
   annotations that are nearly the same everywhere, and the first, near-uniform attention reads
-  their mean, which carries almost nothing of the digits (measured: a classifier on the mean
-  annotation learned nothing in 300 steps without the centring, 92% accuracy with it).
-- The deep output is linear in its three terms, as eq. 7 writes it (a tanh there stalled learning).
+  their mean, which carries almost nothing of the digits (a classifier on the mean annotation
+  learns nothing in 300 steps without the centring and reaches 92% accuracy with it: an
+  observation on digit_strips; see docs/performance.md).
+- The deep output is linear in its three terms, as eq. 7 writes it (a tanh there stalls learning:
+  an observation on digit_strips; see docs/performance.md).
 - The gating scalar beta (`model.selector`) is on by default, as in the paper; on features a CNN
-  learns from scratch it closes before the features mean anything (beta fell to 0.003 within 400
-  steps on single digits, and the decoder never read the image), so `configs/captioner_*` turn it
-  off. With a pretrained backbone's features, as in the paper, the context is informative from
-  the first step.
+  learns from scratch it closes before the features mean anything (on single digits beta falls
+  to 0.003 within 400 steps and the decoder never reads the image: an observation on
+  digit_strips; see docs/performance.md), so `configs/captioner_*` turn it off. With a
+  pretrained backbone's features, as in the paper, the context is informative from the first
+  step.
 
 Axes: B batch, H x W image (C channels), L = h x w annotation grid, D annotation size, T caption
 length, E embedding (the paper's m), N hidden (the paper's n), A attention, V vocabulary.
@@ -305,8 +308,8 @@ class Captioner(nnx.Module):
         attention only; `benchmarks/captioning.py` measures both).
         Hard attention, section 4.1's final learning rule: with probability
         `expectation_probability` per image (as the paper says; drawn per batch instead, the
-        optimizer alternates between soft and REINFORCE steps, and two runs of the same config
-        ended at 0.84 and 0.35 exact match) the expected context, trained as soft attention;
+        optimizer alternates between soft and REINFORCE steps) the expected context, trained as
+        soft attention;
         otherwise, with a sampled `s`, minus the surrogate whose gradient is the rule's estimate:
 
             log p(y | s, a) + lambda_r * [log p(y | s, a) - b] log p(s | a) + lambda_e * H[alpha]

@@ -21,8 +21,8 @@ class Linear(nnx.Linear):
     Same parameters and result as `nnx.Linear`. Why: XLA:CPU runs a `[B*T, Din]` matmul
     and its two gradients about 30% faster than the same dot over `[B, T, Din]`, whose
     weight gradient contracts two axes (a feed-forward block at 64 x 128 x 256, forward
-    + backward: benchmarks/layouts.py; the kjv_web_transformer train step went from
-    1.81 s to 1.49 s with this alone).
+    + backward: `benchmarks/layouts.py`; what it is worth to the kjv_web_transformer train
+    step: docs/performance.md, "What each choice is worth").
     """
 
     def __call__(self, inputs: Array) -> Array:

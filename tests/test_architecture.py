@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {"train.py", "sweep.py", "inference.py"}  # inference.load parses a run folder's config
 SWEEP_ENTRY = {"sweeps/study.py"}  # sweep.py's own: a sweep file and its budget are read as configs
 MAY_SEE_CONFIG_DICTS = ENTRY_POINTS | SWEEP_ENTRY | {"settings.py"}
-KIND_FREE = ("trainer.py", "evaluation.py", "inference.py", "input_pipeline.py", "decoding.py", "run_setup/run.py",
+KIND_FREE = ("trainer.py", "evaluation.py", "inference.py", "translator.py", "input_pipeline.py", "decoding.py", "run_setup/run.py",
              "run_setup/preflight.py", "run_setup/cluster.py")  # fmt: skip
 TRAINING_AND_DATA = {"trainer", "evaluation", "inference", "input_pipeline", "run_setup", "settings", "sources", "tasks",
                      "vocabularies", "checkpoints", "files", "reporting", "train", "sweep", "sweeps", "configs"}  # fmt: skip

@@ -225,7 +225,7 @@ print(len(hits))
 
 def test_a_process_set_up_like_train_py_reads_its_compilation_cache_back(tmp_path):
     # train.set_up_process() caps the cache's size, which needs the filelock package; without it
-    # JAX wrote entries but warned at every read and compiled again. (conftest's cache, set in the
+    # JAX writes entries but warns at every read and compiles again. (conftest's cache, set in the
     # environment, is left out here: train.py's own set-up is under test.)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env.update(HOME=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONPATH=str(PROJECT_ROOT))
@@ -299,7 +299,8 @@ def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
 
 
 def test_sigterm_during_eval_still_saves(shared_data_dir, tmp_path, monkeypatch):
-    """The signal lands after the step decided not to save (CI once lost the checkpoint this way)."""
+    """The signal lands after the step has decided not to save: the run still saves a checkpoint
+    before it stops."""
     evaluate_split = evaluation.evaluate_split
 
     def evaluate_then_signal(*args, **kwargs):
