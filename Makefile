@@ -18,8 +18,11 @@ $(STAMP): requirements.txt
 train: $(STAMP)
 	$(PY) train.py $(ARGS)
 
+# Two pytest-xdist workers (one per core of the 2-core CI machine; TEST_WORKERS=0 runs in one
+# process); a test's own subprocesses share the session's compilation cache with both.
+TEST_WORKERS ?= 2
 test: $(STAMP) postgresql
-	$(PY) -m pytest -q tests $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests $(ARGS)
 
 # The sweep tests start a PostgreSQL server on loopback: install Debian's package if absent.
 SUDO := $(shell test "$$(id -u)" = 0 || echo sudo)

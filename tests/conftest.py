@@ -10,18 +10,21 @@ import shutil
 import tempfile
 
 # One compilation cache for the session, shared with the train.py and sweep.py processes the
-# tests start: the many tiny runs compile the same programs, and a cache hit halves a run.
+# tests start and with the other pytest-xdist workers (they inherit the first process's
+# environment): the many tiny runs compile the same programs, and a cache hit halves a run.
 # Fresh per session, so every run of the suite does the same work.
-_compilation_cache = tempfile.mkdtemp(prefix="attend_jax_cache_")
-atexit.register(shutil.rmtree, _compilation_cache, ignore_errors=True)
+if "ATTEND_TEST_COMPILATION_CACHE" not in os.environ:  # the first process: pytest itself, or xdist's controller
+    os.environ["ATTEND_TEST_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="attend_jax_cache_")
+    atexit.register(shutil.rmtree, os.environ["ATTEND_TEST_COMPILATION_CACHE"], ignore_errors=True)
 os.environ.update(
-    JAX_COMPILATION_CACHE_DIR=_compilation_cache,
+    JAX_COMPILATION_CACHE_DIR=os.environ["ATTEND_TEST_COMPILATION_CACHE"],
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )
 from tiny import tiny_config, xla_flags  # noqa: E402,F401  (re-exported for the tests)
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
+if xla_flags(8) not in os.environ.get("XLA_FLAGS", ""):  # xdist's workers inherit it from the controller
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402  (after XLA_FLAGS on purpose)
