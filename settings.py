@@ -301,6 +301,31 @@ class DecodeSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class InitSettings:
+    """Where a new run's parameters and vocabulary come from when not from scratch (`init_from`,
+    `tokenizer.from_run`). A run that has checkpoints of its own resumes from them instead."""
+
+    run: str  # a run folder whose parameters start this run; "" = from scratch
+    checkpoint: str  # of that run: "latest", "best" or a step
+    vocabulary_from: str  # a run folder whose vocabulary this run reuses; "" = train one
+
+    @classmethod
+    def parse(cls, init_from: str, vocabulary_from: str) -> "InitSettings":
+        """From `init_from` ("RUN_DIR", "RUN_DIR:best" or "RUN_DIR:STEP") and `tokenizer.from_run`."""
+        run, _, checkpoint = init_from.rpartition(":")
+        if not run or not (checkpoint == "best" or checkpoint.isdigit()):
+            run, checkpoint = init_from, "latest"
+        if vocabulary_from and run and Path(vocabulary_from).resolve() != Path(run).resolve():
+            raise ConfigError(f"tokenizer.from_run {vocabulary_from} differs from init_from's run {run}: a run's parameters only fit its own vocabulary")
+        return cls(run, checkpoint, vocabulary_from or run)
+
+    @property
+    def step(self) -> int | None:
+        """The checkpoint step asked for (None: the latest, or the best)."""
+        return int(self.checkpoint) if self.checkpoint.isdigit() else None
+
+
+@dataclasses.dataclass(frozen=True)
 class ClusterSettings:
     """Several processes: the coordinator "host:port", their number and this one's id ("" / -1: one
     process, unless the environment names a coordinator)."""
@@ -326,6 +351,7 @@ class Settings:
     evaluation: EvaluationSettings
     decode: DecodeSettings
     checkpoints: CheckpointSettings
+    init: InitSettings
     cluster: ClusterSettings
     fields: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)  # the config as a nested dict
 
@@ -387,11 +413,12 @@ def _groups(f: dict) -> Settings:
         raise ConfigError(f"seed must be in [0, {LARGEST_INT}], got {f['seed']}")
     task = TaskSettings(f["task"]["name"], f["data_dir"], own("task"))
     data = PipelineSettings(batch_size=f["batch_size"], seed=f["seed"], **f["data"])
-    tokenizer = TokenizerSettings(**f["tokenizer"])
+    tokenizer = TokenizerSettings(**{k: v for k, v in f["tokenizer"].items() if k != "from_run"})
+    init = InitSettings.parse(f["init_from"], f["tokenizer"]["from_run"])
     decode = DecodeSettings(**f["decode"])
     model = ModelSettings(f["model"]["name"], own("model"))
     cluster = ClusterSettings(f["coordinator_address"], f["num_processes"], f["process_id"])
-    return Settings(f["seed"], task, tokenizer, data, model, optimization, evaluation, decode, checkpoints, cluster, f)
+    return Settings(f["seed"], task, tokenizer, data, model, optimization, evaluation, decode, checkpoints, init, cluster, f)
 
 
 def check_together(settings: Settings) -> None:

@@ -38,7 +38,7 @@ import scores
 from errors import ConfigError, NonFiniteLoss
 from reporting import Reporter
 from run_setup.run import Run, prepare_run
-from run_setup.run_config import check_resume
+from run_setup.run_config import check_init, check_resume
 from settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
 from stopping import SIGNALS, StopSignals
 
@@ -271,6 +271,7 @@ def train_and_evaluate(settings: Settings, workdir: str | Path) -> dict:
     task, tokenizer, data or seed field before anything is written; config.json records the rest.
     """
     check_resume(settings, Path(workdir))
+    check_init(settings, Path(workdir))  # a run to start from that does not fit stops here, before anything is written
     run = prepare_run(settings, workdir, lock=True)  # a second run on the workdir stops here, having written nothing
     try:
         with reporting.log_file(run.workdir, enabled=run.is_chief):

@@ -111,6 +111,10 @@ def get_config() -> ml_collections.ConfigDict:
     # --mode=eval/predict: the step to restore; -1 = the latest, or the best with restore_best.
     config.restore_step = -1
     config.restore_best = False
+    # Fine-tuning: a new run starts from another run's parameters (not its optimizer state or step)
+    # and reuses its vocabulary: "RUN_DIR" (its latest checkpoint), "RUN_DIR:best" or "RUN_DIR:STEP".
+    # "" = from scratch. A model or vocabulary that does not fit is refused, naming the fields.
+    config.init_from = ""
     # Examples of the split decoded at each evaluation for the task metric (0 = all).
     config.eval_decode_examples = 0
     # Split that --mode=eval/predict evaluates and decodes.
@@ -140,6 +144,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.tokenizer.shared = True
     # Characters of the train split the tokenizer is trained on.
     config.tokenizer.max_corpus_chars = 10_000_000
+    # Reuse the vocabulary of another run folder instead of training one ("" = train one; init_from
+    # reuses its run's already).
+    config.tokenizer.from_run = ""
 
     config.data = ml_collections.ConfigDict()
     # Token limits (eos included): longer training examples are dropped or trimmed.

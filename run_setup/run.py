@@ -11,6 +11,8 @@ function the model is `run.model(params)`: the NNX graph merged with the
 from __future__ import annotations
 
 import dataclasses
+import logging
+import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,10 +28,10 @@ import tasks
 import vocabularies
 from checkpoints import Checkpoints
 from errors import CheckpointError
-from files import WorkdirLock
+from files import WorkdirLock, write_whole
 from run_setup import preflight
 from run_setup.cluster import is_chief, make_mesh, setup_distributed
-from settings import Settings
+from settings import InitSettings, Settings
 
 # ----------------------------------------------------------------------------- data and vocabulary
 
@@ -48,6 +50,7 @@ def load_task_and_tokenizers(settings: Settings, workdir: Path) -> tuple[tasks.T
         pairs = settings.source.tokenizer_pairs(task.pair(train[i]) for i in range(len(train)))
         shards = getattr(task.splits["train"], "shards", None)  # built data of our own: the vocabulary is shelved beside it
         shelf = Path(shards[0]).parent / "vocabularies" if shards else None
+        reuse_vocabulary(settings, workdir / "tokenizer")
         return task, vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer, pairs, shelf=shelf)
 
     if is_chief():
@@ -55,6 +58,30 @@ def load_task_and_tokenizers(settings: Settings, workdir: Path) -> tuple[tasks.T
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("attend: data and tokenizer ready")
     return loaded if is_chief() else load()
+
+
+def reuse_vocabulary(settings: Settings, directory: Path) -> None:
+    """Copies the vocabulary of the run `init_from` or `tokenizer.from_run` name into `directory`,
+    unless it holds one (a resumed run); `vocabularies.load_or_train` then loads and verifies it."""
+    source = settings.init.vocabulary_from
+    if source and not (directory / "settings.json").exists():
+        write_whole(directory, lambda temporary: shutil.copytree(Path(source) / "tokenizer", temporary))
+        logging.info("reusing the vocabulary of %s", source)
+
+
+def initial_params_from(init: InitSettings, abstract: Any) -> nnx.State:
+    """The parameters of the checkpoint of run `init.run` that `init` names (its latest, best or a
+    step), restored into `abstract` (this run's shapes and shardings)."""
+    other = Checkpoints(Path(init.run) / "checkpoints")
+    try:
+        step = other.best_step() if init.checkpoint == "best" else init.step
+        if init.checkpoint == "best" and step is None:
+            raise CheckpointError(f"init_from {init.run}:best: no checkpoint there has eval metrics to pick the best")
+        restored_step, params = other.restore_params(abstract, step=step)
+    finally:
+        other.close()
+    logging.info("starting from the parameters of %s at step %d", init.run, restored_step)
+    return params
 
 
 # ----------------------------------------------------------------------------- the model
@@ -193,4 +220,6 @@ def prepare_run(
             held.release()
         raise
     params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+    if training and settings.init.run and not checkpoints.steps():  # fine-tuning; a run with checkpoints resumes
+        params = initial_params_from(settings.init, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params))
     return Run(settings, workdir, task, tokens, mesh, graphdef, params, rngs, checkpoints, held)

@@ -33,11 +33,11 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
 
 
 def differences(saved: Settings, new: Settings, groups: Sequence[str]) -> list[str]:
-    """`"name: saved -> new"` for each field of `groups` (a group or a single field) that differs."""
+    """`"name: saved -> new"` for each field of `groups` (a group, or a field by its dotted name) that differs."""
 
     def flat(settings: Settings) -> dict[str, Any]:
         fields = settings.fields
-        return {name: value for name, value in flatten(fields).items() if name.split(".")[0] in groups}
+        return {name: value for name, value in flatten(fields).items() if name.split(".")[0] in groups or name in groups}
 
     before, after = flat(saved), flat(new)
     return [
@@ -82,3 +82,48 @@ def for_evaluation(saved: Settings, requested: Settings, overridden: Sequence[st
     return parse(fields)
 
 
+
+
+def check_init(settings: Settings, workdir: Path) -> Settings | None:
+    """The settings of the run that `init_from` / `tokenizer.from_run` name, checked against
+    `settings` before anything is written: it is a run folder, its vocabulary settings are these,
+    and (for `init_from`) its model's fields are these, but those that shape no parameter
+    (dropout, say), which may change when fine-tuning. None when neither is set, or when the run in
+    `workdir` has checkpoints of its own (it resumes from them).
+
+    Raises:
+      ConfigError: naming the folder that is not a run, or the fields that differ.
+    """
+    init, own_checkpoints = settings.init, Path(workdir) / "checkpoints"
+    if not init.vocabulary_from or (own_checkpoints.is_dir() and any(own_checkpoints.iterdir())):
+        return None
+    what = "init_from" if init.run else "tokenizer.from_run"
+    source = read_run_settings(init.vocabulary_from)
+    if source is None:
+        raise ConfigError(f"{what} {init.vocabulary_from} is not a run folder (no config.json there)")
+    changed = differences(source, settings, ("tokenizer.kind", "tokenizer.vocab_size", "tokenizer.model_type", "tokenizer.shared",
+                                             "tokenizer.max_corpus_chars"))  # fmt: skip
+    if changed:
+        raise ConfigError(f"{what} {init.vocabulary_from}: its vocabulary was made with other settings: {'; '.join(changed)}; "
+                          "use the run's tokenizer fields")  # fmt: skip
+    if init.run and not same_parameter_shapes(source, settings):
+        changed = differences(source, settings, ("model",))
+        raise ConfigError(f"init_from {init.run}: its parameters do not fit this model ({'; '.join(changed)}); "
+                          "change only fields that shape no parameter (dropout rates, say)")  # fmt: skip
+    return source
+
+
+def same_parameter_shapes(source: Settings, settings: Settings) -> bool:
+    """Whether the two settings' models have the same parameters, names and shapes (built abstractly
+    with one vocabulary size: the vocabulary is the source run's either way)."""
+    import jax
+    from flax import nnx
+
+    import models
+
+    def shapes(model_settings) -> dict:
+        fields = {**model_settings.fields, "vocab_size": 64, "source_vocab_size": 64, "bos_id": 1, "pad_id": 0}
+        abstract = nnx.eval_shape(lambda: models.create_model(model_settings.name, rngs=nnx.Rngs(0), **fields))
+        return jax.tree.map(lambda leaf: leaf.shape, nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
+
+    return source.model.name == settings.model.name and shapes(source.model) == shapes(settings.model)

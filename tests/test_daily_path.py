@@ -229,3 +229,35 @@ def test_bleu_tokenizer_is_a_field_and_its_signature_is_kept():
     by_char = scores.text_scores("bleu", hypotheses, references, bleu_tokenize="char")
     assert "tok:13a" in default["bleu_signature"] and "tok:char" in by_char["bleu_signature"]
     assert by_char["bleu"] > default["bleu"]  # 13a sees one word; char sees the shared characters
+
+
+# ---------------------------------------------------------------- fine-tuning
+
+
+def test_a_run_initialised_from_another_starts_at_its_dev_loss_and_loads_like_any_other(finished_run, tmp_path):
+    from run_setup.run import prepare_run
+
+    config, workdir, final = finished_run
+    tuned = tiny_config(config.data_dir, init_from=f"{workdir}:20", num_train_steps=2, eval_every_steps=2, checkpoint_every_steps=2,
+                        **{"model.dropout_rate": 0.0})  # a field that shapes no parameter may change  # fmt: skip
+    run = prepare_run(parse(tuned), tmp_path / "first")  # before its first update
+    results, _ = evaluation.evaluate_split(evaluation.Evaluator(run), run.params, "dev", max_decoded=1)
+    assert results["loss"] == final["dev"]["loss"]  # the other run's parameters, exactly
+    assert (tmp_path / "first" / "tokenizer" / "shared.json").read_bytes() == (workdir / "tokenizer" / "shared.json").read_bytes()
+    run.checkpoints.close()
+    trainer.train_and_evaluate(parse(tuned), tmp_path / "tuned")
+    assert json.loads((tmp_path / "tuned" / "config.json").read_text())["init_from"] == f"{workdir}:20"
+    assert inference.load(tmp_path / "tuned").translate(["3 March 2021"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model.d_ff": 64}, r"its parameters do not fit this model \(model.d_ff: 32 -> 64\)"),
+    ({"tokenizer.max_corpus_chars": 5000}, r"its vocabulary was made with other settings: tokenizer.max_corpus_chars: 10000000 -> 5000"),
+])
+def test_a_run_to_start_from_that_does_not_fit_is_refused_naming_the_fields(finished_run, tmp_path, overrides, message):
+    config, workdir, _ = finished_run
+    with pytest.raises(ConfigError, match=message):
+        trainer.train_and_evaluate(parse(tiny_config(config.data_dir, init_from=str(workdir), **overrides)), tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(ConfigError, match="init_from .* is not a run folder"):
+        trainer.train_and_evaluate(parse(tiny_config(config.data_dir, init_from=str(tmp_path))), tmp_path / "new")
