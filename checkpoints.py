@@ -14,6 +14,7 @@ Kept: the last `keep` checkpoints, and the best one by an eval metric.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -29,7 +30,9 @@ from orbax.checkpoint import checkpoint_managers
 from errors import CheckpointError
 from files import file_digests, write_whole
 
-DIGEST_FILE = "attend_sha256.json"  # in each checkpoint's folder: a flipped bit may read without an error
+DIGEST_FILE = "attend_digest.json"  # in each checkpoint's folder: a flipped bit may read without an error
+DIGEST_ALGORITHM = "blake3"  # files.HASHES: about five times SHA-256's speed (benchmarks/restore.py)
+SHA256_DIGEST_FILE = "attend_sha256.json"  # what checkpoints saved before BLAKE3 hold: `{file: sha256}`, still verified
 
 
 class Checkpoints:
@@ -120,8 +123,9 @@ class Checkpoints:
             return
         for step in self.manager.all_steps():
             folder = Path(self.manager.directory) / str(step)
-            if folder.is_dir() and not (folder / DIGEST_FILE).exists():
-                digests = json.dumps(file_digests(folder, skip=DIGEST_FILE), indent=0, sort_keys=True)
+            if folder.is_dir() and not (folder / DIGEST_FILE).exists() and not (folder / SHA256_DIGEST_FILE).exists():
+                files = file_digests(folder, skip=DIGEST_FILE, algorithm=DIGEST_ALGORITHM)
+                digests = json.dumps({"algorithm": DIGEST_ALGORITHM, "files": files}, indent=0, sort_keys=True)
                 try:
                     write_whole(folder / DIGEST_FILE, lambda temporary: temporary.write_text(digests))
                 except OSError as error:
@@ -131,24 +135,26 @@ class Checkpoints:
         """What is wrong with the files of the checkpoint at `step` by its digest, or None (also
         when it has none: a run killed between a save's commit and its digest)."""
         folder = Path(self.manager.directory) / str(step)
-        path = folder / DIGEST_FILE
+        path = folder / DIGEST_FILE if (folder / DIGEST_FILE).exists() else folder / SHA256_DIGEST_FILE
         if not path.exists():
             logging.warning("the checkpoint at step %d in %s has no digest to verify it by", step, self.manager.directory)
             return None
         try:
             recorded = json.loads(path.read_text())
-        except (OSError, ValueError):
+            algorithm, recorded = (recorded["algorithm"], recorded["files"]) if path.name == DIGEST_FILE else ("sha256", recorded)
+        except (OSError, ValueError, KeyError, TypeError):
             return f"its digest {path} is unreadable"
-        found = file_digests(folder, skip=DIGEST_FILE)
+        found = file_digests(folder, skip=path.name, algorithm=algorithm)
         for name, digest in sorted(recorded.items()):
             if found.get(name) != digest:
                 return f"{folder / name} is {'missing' if name not in found else 'changed'} since it was saved"
         return None
 
     def restore(
-        self, abstract_state: Any, data_iterator: Any | None = None, *, step: int | None = None
+        self, abstract_state: Any, data_iterator: Any | None = None, *, step: int | None = None, verify: bool = True
     ) -> tuple[int, Any]:
-        """Restores `step`, or the newest readable checkpoint (warning about any that is not).
+        """Restores `step`, or the newest readable checkpoint (warning about any that is not), its
+        files checked against their digest unless `verify` is False (benchmarks/restore.py times both).
 
         `data_iterator`, when given, is set to the saved position: a run resumes. Then the unreadable
         checkpoints newer than the one restored are moved aside (`<step>.unreadable`, kept for a
@@ -164,7 +170,7 @@ class Checkpoints:
                 items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
             return ocp.args.Composite(**items)
 
-        return self._restore_readable(step, arguments, set_aside=data_iterator is not None)
+        return self._restore_readable(step, arguments, set_aside=data_iterator is not None, verify=verify)
 
     def restore_params(self, abstract_params: Any, *, step: int | None = None) -> tuple[int, Any]:
         """Restores only the parameters of `step` (or the newest readable checkpoint): no optimizer
@@ -180,7 +186,20 @@ class Checkpoints:
         restored_step, state = self._restore_readable(step, arguments)
         return restored_step, state["params"]
 
-    def _restore_readable(self, step: int | None, arguments: Callable[[], Any], set_aside: bool = False) -> tuple[int, Any]:
+    def _verified_restore(self, step: int, arguments: Callable[[], Any], verify: bool) -> Any:
+        """The checkpoint at `step`, its files checked against their digest while Orbax reads them (in
+        a thread: hashing overlaps the restore instead of reading every file once more before it).
+        What was restored is dropped when the digest finds damage."""
+        if not verify:
+            return self.manager.restore(step, args=arguments())
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="attend-digest") as hashing:
+            damage = hashing.submit(self._damage, step)
+            restored = self.manager.restore(step, args=arguments())
+            if damage.result():
+                raise CheckpointError(damage.result())
+        return restored
+
+    def _restore_readable(self, step: int | None, arguments: Callable[[], Any], set_aside: bool = False, verify: bool = True) -> tuple[int, Any]:
         available = self.steps()
         if step is not None and step not in available:
             raise CheckpointError(f"no checkpoint at step {step} in {self.manager.directory}; have {available}")
@@ -189,10 +208,7 @@ class Checkpoints:
             raise CheckpointError(f"no checkpoint in {self.manager.directory}")
         for candidate in candidates:
             try:
-                damage = self._damage(candidate)
-                if damage:
-                    raise CheckpointError(damage)
-                restored = self.manager.restore(candidate, args=arguments())
+                restored = self._verified_restore(candidate, arguments, verify)
             except Exception as error:  # Orbax/TensorStore raise many types for damaged files
                 logging.warning("checkpoint at step %d in %s is unreadable (%s: %s)", candidate,
                                 self.manager.directory, type(error).__name__, str(error).splitlines()[0][:300])

@@ -109,3 +109,39 @@ def test_the_blocking_lock_serialises_two_processes(tmp_path):
         assert waiter.poll() is None and not done.exists()  # it waits for this process
     assert waiter.wait(timeout=10) == 0
     assert done.exists()
+
+
+def test_blake3_digest_is_the_published_test_vector_and_reads_in_chunks(tmp_path, monkeypatch):
+    (tmp_path / "abc").write_bytes(b"abc")
+    # BLAKE3's published test vector for "abc" (the BLAKE3 specification's reference implementation)
+    assert files.file_digest(tmp_path / "abc", "blake3") == "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
+    monkeypatch.setattr(files, "CHUNK_BYTES", 7)  # several chunks: the digest of the whole file all the same
+    (tmp_path / "long").write_bytes(bytes(range(256)) * 3)
+    assert files.file_digest(tmp_path / "long", "sha256") == hashlib.sha256(bytes(range(256)) * 3).hexdigest()
+
+
+@pytest.mark.parametrize("format", ["blake3", "sha256 (checkpoints saved before BLAKE3)"])
+def test_a_checkpoint_digest_of_either_format_catches_a_flipped_byte(tmp_path, format):
+    import jax.numpy as jnp
+
+    import checkpoints
+    from errors import CheckpointError
+
+    state = {"w": jnp.arange(4096, dtype=jnp.float32)}
+    writer = checkpoints.Checkpoints(tmp_path / "checkpoints", async_save=False)
+    writer.save(1, state, None)
+    writer.close()
+    folder = tmp_path / "checkpoints" / "1"
+    recorded = json.loads((folder / checkpoints.DIGEST_FILE).read_text())
+    assert recorded["algorithm"] == "blake3" and recorded["files"]
+    if format.startswith("sha256"):
+        (folder / checkpoints.DIGEST_FILE).unlink()
+        legacy = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in recorded["files"]}
+        (folder / checkpoints.SHA256_DIGEST_FILE).write_text(json.dumps(legacy))
+    reader = checkpoints.Checkpoints(tmp_path / "checkpoints")
+    assert reader.restore({"w": state["w"]}, step=1)[0] == 1  # intact: it restores
+    marker = folder / "commit_success.txt"  # in the digest, and restoring reads nothing of it: only the digest can tell
+    marker.write_bytes(bytes([marker.read_bytes()[0] ^ 0xFF]) + marker.read_bytes()[1:])
+    with pytest.raises(CheckpointError, match="commit_success.txt is changed since it was saved"):
+        reader.restore({"w": state["w"]}, step=1)
+    reader.close()

@@ -7,13 +7,13 @@ import pytest
 
 import vocabularies as tk
 from configs import base
-from settings import TokenizerSettings
+from settings import TokenizerSettings, parse
 from errors import ConfigError, DataError
 
 
 def settings(**fields):
     """configs/base.py's tokenizer settings, with `fields` changed."""
-    return TokenizerSettings(**{**base.get_config().tokenizer.to_dict(), **fields})
+    return dataclasses.replace(parse(base.get_config()).tokenizer, **fields)
 
 CORPUS = [
     ("the cat sat on the mat", "die Katze sass auf der Matte"),

@@ -1,0 +1,81 @@
+"""Restoring a Transformer-big-sized checkpoint with and without checking its files' SHA-256 digest.
+
+    python benchmarks/restore.py [--params 214_000_000] [--repeats 3]
+
+Saves one checkpoint of a train state the size of `configs/wmt14_transformer_big.py`'s (214M
+float32 parameters and Adam's two moments: 2.6 GB) in a temporary folder, then restores it
+`--repeats` times each way, alternating, and prints the medians and the check's share. The check
+hashes the files by BLAKE3 in a thread while Orbax reads them (checkpoints.Checkpoints._verified_restore);
+the table also gives what hashing alone takes, by BLAKE3 and by SHA-256 (a check made before the
+restore, reading every file once more, adds that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import files  # noqa: E402
+from checkpoints import Checkpoints  # noqa: E402
+
+LAYER = 4_194_304  # parameters per array: a 2048 x 2048 matrix, the size of Transformer-big's larger blocks
+
+
+def train_state(parameters: int) -> dict:
+    """`{"step", "params", "opt_state": (mu, nu)}` of `parameters` random float32 parameters in arrays of
+    LAYER (random: Orbax compresses what it writes, and constant arrays would shrink to nothing)."""
+    sizes = [LAYER] * (parameters // LAYER) + ([parameters % LAYER] if parameters % LAYER else [])
+    keys = jax.random.split(jax.random.key(0), len(sizes))
+    params = {f"w{i}": 0.02 * jax.random.normal(key, (size,), jnp.float32) for i, (key, size) in enumerate(zip(keys, sizes))}
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": (params, jax.tree.map(jnp.square, params))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", type=int, default=214_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    state = train_state(args.params)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    gigabytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) / 1e9
+    with tempfile.TemporaryDirectory(dir=PROJECT_ROOT) as folder:
+        writer = Checkpoints(Path(folder) / "checkpoints", async_save=False)
+        writer.save(1, state, None)
+        writer.close()  # writes the digest
+        del state
+        reader = Checkpoints(Path(folder) / "checkpoints")
+        times = {True: [], False: [], "hashing": [], "sha256": []}
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            assert reader._damage(1) is None  # hashing alone: what a check before the restore adds
+            times["hashing"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            files.file_digests(Path(folder) / "checkpoints" / "1", algorithm="sha256")  # the same files by SHA-256
+            times["sha256"].append(time.perf_counter() - start)
+            for verify in (False, True):
+                start = time.perf_counter()
+                _, restored = reader.restore(abstract, verify=verify)
+                jax.block_until_ready(restored)
+                times[verify].append(time.perf_counter() - start)
+                del restored
+        reader.close()
+    plain, checked, hashing, sha = (statistics.median(times[key]) for key in (False, True, "hashing", "sha256"))
+    print(f"| checkpoint | restore s (median of {args.repeats}) | with the check (BLAKE3 while reading) s | its share | "
+          "BLAKE3 alone s | SHA-256 alone s (a SHA-256 check before the restore) | its share |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.params / 1e6:.0f}M parameters + Adam, {gigabytes:.2f} GB | {plain:.2f} | {checked:.2f} | {(checked - plain) / plain:.2f} | "
+          f"{hashing:.2f} | {sha:.2f} | {sha / plain:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
