@@ -28,3 +28,18 @@ def np_log_softmax(scores):
     scores = np.asarray(scores, np.float64)
     shifted = scores - scores.max(-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def np_numerical_gradient(function, weights, step=1e-6):
+    """Central differences of the scalar `function(weights)` with respect to every entry of the dict
+    of float64 arrays `weights`: a dict of the same shapes (truncation error O(step^2))."""
+    gradient = {}
+    for name, value in weights.items():
+        gradient[name] = np.zeros_like(value)
+        for index in np.ndindex(value.shape):
+            shifted = {**weights, name: value.copy()}
+            shifted[name][index] = value[index] + step
+            above = function(shifted)
+            shifted[name][index] = value[index] - step
+            gradient[name][index] = (above - function(shifted)) / (2 * step)
+    return gradient
