@@ -154,6 +154,128 @@ def test_fused_decoder_step_is_eqs_13_to_17(fusion):
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
 
 
+# -- the whole encoder-decoder, from the equations alone ---------------------------------------------
+
+def randomize(model, seed, scale=0.5):
+    """Every parameter redrawn from N(0, scale^2), biases included (they start at 0, or 1 for the
+    forget gate), so that no term of an equation is zero or negligible and dropping one shows."""
+    rng = np.random.default_rng(seed)
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Param):
+            node[...] = jnp.asarray(rng.normal(scale=scale, size=node.shape), node.dtype)
+
+
+def paper_weights(model):
+    """The module's parameters as float64 arrays under the equations' names; the only thing the
+    reference below takes from the module. Its biases inside the tanh of eqs. 7 and 13 (`b_x`,
+    `b_gamma`) are the module's, which the paper does not write."""
+    E = model.config.embed_dim
+
+    def layer(cell):
+        names = dict(W_h=cell.key_proj.kernel, W_x=cell.input_attention.kernel, b_x=cell.input_attention.bias,
+                     W_htilde=cell.summary_attention.kernel, v=cell.v, W=cell.gates.kernel, b=cell.gates.bias)
+        if cell.fusion is not None:
+            names.update(W_r=cell.fusion.kernel, b_r=cell.fusion.bias)
+        return {name: f64(value) for name, value in names.items()}
+
+    inter = model.cross_attention
+    query = f64(inter.query_proj.kernel)  # over [x_t; gamma~_{t-1}]
+    return dict(
+        source_embed=f64(model.source_embed.embedding), target_embed=f64(model.target_embed.embedding),
+        encoder=[layer(cell) for cell in model.encoder_cells], decoder=[layer(cell) for cell in model.decoder_cells],
+        # eq. 13's W_gamma (and bias), W_x, W_gamma~, u
+        W_gamma=f64(inter.key_proj.kernel), b_gamma=f64(inter.key_proj.bias), W_x=query[:E], W_gammatilde=query[E:],
+        u=f64(inter.v), W_out=f64(model.output.kernel), b_out=f64(model.output.bias),
+    )  # fmt: skip
+
+
+def paper_softmax(scores):
+    """Eqs. 8 and 14 over a non-empty list of scores."""
+    e = np.exp(np.asarray(scores) - np.max(scores))
+    return e / e.sum()
+
+
+def paper_lstmn_step(w, hs, cs, h_tilde_previous, x, fusion=None, gamma_tilde=None, alpha_tilde=None):
+    """Step t of one LSTMN layer: the tapes `hs = [h_1 .. h_{t-1}]`, `cs = [c_1 .. c_{t-1}]` (lists, one
+    vector per earlier token), eqs. 7-12; in the decoder's first layer, the context gamma~_t in the gates
+    (`fusion="shallow"`) or alpha~_t gated into the memory (`"deep"`, eqs. 16-17). Returns h_t, c_t, h~_t."""
+    if hs:
+        a = [np.tanh(h_i @ w["W_h"] + x @ w["W_x"] + w["b_x"] + h_tilde_previous @ w["W_htilde"]) @ w["v"] for h_i in hs]  # (7)
+        s = paper_softmax(a)  # (8)
+        h_tilde = sum(s_i * h_i for s_i, h_i in zip(s, hs))  # (9)
+        c_tilde = sum(s_i * c_i for s_i, c_i in zip(s, cs))
+    else:  # t = 1: nothing to read
+        h_tilde = c_tilde = np.zeros_like(h_tilde_previous)
+    gate_input = [h_tilde, x] + ([gamma_tilde] if fusion == "shallow" else [])
+    i, f, o, c_hat = np.split(np.concatenate(gate_input) @ w["W"] + w["b"], 4)  # (10)
+    c = sigmoid(f) * c_tilde + sigmoid(i) * np.tanh(c_hat)  # (11)
+    if fusion == "deep":
+        r = sigmoid(np.concatenate([gamma_tilde, x]) @ w["W_r"] + w["b_r"])  # (16)
+        c = r * alpha_tilde + c  # (17)
+    h = sigmoid(o) * np.tanh(c)  # (12)
+    return h, c, h_tilde
+
+
+def paper_lstmn_run(layers, xs):
+    """A stack of LSTMN layers over the vectors `xs`, each layer reading the hidden states of the one
+    below: the top layer's tapes `([h_1 ..], [c_1 ..])`."""
+    for layer in layers:
+        hs, cs, h_tilde = [], [], np.zeros(len(layer["W_htilde"]))  # h~_0 = 0
+        for x in xs:
+            h, c, h_tilde = paper_lstmn_step(layer, hs, cs, h_tilde, x)
+            hs.append(h)
+            cs.append(c)
+        xs = hs
+    return hs, cs
+
+
+def paper_encoder_decoder(w, source, target, fusion, bos):
+    """Teacher-forced logits `[len(target), V]` of the section-4 encoder-decoder for one unpadded example:
+    the encoder's top-layer tapes gamma, alpha; at every target step, inter-attention from the previous
+    word x_t and gamma~_{t-1} (eqs. 13-15), the decoder layers bottom up, the first with the source in its
+    gates or its memory, and the output layer over [h_t of the top layer; gamma~_t]."""
+    gamma, alpha = paper_lstmn_run(w["encoder"], [w["source_embed"][word] for word in source])
+    hidden = len(gamma[0])
+    tapes = [([], []) for _ in w["decoder"]]  # per decoder layer, its h and c tapes
+    summaries = [np.zeros(hidden) for _ in w["decoder"]]  # h~_{t-1} per layer
+    gamma_tilde = np.zeros(hidden)  # gamma~_0
+    logits = []
+    for previous in [bos, *target[:-1]]:
+        x = w["target_embed"][previous]
+        b = [np.tanh(g_j @ w["W_gamma"] + w["b_gamma"] + x @ w["W_x"] + gamma_tilde @ w["W_gammatilde"]) @ w["u"] for g_j in gamma]  # (13)
+        p = paper_softmax(b)  # (14)
+        gamma_tilde = sum(p_j * g_j for p_j, g_j in zip(p, gamma))  # (15)
+        alpha_tilde = sum(p_j * a_j for p_j, a_j in zip(p, alpha))
+        layer_input = x
+        for index, (layer, (hs, cs)) in enumerate(zip(w["decoder"], tapes)):
+            source_terms = dict(fusion=fusion, gamma_tilde=gamma_tilde, alpha_tilde=alpha_tilde) if index == 0 else {}
+            h, c, summaries[index] = paper_lstmn_step(layer, hs, cs, summaries[index], layer_input, **source_terms)
+            hs.append(h)
+            cs.append(c)
+            layer_input = h
+        logits.append(np.concatenate([layer_input, gamma_tilde]) @ w["W_out"] + w["b_out"])
+    return np.array(logits)
+
+
+@pytest.mark.parametrize("fusion", ["shallow", "deep"])
+def test_two_layer_encoder_decoder_logits_are_the_papers_equations(fusion):
+    """The module's teacher-forced logits (two encoder and two decoder layers, three source and three
+    target words) against `paper_encoder_decoder`, written from eqs. 7-17 with lists for tapes: it takes
+    the module's weights (all redrawn, so that every term counts) and nothing else of the module, nor
+    the step helpers above. The second source has two words and padding: the module on the padded batch
+    gives what the reference gives on the two words. `embed_dim = hidden_dim`, so that a layer fed the
+    wrong layer's input computes (wrongly) instead of failing on a shape."""
+    model = make(fusion=fusion, embed_dim=4, hidden_dim=4, attention_dim=3, num_encoder_layers=2, num_decoder_layers=2)
+    randomize(model, seed=11)
+    sources = np.array([[5, 9, 3], [7, 4, 0]])
+    targets = np.array([[6, 3, 11], [8, 8, 12]])
+    logits = np.asarray(model({"inputs": jnp.asarray(sources), "targets": jnp.asarray(targets)}))
+    w = paper_weights(model)
+    for row in range(2):
+        expected = paper_encoder_decoder(w, sources[row][sources[row] > 0], targets[row], fusion, model.config.bos_id)
+        np.testing.assert_allclose(logits[row], expected, rtol=1e-5, atol=1e-6)
+
+
 def batch_of(seed=0):
     rng = np.random.default_rng(seed)
     inputs = rng.integers(3, V, (3, 7))
