@@ -1,7 +1,7 @@
 """The config, parsed and checked once, into typed frozen settings grouped by concern.
 
 The entry points (train.py, sweep.py, inference.load) turn an
-`ml_collections.ConfigDict` into `Settings` with `parse(config)`; everything
+ConfigDict (configs/base.py's) into `Settings` with `parse(config)`; everything
 below them takes the settings, or the one group it needs, and never a
 ConfigDict. Each field's default and documentation live in `configs/base.py`
 (a task's and a model family's own fields in their dataclasses); the
@@ -25,8 +25,6 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-import ml_collections
-
 import decoding
 import metrics
 import models
@@ -34,7 +32,7 @@ import scores
 import sources
 import tasks
 import vocabularies
-from errors import ConfigError, DataError
+from errors import ConfigError
 
 LARGEST_INT = 2**31 - 1  # sizes and counts beyond this overflow the int32 arithmetic of steps and shapes
 SPLIT_NAMES = ("train", "dev", "test")
@@ -383,13 +381,13 @@ def copy_tree(tree: Any) -> Any:
     return tuple(tree) if isinstance(tree, (list, tuple)) else tree
 
 
-def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Settings:
+def parse(config: Any) -> Settings:
     """The settings of a resolved config (a ConfigDict, or its `to_dict()`).
 
     Raises:
       ConfigError: naming the first field whose value cannot work, alone or with the others.
     """
-    fields = copy_tree(config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config)
+    fields = copy_tree(config if isinstance(config, Mapping) else config.to_dict())
     try:
         settings = _groups(fields)
     except KeyError as error:
@@ -457,24 +455,10 @@ def check_together(settings: Settings) -> None:
 def read_run_settings(workdir: str | Path) -> Settings | None:
     """The settings of the run in `workdir` (its config.json), or None where there is none; a run
     folder written before a field existed gets that field's default."""
-    config = read_run_config(workdir)
+    from configs import base  # the config files' module: it turns config.json back into a config
+
+    config = base.read_run_config(workdir)
     return None if config is None else parse(config)
-
-
-def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict | None:
-    """The resolved config a run wrote to `workdir/config.json` (lists back as tuples), or None;
-    completed with the common fields it lacks at their defaults, so that a run folder written
-    before a field existed still resumes, evaluates and loads (`base.with_defaults`)."""
-    from configs import base
-
-    path = Path(workdir) / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise DataError(f"{path} is not a readable config ({error}); restore it or use a fresh workdir") from error
-    return base.with_defaults(ml_collections.ConfigDict(copy_tree(saved)))
 
 
 def write_run_config(settings: Settings, workdir: Path) -> None:

@@ -75,7 +75,7 @@ def settings_for(mode: str, workdir: Path) -> settings.Settings:
     with the evaluation fields of the overrides (or of `--config`, when given)."""
     if mode == "train":
         return settings.parse(base.load(FLAGS.config, OVERRIDES))
-    saved = settings.read_run_config(workdir)
+    saved = base.read_run_config(workdir)
     if saved is None:
         raise ConfigError(f"--mode={mode} needs a run folder, and {workdir} holds no config.json")
     requested = base.load(FLAGS.config if FLAGS["config"].present else saved, OVERRIDES)

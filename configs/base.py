@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 from pathlib import Path
 from typing import Sequence
@@ -40,7 +41,7 @@ from ml_collections import config_flags
 
 import models
 import tasks
-from errors import ConfigError, UserError
+from errors import ConfigError, DataError, UserError
 
 
 def task(name: str, **params) -> ml_collections.ConfigDict:
@@ -231,6 +232,20 @@ def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     for name, fields in families.items():  # a task's or model's fields as saved, not merged with others'
         completed[name] = ml_collections.ConfigDict(fields)
     return completed
+
+
+def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict | None:
+    """The resolved config a run wrote to `workdir/config.json` (lists back as tuples), or None;
+    completed with the common fields it lacks at their defaults, so that a run folder written
+    before a field existed still resumes, evaluates and loads (`with_defaults`)."""
+    path = Path(workdir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text(), object_hook=lambda fields: {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    except (OSError, json.JSONDecodeError) as error:
+        raise DataError(f"{path} is not a readable config ({error}); restore it or use a fresh workdir") from error
+    return with_defaults(ml_collections.ConfigDict(saved))
 
 
 def has_field(config: ml_collections.ConfigDict, dotted_name: str) -> bool:

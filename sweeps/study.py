@@ -8,10 +8,10 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import ml_collections
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -66,7 +66,7 @@ def format_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def with_overrides(config_path: str | Path, overrides: dict[str, Any], where: str) -> ml_collections.ConfigDict:
+def with_overrides(config_path: str | Path, overrides: dict[str, Any], where: str):
     """The config file with `overrides` applied exactly as train.py will apply them (`base.load`);
     an unknown field or a value the field cannot take names `where` and the field."""
     config = base.load(config_path)
@@ -102,7 +102,7 @@ def space_values(path: str | Path, name: str, space: Any) -> list:
     return [low, high]
 
 
-def objective_direction(path: str | Path, config: ml_collections.ConfigDict, metric: str, given: str | None) -> str:
+def objective_direction(path: str | Path, config, metric: str, given: str | None) -> str:
     """The objective's direction: the score registry's (scores.py), for an objective the config's task
     writes. A config that is not attend's (another `--train_script`) states it, or minimizes."""
     if not base.has_field(config, "task.name"):
@@ -125,7 +125,7 @@ def load_sweep(path: str | Path, config_path: str | Path) -> Sweep:
       SweepError: naming the file and the culprit (unknown key or field, empty space, bad method...).
     """
     fields = base.call_in_file(path, "get_sweep", "sweep")
-    fields = fields.to_dict() if isinstance(fields, ml_collections.ConfigDict) else dict(fields)
+    fields = dict(fields) if isinstance(fields, Mapping) else fields.to_dict()  # a dict, or a ConfigDict
     unknown = sorted(set(fields) - set(SWEEP_KEYS))
     if unknown:
         raise SweepError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(SWEEP_KEYS)}")

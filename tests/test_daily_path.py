@@ -63,7 +63,7 @@ def test_eval_reads_the_run_folder_and_refuses_another_model(finished_run, tmp_p
 
 def test_evaluation_config_keeps_the_run_and_takes_evaluation_fields(finished_run):
     config, workdir, _ = finished_run
-    saved = settings.read_run_config(workdir)
+    saved = base.read_run_config(workdir)
     requested = parse(base.load(saved, ["--config.decode.beam_size=3", "--config.eval_decode_examples=5", "--config.learning_rate=9.0"]))
     merged = run_config.for_evaluation(parse(saved), requested, ["decode.beam_size", "eval_decode_examples", "learning_rate"])
     assert (merged.decode.beam_size, merged.evaluation.eval_decode_examples, merged.optimization.learning_rate) == (3, 5, saved.learning_rate)
