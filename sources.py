@@ -25,7 +25,7 @@ import numpy as np
 import sentencepiece as spm
 
 import visualize
-from errors import UserError
+from errors import ConfigError, UserError
 from files import write_whole
 from models.attention import AttentionRole
 from tasks import Task, with_channels
@@ -264,8 +264,6 @@ class ImageSource(SourceKind):
         return ((target, target) for _, target in pairs)  # no source text: the (unused) source vocabulary learns the captions
 
     def check_task(self, task, model_fields):
-        from errors import ConfigError
-
         shape = task.image(task.splits["train"][0]).shape
         if len(shape) != 3 or shape[-1] != model_fields["channels"]:
             raise ConfigError(
