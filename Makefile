@@ -4,8 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements.stamp
+# The catalog's preparation environment (see `prepare` below).
+PREPARE_VENV := .venv-prepare
+PREPARE_STAMP := $(PREPARE_VENV)/.requirements.stamp
 
-.PHONY: train test install postgresql clean
+.PHONY: train test install postgresql clean prepare prepare-env
 
 install: $(STAMP)
 
@@ -21,7 +24,7 @@ train: $(STAMP)
 # Two pytest-xdist workers (one per core of the 2-core CI machine; TEST_WORKERS=0 runs in one
 # process); a test's own subprocesses share the session's compilation cache with both.
 TEST_WORKERS ?= 2
-test: $(STAMP) postgresql
+test: $(STAMP) $(PREPARE_STAMP) postgresql
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests $(ARGS)
 
 # The sweep tests start a PostgreSQL server on loopback: install Debian's package if absent.
@@ -30,5 +33,21 @@ postgresql:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql; }
 
+# Preparing a TFDS catalog dataset (README, "Preparing a catalog dataset") runs in its own
+# environment: TFDS needs TensorFlow to download and extract, training does not. The tests of
+# tests/test_catalog_prepare.py use it too.
+prepare-env: $(PREPARE_STAMP)
+
+$(PREPARE_STAMP): requirements-prepare.txt
+	test -x $(PREPARE_VENV)/bin/python || $(PYTHON) -m venv $(PREPARE_VENV)
+	$(PREPARE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PREPARE_VENV)/bin/python -m pip install --quiet -r requirements-prepare.txt
+	touch $(PREPARE_STAMP)
+
+# make prepare DATASET=wmt14_translate/de-en [DATA_DIR=dir (default $$TFDS_DATA_DIR, else data/tfds)] [MANUAL_DIR=dir]
+prepare: $(PREPARE_STAMP)
+	@test -n "$(DATASET)" || { echo "make prepare: give DATASET=name, e.g. DATASET=wmt14_translate/de-en"; exit 2; }
+	$(PREPARE_VENV)/bin/python prepare_catalog.py $(DATASET) $(if $(DATA_DIR),--data_dir=$(DATA_DIR)) $(if $(MANUAL_DIR),--manual_dir=$(MANUAL_DIR))
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(PREPARE_VENV) .pytest_cache
