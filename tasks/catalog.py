@@ -1,24 +1,29 @@
 """TFDS catalog datasets by name: translation, e.g. `wmt14_translate/de-en`, `ted_hrlr_translate/pt_to_en`,
 and captioning, `coco_captions` (each image with its captions; resized to `task.height x task.width`).
 
-The data must already be prepared in `data_dir` (these machines have no
-internet; on one that has, `tfds build NAME --data_dir=DIR --file_format=array_record`
-or a first run with `task.download=True` prepares it). Records hold one text feature per
-language; the source and target languages come from the config name
-(`de-en`, `pt_to_en`) unless given, and `reverse=True` swaps them.
+The data must already be prepared as array_record, by `make prepare DATASET=NAME DATA_DIR=DIR`
+(prepare_catalog.py, in its own environment with TensorFlow: TFDS needs it to prepare, training
+does not). A dataset is read from `data_dir`, or, where it is not prepared there, from
+`$TFDS_DATA_DIR`, where the prepare command puts it by default. It is read from its files alone
+(its dataset_info.json), so a builder that imports TensorFlow (coco_captions) reads without it.
+Records hold one text feature per language; the source and target languages come from the
+config name (`de-en`, `pt_to_en`) unless given, and `reverse=True` swaps them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib
+import os
 import pkgutil
 import re
 
 import numpy as np
 import tensorflow_datasets as tfds
 import tensorflow_datasets.translate
+from tensorflow_datasets.core import read_only_builder, registered
 from PIL import Image
 
 from errors import ConfigError, DataError
@@ -134,13 +139,58 @@ def load_caption_catalog(name: str, data_dir: str, config: CaptionCatalogConfig)
 
 
 def data_sources(name: str, data_dir: str, split_names: dict[str, str], download: bool) -> dict:
-    """`{split: TFDS random-access source}` of a prepared catalog dataset, or a DataError saying how to prepare it."""
-    try:
-        return {split: tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=download)
+    """`{split: TFDS random-access source}` of a prepared catalog dataset, or an error saying how to prepare it."""
+    check_catalog_name(name)
+    if download:  # TFDS prepares it here, in this environment (most builders need TensorFlow for that)
+        return {split: tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=True)
                 for split, tfds_split in split_names.items()}  # fmt: skip
-    except Exception as error:  # TFDS raises several types for "not prepared" / "not in catalog"
-        raise DataError(
-            f"TFDS dataset {name!r} is not available as array_record in {data_dir}: {error}. Prepare it first "
-            f"(`tfds build {name} --data_dir={data_dir} --file_format=array_record` where there is internet) "
-            "or set task.download=True."
-        ) from error
+    builder = prepared_builder(name, data_dir)
+    return {split: builder.as_data_source(split=tfds_split) for split, tfds_split in split_names.items()}
+
+
+def prepare_command(name: str, data_dir: str) -> str:
+    """The command that prepares catalog dataset `name` in `data_dir` (README, "Preparing a catalog dataset")."""
+    return f"make prepare DATASET={name} DATA_DIR={data_dir}"
+
+
+def catalog_data_dirs(data_dir: str) -> list[str]:
+    """Where a prepared catalog dataset is looked for, in order: `data_dir`, then `$TFDS_DATA_DIR`."""
+    environment = os.environ.get("TFDS_DATA_DIR", "")
+    return [data_dir] + ([environment] if environment and environment != data_dir else [])
+
+
+def prepared_builder(name: str, data_dir: str):
+    """The read-only TFDS builder of `name` prepared as array_record in the first of
+    `catalog_data_dirs(data_dir)` that has it; a DataError naming the command that prepares it."""
+    for directory in catalog_data_dirs(data_dir):
+        try:
+            builder = read_only_builder.builder_from_files(name, data_dir=directory)
+        except registered.DatasetNotFoundError:
+            continue
+        if builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
+            raise DataError(
+                f"TFDS dataset {name!r} in {builder.data_path} is prepared as {builder.info.file_format.value}, "
+                f"not array_record (random access needs it): remove that folder and run {prepare_command(name, directory)}"
+            )
+        return builder
+    raise DataError(
+        f"TFDS dataset {name!r} is not prepared in {' nor '.join(catalog_data_dirs(data_dir))}; "
+        f"prepare it with: {prepare_command(name, data_dir)}"
+    )
+
+
+def check_catalog_name(name: str) -> None:
+    """A ConfigError naming a dataset or config that TFDS's catalog does not have, with the nearest names."""
+    register_translation_builders()
+    dataset, _, config = name.partition("/")
+    known = tfds.list_builders(with_community_datasets=False)
+    if dataset not in known:
+        close = difflib.get_close_matches(dataset, known, n=3)
+        raise ConfigError(f"unknown TFDS catalog dataset {dataset!r} (task.name {name!r})"
+                          + (f"; did you mean {', '.join(close)}?" if close else ""))  # fmt: skip
+    try:
+        configs = [c.name for c in getattr(tfds.builder_cls(dataset), "BUILDER_CONFIGS", [])]
+    except ImportError:  # a builder that needs TensorFlow (coco_captions): its configs are not known here
+        return
+    if config.split(":")[0] and configs and config.split(":")[0] not in configs:
+        raise ConfigError(f"{dataset} has no config {config!r} (task.name {name!r}); its configs: {', '.join(configs)}")

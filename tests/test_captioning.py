@@ -145,13 +145,16 @@ def test_hard_attention_resumes_bit_identical_after_sigkill(shared_data_dir, tmp
 def test_coco_captions_records_from_a_source_in_its_layout(tmp_path, monkeypatch):
     """TFDS's coco_captions builder needs TensorFlow to be constructed (mock data included), which
     this project does not install; its records are checked here from a source in the builder's
-    feature layout (an image of any size, `image/filename`, `captions: {text: [...]}`)."""
-    import tensorflow_datasets as tfds
+    feature layout (an image of any size, `image/filename`, `captions: {text: [...]}`).
+    tests/test_catalog_prepare.py prepares and reads the real builder's output."""
+    from types import SimpleNamespace
+
+    from tasks import catalog
 
     images = [np.full((20 + i, 30, 3), 40 * i, np.uint8) for i in range(3)]
     source = [{"image": image, "image/filename": f"img{i}.jpg".encode(),
                "captions": {"text": [f"caption {i}.{c}" for c in range(5 if i else 2)]}} for i, image in enumerate(images)]  # fmt: skip
-    monkeypatch.setattr(tfds, "data_source", lambda name, split, data_dir, download: source)
+    monkeypatch.setattr(catalog, "prepared_builder", lambda name, data_dir: SimpleNamespace(as_data_source=lambda split: source))
     task = load_task("coco_captions", str(tmp_path), height=12, width=10)
     assert (task.metric, task.inputs) == ("caption", "image")
     assert [len(task.splits[s]) for s in ("train", "dev", "test")] == [15, 15, 15]  # five captions an image

@@ -235,27 +235,7 @@ def test_catalog_languages_from_names():
         catalog.languages_of("some_dataset")
 
 
-@pytest.mark.parametrize(
-    "name,reverse,source_key,target_key",
-    [
-        ("wmt14_translate/de-en", False, "de", "en"),
-        ("wmt17_translate/de-en", True, "en", "de"),
-        ("ted_hrlr_translate/pt_to_en", False, "pt", "en"),
-    ],
-)
-def test_catalog_datasets_through_mock_data(tmp_path, name, reverse, source_key, target_key):
-    with tfds.testing.mock_data(num_examples=6):
-        task = tasks.load_task(name, str(tmp_path), reverse=reverse)
-        assert (task.source_key, task.target_key, task.metric) == (source_key, target_key, "bleu")
-        assert [len(task.splits[s]) for s in ("train", "dev", "test")] == [6, 6, 6]
-        record = task.splits["dev"][2]
-        assert task.pair(record) == (tasks.base.text(record[source_key]), tasks.base.text(record[target_key]))
-        assert task.pair(record)[0]  # mock text is non-empty
-
-
-def test_catalog_dataset_that_is_not_prepared_is_named(tmp_path):
-    with pytest.raises(ValueError, match="'wmt14_translate/de-en' is not available as array_record"):
-        tasks.load_task("wmt14_translate/de-en", str(tmp_path))
+# Preparing catalog datasets with TFDS's real builders and reading them: tests/test_catalog_prepare.py.
 
 
 def test_config_classes_are_dataclasses():
