@@ -35,25 +35,35 @@ def default_data_dir() -> str:
     return os.environ.get("TFDS_DATA_DIR") or "data/tfds"
 
 
-def unknown_name_message(name: str, error: Exception) -> str:
-    """One line naming the unknown dataset or config, with the closest known names."""
-    dataset = name.split("/")[0]
+def prepare_command(name: str, data_dir: str) -> str:
+    """The command that prepares catalog dataset `name` in `data_dir`, as errors name it."""
+    return f"make prepare DATASET={name} DATA_DIR={data_dir}"
+
+
+def name_problem(name: str) -> str | None:
+    """What is wrong with catalog name `name` (`dataset[/config][:version]`), as one line naming the
+    nearest known names; None for a name TFDS's catalog has. (tasks/catalog.py asks too, in the
+    training environment, where a builder that imports TensorFlow cannot tell its configs.)"""
+    dataset, _, config = name.split(":")[0].partition("/")
     known = tfds.list_builders(with_community_datasets=False)
     if dataset not in known:
         close = difflib.get_close_matches(dataset, known, n=3)
         return f"unknown TFDS catalog dataset {dataset!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
-    configs = [config.name for config in getattr(tfds.builder_cls(dataset), "BUILDER_CONFIGS", [])]
-    if configs:
-        return f"{name!r}: {dataset} has no such config; its configs: {', '.join(configs)}"
-    return f"{name!r}: {str(error).splitlines()[0]}"
+    try:
+        configs = [c.name for c in getattr(tfds.builder_cls(dataset), "BUILDER_CONFIGS", [])]
+    except ImportError:  # coco_captions's builder without TensorFlow
+        return None
+    if config and configs and config not in configs:
+        return f"{dataset} has no config {config!r}; its configs: {', '.join(configs)}"
+    return None
 
 
 def builder_of(name: str, data_dir: str):
     """The registered TFDS builder `name` (`dataset[/config][:version]`) writing to `data_dir`."""
-    try:
-        return tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
-    except (tfds.core.registered.DatasetNotFoundError, ValueError) as error:
-        raise PrepareError(unknown_name_message(name, error)) from error
+    problem = name_problem(name)
+    if problem:
+        raise PrepareError(problem)
+    return tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
 
 
 def prepare(name: str, data_dir: str, manual_dir: str | None = None) -> Path:

@@ -1,10 +1,11 @@
 """The paper's base Transformer on WMT 2014 English -> German (Vaswani et al. 2017, table 3).
 
+    make prepare DATASET=wmt14_translate/de-en DATA_DIR=/path/to/tensorflow_datasets
     python train.py --config=configs/wmt14_transformer_base.py --workdir=runs/wmt14_base \
         --config.data_dir=/path/to/tensorflow_datasets
 
-Needs `wmt14_translate/de-en` prepared as array_record in data_dir
-(`tfds build wmt14_translate/de-en --file_format=array_record`). Shared 37000-piece
+Needs `wmt14_translate/de-en` prepared as array_record in data_dir (or in $TFDS_DATA_DIR),
+which the first command does (README, "Preparing a catalog dataset"). Shared 37000-piece
 vocabulary (the paper's BPE), 100k steps, warmup 4000, peak rate
 d_model^-0.5 * warmup^-0.5 = 7e-4, dropout 0.1, label smoothing 0.1, beam 4 with
 length penalty 0.6 (section 5 and 6.1).

@@ -13,7 +13,6 @@ config name (`de-en`, `pt_to_en`) unless given, and `reverse=True` swaps them.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import importlib
 import os
@@ -27,6 +26,7 @@ from tensorflow_datasets.core import read_only_builder, registered
 from PIL import Image
 
 from errors import ConfigError, DataError
+from prepare_catalog import name_problem, prepare_command
 from tasks.image_captions import resized
 
 SPLIT_NAMES = {"train": "train", "dev": "validation", "test": "test"}
@@ -76,7 +76,7 @@ class CatalogConfig:
     source_language: str = ""  # "" = from the config name (`de-en`: de)
     target_language: str = ""  # "" = from the config name (`de-en`: en)
     reverse: bool = False  # swap source and target (`wmt14_translate/de-en` with reverse: en -> de)
-    download: bool = False  # let TFDS download and prepare the data (needs the internet)
+    download: bool = False  # let TFDS download and prepare here (internet, and TensorFlow for most: use make prepare)
 
 
 def load_catalog(name: str, data_dir: str, config: CatalogConfig):
@@ -101,7 +101,7 @@ class CaptionCatalogConfig:
 
     height: int = 64  # images are resized to height x width (RGB)
     width: int = 64
-    download: bool = False  # let TFDS download and prepare the data (needs the internet)
+    download: bool = False  # let TFDS download and prepare here (internet, and TensorFlow for most: use make prepare)
 
 
 class CaptionRecords:
@@ -148,11 +148,6 @@ def data_sources(name: str, data_dir: str, split_names: dict[str, str], download
     return {split: builder.as_data_source(split=tfds_split) for split, tfds_split in split_names.items()}
 
 
-def prepare_command(name: str, data_dir: str) -> str:
-    """The command that prepares catalog dataset `name` in `data_dir` (README, "Preparing a catalog dataset")."""
-    return f"make prepare DATASET={name} DATA_DIR={data_dir}"
-
-
 def catalog_data_dirs(data_dir: str) -> list[str]:
     """Where a prepared catalog dataset is looked for, in order: `data_dir`, then `$TFDS_DATA_DIR`."""
     environment = os.environ.get("TFDS_DATA_DIR", "")
@@ -182,15 +177,6 @@ def prepared_builder(name: str, data_dir: str):
 def check_catalog_name(name: str) -> None:
     """A ConfigError naming a dataset or config that TFDS's catalog does not have, with the nearest names."""
     register_translation_builders()
-    dataset, _, config = name.partition("/")
-    known = tfds.list_builders(with_community_datasets=False)
-    if dataset not in known:
-        close = difflib.get_close_matches(dataset, known, n=3)
-        raise ConfigError(f"unknown TFDS catalog dataset {dataset!r} (task.name {name!r})"
-                          + (f"; did you mean {', '.join(close)}?" if close else ""))  # fmt: skip
-    try:
-        configs = [c.name for c in getattr(tfds.builder_cls(dataset), "BUILDER_CONFIGS", [])]
-    except ImportError:  # a builder that needs TensorFlow (coco_captions): its configs are not known here
-        return
-    if config.split(":")[0] and configs and config.split(":")[0] not in configs:
-        raise ConfigError(f"{dataset} has no config {config!r} (task.name {name!r}); its configs: {', '.join(configs)}")
+    problem = name_problem(name)
+    if problem:
+        raise ConfigError(f"task.name {name!r}: {problem}")

@@ -19,7 +19,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import promise  # noqa: E402
-import tensorflow_datasets as tfds  # noqa: E402
 from tensorflow_datasets.core.download import checksums, download_manager, downloader  # noqa: E402
 
 import prepare_catalog  # noqa: E402

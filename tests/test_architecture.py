@@ -16,7 +16,9 @@ TRAINING_AND_DATA = {"trainer", "evaluation", "inference", "input_pipeline", "ru
 
 
 def project_modules() -> list[Path]:
-    return sorted(p for p in ROOT.rglob("*.py") if not {".venv", "tests", "benchmarks", "configs"} & set(p.relative_to(ROOT).parts))
+    """The project's modules: the root's and its folders', not hidden folders' (.venv, .venv-prepare)."""
+    folders = [d for d in ROOT.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name not in {"tests", "benchmarks", "configs"}]
+    return sorted([*ROOT.glob("*.py"), *(p for folder in folders for p in folder.rglob("*.py"))])
 
 
 def imported(path: Path) -> set[str]:

@@ -241,7 +241,7 @@ def test_unprepared_dataset_names_the_command_that_prepares_it(tmp_path, monkeyp
 def test_unknown_catalog_name_is_refused_with_close_names(tmp_path):
     with pytest.raises(ValueError, match="unknown TFDS catalog dataset 'wmt14_translat'.*wmt14_translate"):
         tasks.load_task("wmt14_translat/de-en", str(tmp_path))
-    with pytest.raises(ValueError, match="wmt14_translate has no config 'xx-en'.*de-en"):
+    with pytest.raises(ValueError, match="wmt14_translate has no config 'xx-en'; its configs: .*de-en"):
         tasks.load_task("wmt14_translate/xx-en", str(tmp_path))
 
 
@@ -249,3 +249,27 @@ def test_tfds_data_dir_is_where_a_dataset_not_in_data_dir_is_read(prepared_data_
     monkeypatch.setenv("TFDS_DATA_DIR", str(prepared_data_dir))
     task = tasks.load_task("ted_hrlr_translate/pt_to_en", str(tmp_path / "empty"))
     assert len(task.splits["dev"]) == 3
+
+
+def test_prepare_command_refuses_an_unknown_name_in_one_line(tmp_path, capsys):
+    import prepare_catalog  # imports TFDS alone: its checks of a name run in this environment too
+
+    assert prepare_catalog.main(["coco_captoins", f"--data_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err == "prepare_catalog: unknown TFDS catalog dataset 'coco_captoins'; did you mean coco_captions?\n"
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_prepare_command_names_manual_dir_when_files_are_missing(tmp_path, monkeypatch, capsys):
+    """TFDS's builders report a missing manual download as an AssertionError (download_manager.py
+    `manual_dir`, wmt.py `_check_manual_files`); the command shows it as one line with the option."""
+    import prepare_catalog
+
+    class NeedsManualFiles:
+        def download_and_prepare(self, download_config, file_format):
+            assert download_config.manual_dir == str(tmp_path / "manual") and file_format == "array_record"
+            raise AssertionError(f"Manual directory {tmp_path}/manual does not exist or is empty.\nCreate it and download")
+
+    monkeypatch.setattr(prepare_catalog, "builder_of", lambda name, data_dir: NeedsManualFiles())
+    assert prepare_catalog.main(["wmt14_translate/cs-en", f"--manual_dir={tmp_path / 'manual'}"]) == 2
+    assert capsys.readouterr().err == (f"prepare_catalog: wmt14_translate/cs-en: Manual directory {tmp_path}/manual does not "
+                                       "exist or is empty. Create it and download (give that folder with --manual_dir=DIR)\n")  # fmt: skip
