@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import files
 import tasks
 from tasks import catalog
 
@@ -184,14 +185,27 @@ def write_fixtures(folder: Path) -> Path:
 DATASETS = ["wmt14_translate/de-en", "wmt17_translate/de-en", "ted_hrlr_translate/pt_to_en", "coco_captions"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prepared_data_dir(tmp_path_factory):
-    """A data_dir where the preparation environment prepared all four datasets from the fixtures."""
+    """A data_dir where the preparation environment prepared all four datasets from the fixtures,
+    once per session: pytest-xdist's workers share it (the first prepares, under a lock)."""
     if not PREPARE_PYTHON.exists():
         pytest.skip(f"needs the preparation environment {PREPARE_PYTHON.parent.parent} (make prepare-env)")
-    folder = tmp_path_factory.mktemp("catalog")
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared  # the session's folder, above the workers'
+    folder, data_dir = shared / "catalog", shared / "catalog" / "tfds"
+    with files.exclusive(shared / "catalog.lock"):
+        if not (folder / "prepared").exists():
+            folder.mkdir(exist_ok=True)
+            prepare_from_fixtures(folder, data_dir)
+            (folder / "prepared").touch()
+    return data_dir
+
+
+def prepare_from_fixtures(folder: Path, data_dir: Path) -> None:
+    """Writes the fixtures into `folder` and prepares every dataset from them into `data_dir`, in
+    one process of the preparation environment (TensorFlow imported once)."""
     downloads = write_fixtures(folder)
-    data_dir = folder / "tfds"
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     environment.pop("TFDS_DATA_DIR", None)
     started = time.perf_counter()
@@ -199,7 +213,6 @@ def prepared_data_dir(tmp_path_factory):
                             cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     print(f"prepared {len(DATASETS)} datasets in {time.perf_counter() - started:.1f} s")
-    return data_dir
 
 
 @pytest.mark.parametrize("name,reverse", [("wmt14_translate/de-en", False), ("wmt17_translate/de-en", True),
