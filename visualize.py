@@ -97,9 +97,12 @@ def draw_example(
     output_tokens: Sequence[str],
     *,
     self_attention: bool = False,
+    extras: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Writes `<name>_<module>.png` per attention module (cross-attention only, unless `self_attention`)
-    and `<name>.npz` with every module's weights; returns the pictures' pixels by file stem.
+    and `<name>.npz` with every module's weights, the module paths (`modules`) and their roles
+    (`roles`, the `AttentionRole` values) in the same order, and `extras` (e.g. the task's gold
+    `alignment` spans `[K, 4]`, for report.py); returns the pictures' pixels by file stem.
 
     Args:
       weights: module path -> `[N, Tq, Tk]` of this example, cut to its real tokens (`example_weights`).
@@ -116,15 +119,19 @@ def draw_example(
         figure.savefig(directory / f"{stem}.png", dpi=90)
         pictures[stem] = figure_pixels(figure)
     arrays = {re.sub("[^A-Za-z0-9]+", "_", k): np.asarray(v) for k, v in weights.items()}
-    np.savez(directory / f"{name}.npz", source_tokens=np.array(source_tokens), output_tokens=np.array(output_tokens), **arrays)
+    described = {"modules": np.array(list(weights), dtype=str), "roles": np.array([roles[k].value for k in weights], dtype=str)}
+    np.savez(directory / f"{name}.npz", source_tokens=np.array(source_tokens), output_tokens=np.array(output_tokens),
+             **described, **dict(extras or {}), **arrays)  # fmt: skip
     return pictures
 
 
 def draw_image_attention(
-    directory: Path, name: str, image: np.ndarray, weights: np.ndarray, grid: tuple[int, int], words: Sequence[str]
+    directory: Path, name: str, image: np.ndarray, weights: np.ndarray, grid: tuple[int, int], words: Sequence[str],
+    extras: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """As Xu et al.'s figures: the image once per generated word, with that word's attention over the
-    annotation grid laid over it. Writes `<name>_caption.png` and `<name>.npz`; returns the pixels.
+    annotation grid laid over it. Writes `<name>_caption.png` and `<name>.npz` (with `extras`, e.g. the
+    words' `boxes` `[K, 4]` and the cells' `centres` `[L, 2]` for report.py); returns the pixels.
 
     Args:
       image: `[H, W, C]` uint8. weights: `[T, L]`, a row per word (L = h * w, row-major).
@@ -148,5 +155,6 @@ def draw_image_attention(
     figure.tight_layout()
     stem = f"{name}_caption"
     figure.savefig(directory / f"{stem}.png", dpi=90)
-    np.savez(directory / f"{name}.npz", image=image, weights=np.asarray(weights), words=np.array(list(words)), grid=np.array(grid))
+    np.savez(directory / f"{name}.npz", image=image, weights=np.asarray(weights), words=np.array(list(words)), grid=np.array(grid),
+             **dict(extras or {}))  # fmt: skip
     return {stem: figure_pixels(figure)}
