@@ -30,7 +30,10 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+import sacrebleu
 
+import metrics
+import visualize
 from files import write_whole
 
 ATTENTION_BUDGET_BYTES = 7 * 2**20  # deflated, before base64 (x 4/3): the page stays under ~10 MB
@@ -84,8 +87,6 @@ def latest_step_path(folder: Path, pattern: str) -> tuple[int, Path] | None:
 
 def read_examples(workdir: Path) -> tuple[list[dict], str]:
     """The decoded examples of the latest step (dev's where there are several splits), with sentence chrF."""
-    import sacrebleu
-
     latest = latest_step_path(workdir / "predictions", r"step_(\d+)(?:_dev)?\.tsv")
     if latest is None:
         latest = latest_step_path(workdir / "predictions", r"step_(\d+)(?:_\w+)?\.tsv")
@@ -106,8 +107,6 @@ def read_examples(workdir: Path) -> tuple[list[dict], str]:
 def read_attention_example(path: Path) -> dict:
     """One drawn example's `.npz` as the page shows it: tokens, modules `{name, role, weights [N, Tq, Tk]}`,
     and where the task knows them the gold alignment spans or the boxes, with the example's accuracy."""
-    import metrics
-
     with np.load(path) as saved:
         data = {key: saved[key] for key in saved.files}
     example: dict[str, Any] = {"name": path.stem}
@@ -128,7 +127,7 @@ def read_attention_example(path: Path) -> dict:
     roles = [str(r) for r in data["roles"]] if "roles" in data else ["cross"] * len(names)
     example.update(source=source, output=output, modules=[])
     for name, role in zip(names, roles):
-        example["modules"].append({"name": name, "role": role, "weights": np.asarray(data[npz_key(name)], np.float32)})
+        example["modules"].append({"name": name, "role": role, "weights": np.asarray(data[visualize.npz_key(name)], np.float32)})
     if "alignment" in data:
         spans = np.asarray(data["alignment"])
         example["alignment"] = spans.tolist()
@@ -141,10 +140,6 @@ def read_attention_example(path: Path) -> dict:
 
 NPZ_FIELDS = ("source_tokens", "output_tokens", "modules", "roles", "alignment")
 
-
-def npz_key(module: str) -> str:
-    """The `.npz` key of a module path (visualize.draw_example's)."""
-    return re.sub("[^A-Za-z0-9]+", "_", module)
 
 
 def read_run(workdir: str | Path) -> RunFolder:
@@ -184,8 +179,6 @@ def curve_series(rows: Iterable[Mapping]) -> dict[str, dict[str, list[tuple[int,
 
 def write_curves(rows: Sequence[Mapping], path: Path) -> None:
     """`curves.png`: one panel per metric, a line per split (for a glance from a terminal session)."""
-    import visualize
-
     series = curve_series(rows)
     if not series:
         return
@@ -306,7 +299,10 @@ def attention_payloads(examples: Sequence[dict], budget: int = ATTENTION_BUDGET_
             blobs.append(base64.b64encode(deflated).decode("ascii"))
         if total <= budget or keep == 1 or longest <= 1:
             return described, blobs, keep
-        keep = max(1, (longest if keep is None else keep) // 2)
+        # Halve k, or go at once to the power of two the size suggests (a kept weight costs 3 bytes, not 1).
+        current = longest if keep is None else keep
+        guess = 2 ** int(math.log2(max(1.0, current * budget / total / (3 if keep is None else 1))))
+        keep = max(1, min(current // 2, guess))
 
 
 # ----------------------------------------------------------------------------- the page

@@ -84,8 +84,13 @@ def example_weights(
     return cut
 
 
+def npz_key(module: str) -> str:
+    """A module path as a file name part and an `.npz` key: each run of non-alphanumerics becomes "_"."""
+    return re.sub("[^A-Za-z0-9]+", "_", module)
+
+
 def file_stem(name: str, module: str) -> str:
-    return f"{name}_{re.sub('[^A-Za-z0-9]+', '_', module)}"
+    return f"{name}_{npz_key(module)}"
 
 
 def draw_example(
@@ -118,11 +123,20 @@ def draw_example(
         stem = file_stem(name, module)
         figure.savefig(directory / f"{stem}.png", dpi=90)
         pictures[stem] = figure_pixels(figure)
-    arrays = {re.sub("[^A-Za-z0-9]+", "_", k): np.asarray(v) for k, v in weights.items()}
-    described = {"modules": np.array(list(weights), dtype=str), "roles": np.array([roles[k].value for k in weights], dtype=str)}
-    np.savez(directory / f"{name}.npz", source_tokens=np.array(source_tokens), output_tokens=np.array(output_tokens),
-             **described, **dict(extras or {}), **arrays)  # fmt: skip
+    save_weights(directory / f"{name}.npz", weights, roles, source_tokens, output_tokens, extras)
     return pictures
+
+
+def save_weights(
+    path: Path, weights: Mapping[str, np.ndarray], roles: Mapping[str, AttentionRole], source_tokens: Sequence[str],
+    output_tokens: Sequence[str], extras: Mapping[str, np.ndarray] | None = None,
+) -> None:  # fmt: skip
+    """`path` (.npz): the tokens, each module's `[N, Tq, Tk]` weights under its path with every
+    non-alphanumeric run as "_", `modules` (the paths) and `roles` (their `AttentionRole` values) in one
+    order, and `extras` (e.g. the gold `alignment` spans `[K, 4]`): what report.py's explorer reads."""
+    arrays = {npz_key(k): np.asarray(v) for k, v in weights.items()}
+    described = {"modules": np.array(list(weights), dtype=str), "roles": np.array([roles[k].value for k in weights], dtype=str)}
+    np.savez(path, source_tokens=np.array(source_tokens), output_tokens=np.array(output_tokens), **described, **dict(extras or {}), **arrays)
 
 
 def draw_image_attention(
