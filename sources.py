@@ -310,6 +310,10 @@ class FeatureSource(SourceKind):
     def tokenizer_pairs(self, pairs):
         return ((target, target) for _, target in pairs)
 
+    def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
+        cells = [f"cell {i}" for i in range(inputs.shape[0])]  # a grid's positions have no text or pixels: named by index
+        return visualize.draw_example(directory, name, weights, roles, cells, output_words, self_attention=self_attention, extras=extras)
+
     def from_command_line(self, given, task_params, model_fields):
         """A `.npy` file holding one feature grid `[L, D]`."""
         try:

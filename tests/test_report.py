@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import report
+import sources
 import visualize
 from models.attention import AttentionRole
 
@@ -73,6 +74,17 @@ def test_attention_payload_halves_the_kept_weights_until_it_fits():
     deflated = len(base64.b64decode(blobs[0]))
     assert keep is not None and keep < 64 and (deflated <= 300 or keep == 1)
     assert described[0]["modules"][0]["keep"] == keep
+
+
+def test_a_feature_grid_example_is_explored_over_its_cells(tmp_path):
+    weights = {"attention": np.array([[[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]], np.float32)}  # [N=1, T=2, L=3]
+    features = sources.KINDS["features"]
+    features.draw(tmp_path / "attention" / "step_1", "example_0", np.zeros((3, 4), np.float32), weights,
+                  {"attention": AttentionRole.CROSS}, ["a", "</s>"], None, None)  # fmt: skip
+    (example,) = report.read_run(tmp_path).attention
+    assert example["source"] == ["cell 0", "cell 1", "cell 2"] and example["output"] == ["a", "</s>"]
+    assert [(m["name"], m["role"]) for m in example["modules"]] == [("attention", "cross")]
+    np.testing.assert_array_equal(example["modules"][0]["weights"], weights["attention"])
 
 
 def test_every_evaluation_writes_the_report_and_its_inputs(finished_run):
