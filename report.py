@@ -254,7 +254,7 @@ def svg_chart(title: str, series: Mapping[str, Sequence[tuple[float, float]]], *
             href = links[label][index] if links and links.get(label) else ""
             parts.append(f'<a href="{html.escape(href)}">{dot}</a>' if href else dot)
         if len(series) > 1:
-            parts.append(f'<text x="{left + 6}" y="{top + 12 + 11 * number}" fill="{colour}">{html.escape(label)}</text>')
+            parts.append(f'<text x="{left + 6}" y="{top + 12 + 11 * number}" style="fill: {colour}">{html.escape(label)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -333,25 +333,33 @@ def run_page(folder: RunFolder) -> str:
         sections.append('<p class="empty" id="no-evaluation">No evaluation yet: this page fills in at the run\'s first evaluation.</p>')
     else:
         sections.append(evaluation_table(folder.evaluation))
-    if folder.examples:
-        sections.append(f"<h2>Decoded examples <small>({html.escape(folder.examples_file)}, sentence chrF)</small></h2>")
-        sections.append('<button id="worst-first">worst first</button> <span class="hint">click a column to sort</span>')
-        sections.append(examples_table(folder.examples))
     described, blobs, keep = attention_payloads(folder.attention)
     if described:
         sections.append(f"<h2>Attention explorer <small>(step {folder.attention_step})</small></h2>")
         sections.append('<p class="hint">Pick the kind, layer and head; hover an output token to see its weights over the keys, '
-                        "hover a key token for the reverse. Gold spans and boxes are outlined.</p>")  # fmt: skip
+                        "hover a key token for the reverse (colour: relative to the largest weight shown; the exact weight on hover). "
+                        "Gold spans are underlined in green, boxes drawn in green.</p>")  # fmt: skip
         if keep is not None:
             sections.append(f'<p class="warning">To keep this page small, each row keeps its {keep} largest weights (the rest show as 0); '
                             "the .npz files beside the pictures hold them all.</p>")  # fmt: skip
         for number, example in enumerate(described):
             sections.append(f'<details class="example" data-example="{number}"><summary>{html.escape(example["name"])}: '
-                            f'{html.escape(" ".join(example.get("output", example.get("queries", []))))}</summary>'
+                            f'{html.escape(joined(example.get("output", example.get("queries", []))))}</summary>'
                             '<div class="explorer"></div></details>')  # fmt: skip
+    if folder.examples:
+        sections.append(f"<h2>Decoded examples <small>({html.escape(folder.examples_file)}, sentence chrF)</small></h2>")
+        sections.append('<button id="worst-first">worst first</button> <span class="hint">click a column to sort</span>')
+        sections.append(examples_table(folder.examples))
     data = json.dumps({"examples": described}).replace("</", "<\\/")
     blob_tags = "".join(f'<script type="application/octet-stream" id="blob-{n}">{b}</script>' for n, b in enumerate(blobs))
     return PAGE.format(title=html.escape(folder.name), style=STYLE, body="\n".join(sections), data=data, blobs=blob_tags, script=SCRIPT)
+
+
+def joined(tokens: Sequence[str]) -> str:
+    """Tokens as text: SentencePiece pieces ("▁" starts a word) and characters joined, words spaced."""
+    if any("▁" in t for t in tokens) or all(len(t) <= 1 or t.startswith("<") and t.endswith(">") for t in tokens):  # <s>, </s>: specials
+        return "".join(tokens).replace("▁", " ").strip()
+    return " ".join(tokens)
 
 
 def evaluation_table(evaluation: Mapping) -> str:
@@ -375,7 +383,7 @@ def examples_table(examples: Sequence[Mapping]) -> str:
     columns = ("source", "reference", "hypothesis", "chrf")
     head = "".join(f'<th data-column="{n}" data-numeric="{int(c == "chrf")}">{c}</th>' for n, c in enumerate(columns))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(e[c]))}</td>" for c in columns) + "</tr>" for e in examples)
-    return f'<table id="examples" class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="scroll"><table id="examples" class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 # ----------------------------------------------------------------------------- the sweep's page
@@ -455,6 +463,7 @@ svg.chart .frame { fill: none; stroke: #ccc; }
 table { border-collapse: collapse; margin: 0.5em 0; } td, th { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
 table.sortable th { cursor: pointer; background: #f4f4f4; } th.sorted-up::after { content: " \\25B2"; } th.sorted-down::after { content: " \\25BC"; }
 #examples td { max-width: 32em; word-break: break-word; }
+.scroll { max-height: 28em; overflow-y: auto; display: inline-block; }
 details.example { margin: 0.4em 0; border: 1px solid #ddd; padding: 0.3em 0.6em; }
 .controls select { margin-right: 1em; }
 .tokens { display: flex; flex-wrap: wrap; gap: 2px; margin: 0.4em 0; align-items: center; }
@@ -531,9 +540,11 @@ function element(tag, attributes = {}, text = "") {
   return node;
 }
 function option(select, value, text) { select.appendChild(element("option", {value: value}, text)); }
-function shade(node, weight) {
+// A token's weight: exact in data-w and the tooltip, as colour relative to the largest of its row.
+function shade(node, weight, largest) {
   node.dataset.w = weight.toFixed(4);
-  node.style.background = `rgba(214, 39, 40, ${Math.min(1, weight).toFixed(3)})`;
+  node.title = weight.toFixed(3);
+  node.style.background = `rgba(214, 39, 40, ${Math.min(1, weight / Math.max(largest, 1e-6)).toFixed(3)})`;
 }
 
 async function openExplorer(details) {
@@ -645,8 +656,9 @@ async function openExplorer(details) {
     queryTokens.concat(keyTokens).forEach((n) => { n.classList.remove("active", "gold"); n.style.background = ""; delete n.dataset.w; });
     (side === "query" ? queryTokens : keyTokens)[index].classList.add("active");
     if (module.role === "grid") { drawImage(index); return; }
-    if (side === "query") keyTokens.forEach((n, j) => shade(n, weights[index * tk + j]));
-    else queryTokens.forEach((n, i) => shade(n, weights[i * tk + index]));
+    const shown = side === "query" ? keyTokens.map((n, j) => weights[index * tk + j]) : queryTokens.map((n, i) => weights[i * tk + index]);
+    const largest = Math.max(...shown);
+    (side === "query" ? keyTokens : queryTokens).forEach((n, j) => shade(n, shown[j], largest));
     if (module.role === "cross" && example.alignment) {
       for (const [t0, t1, s0, s1] of example.alignment) {
         const inside = side === "query" ? t0 <= index && index < t1 : s0 <= index && index < s1;
