@@ -245,7 +245,9 @@ def evaluate(settings: Settings, workdir: str | Path) -> dict:
         evaluator = Evaluator(run)
         outcome = {}
         for name, params in evaluated.items():
-            outcome[name], _ = evaluate_split(evaluator, params, split, max_decoded=max_decoded)
+            outcome[name], decoded = evaluate_split(evaluator, params, split, max_decoded=max_decoded)
+            if run.is_chief:  # the decoded examples, for the report page
+                write_predictions(run, split, decoded, run.workdir / "predictions" / f"step_{step}_{name}.tsv")
         report(run, step, outcome)
     return outcome[split] if len(outcome) == 1 else outcome
 
@@ -287,7 +289,8 @@ def check_split(run: Run, split: str) -> None:
 
 def report(run: Run, step: int, outcome: dict[str, dict]) -> None:
     """Eval results of a checkpoint into `eval/step_<N>.json` and metrics.jsonl (kept, not truncated;
-    the rows say `"mode": "eval"`, so that training's early stopping does not count them)."""
+    the rows say `"mode": "eval"`, so that training's early stopping does not count them); the
+    report page rewritten."""
     if not run.is_chief:
         return
     reporter = Reporter(run.workdir, num_steps=step, start_step=step, enabled=True, truncate=False)
