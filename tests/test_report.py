@@ -54,13 +54,16 @@ def test_curve_series_by_metric_and_split():
     assert series["loss"] == {"train": [(5, 3.0)], "dev": [(10, 2.0)], "dev (eval mode)": [(10, 1.5)]}
 
 
-def test_quantized_keeps_each_rows_largest_weights():
-    weights = np.array([[[0.1, 0.6, 0.3], [0.5, 0.0, 0.5]]])  # [N=1, Tq=2, Tk=3]
-    assert report.quantized(weights, None) == bytes([26, 153, 76, 128, 0, 128])  # round(w * 255)
-    kept = report.quantized(weights, 2)
+def test_packed_keeps_each_rows_largest_weights():
+    weights = np.array([[[0.1, 0.6, 0.3], [0.5, 0.0, 0.4]]])  # [N=1, Tq=2, Tk=3]
+    values = report.quantized(weights)
+    np.testing.assert_array_equal(values, [[[26, 153, 76], [128, 0, 102]]])  # round(w * 255)
+    assert report.packed(values, None) == values.tobytes()
+    kept = report.packed(values, 2)
     positions = np.frombuffer(kept[:8], "<u2").reshape(1, 2, 2)
-    np.testing.assert_array_equal(positions, [[[1, 2], [0, 2]]])  # ties keep the first position
-    assert kept[8:] == bytes([153, 76, 128, 128])
+    shown = np.zeros_like(values)  # as the page rebuilds a row: the kept weights at their positions, 0 elsewhere
+    np.put_along_axis(shown, positions.astype(np.int64), np.frombuffer(kept[8:], np.uint8).reshape(1, 2, 2), axis=-1)
+    np.testing.assert_array_equal(shown, [[[0, 153, 76], [128, 0, 102]]])
 
 
 def test_attention_payload_halves_the_kept_weights_until_it_fits():
