@@ -221,3 +221,48 @@ def test_image_explorer_and_sweep_page(browser, tmp_path):
     assert page.locator("svg.chart").count() == 2  # by trial, by lr
     opened.check_clean()
     page.close()
+
+
+# Tiny, as tests/test_model_interface.py builds them. The RNN families' single-head cross-attention
+# takes the Transformer's path (test_explorer_hover_shows_the_rows_weights); building a model costs
+# seconds, so only the LSTMN, whose intra-attention is a kind of its own, is built here.
+FAMILIES = {"lstmn": dict(embed_dim=4, hidden_dim=6, attention_dim=5, max_length=8)}
+
+
+def test_an_lstmn_gets_an_explorer_of_its_kinds(browser, tmp_path):
+    """An LSTMN example saved as evaluation saves it: the page offers each of the model's attention
+    kinds (its intra-attention as source and target self, its inter-attention as cross) and shows the
+    hovered row of each module."""
+    from flax import nnx
+
+    import models
+    from models.attention import attention_roles, capture_attention
+
+    batch = {"inputs": np.array([[4, 5, 6, 2]]), "targets": np.array([[7, 8, 2]])}
+    folder = tmp_path / "attention" / "step_1"
+    folder.mkdir(parents=True)
+    expected = {}
+    for name, fields in FAMILIES.items():
+        model = models.create_model(name, rngs=nnx.Rngs(0), vocab_size=9, **fields)
+        roles = attention_roles(model)
+        weights = visualize.example_weights(capture_attention(model, batch), roles, 0, 4, 3)
+        visualize.save_weights(folder / f"{name}.npz", weights, roles, ["a", "b", "c", "</s>"], ["x", "y", "</s>"])
+        expected[name] = (sorted({r.value for r in roles.values()}), weights)
+    assert expected["lstmn"][0] == ["cross", "source_self", "target_self"]
+    opened = OpenPage(browser, report.write(tmp_path))
+    page = opened.page
+    for number, name in enumerate(sorted(FAMILIES)):
+        details = page.locator("details.example").nth(number)
+        details.locator("summary").click() if number else None  # the first opens by itself
+        page.wait_for_selector(f"details.example >> nth={number} >> .explorer[data-rendered]")
+        explorer = details.locator(".explorer")
+        kinds = explorer.locator("select.kind option").evaluate_all("os => os.map(o => o.value)")
+        assert sorted(kinds) == expected[name][0], name
+        for kind in kinds:
+            explorer.locator("select.kind").select_option(kind)
+            module = explorer.locator("select.layer option").first.text_content()
+            explorer.locator(".queries .tok").nth(1).hover()
+            np.testing.assert_allclose(opened.weights(f"details.example >> nth={number} >> .keys .tok"),
+                                       expected[name][1][module][0, 1], atol=0.5 / 255 + 1e-4, err_msg=f"{name} {module}")  # fmt: skip
+    opened.check_clean()
+    page.close()
