@@ -58,6 +58,7 @@ class RunFolder:
     examples_file: str
     attention: list[dict]  # the latest drawn examples (`read_attention_example`)
     attention_step: int | None
+    config: dict = dataclasses.field(default_factory=dict)  # config.json ({} where absent or unreadable)
 
 
 def read_metrics(path: Path) -> tuple[list[dict], int]:
@@ -154,8 +155,12 @@ def read_run(workdir: str | Path) -> RunFolder:
     if latest_attention:
         paths = sorted(latest_attention[1].glob("*.npz"), key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.stem)])
         attention = [read_attention_example(p) for p in paths]
+    try:
+        config = json.loads((workdir / "config.json").read_text())
+    except (OSError, ValueError):  # before the run wrote it, or damaged: the page goes without
+        config = {}
     return RunFolder(workdir.name, rows, damaged, evaluation, examples, examples_file, attention,
-                     latest_attention[0] if latest_attention else None)  # fmt: skip
+                     latest_attention[0] if latest_attention else None, config if isinstance(config, dict) else {})  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the curves
@@ -328,6 +333,12 @@ def write(workdir: str | Path) -> Path:
 def run_page(folder: RunFolder) -> str:
     """The HTML of a run's report (pure: the folder's contents in, the page out)."""
     sections = [f"<h1>{html.escape(folder.name)}</h1>"]
+    if folder.config:
+        config = folder.config
+        named = [f"{part} {config[part]['name']}" for part in ("task", "model") if isinstance(config.get(part), dict) and "name" in config[part]]
+        steps = [f"{config['num_train_steps']} steps" if "num_train_steps" in config else ""]
+        sections.append(f'<div id="run-summary">{html.escape(", ".join(named + [s for s in steps if s]))}'
+                        f"<details><summary>config.json</summary><pre>{html.escape(json.dumps(config, indent=2))}</pre></details></div>")  # fmt: skip
     if folder.damaged_lines:
         sections.append(f'<p class="warning" id="damaged">{folder.damaged_lines} damaged line(s) of metrics.jsonl skipped.</p>')
     series = curve_series(folder.rows)

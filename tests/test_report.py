@@ -95,6 +95,7 @@ def test_every_evaluation_writes_the_report_and_its_inputs(finished_run):
     page = (workdir / "report.html").read_text()
     assert "Attention explorer" in page and "http://" not in page.replace("http://www.w3.org", "")
     assert (workdir / "curves.png").exists()
+    assert '<div id="run-summary">task dates, model transformer, 20 steps' in page
     assert (workdir / "predictions" / "step_20_dev.tsv").exists() and (workdir / "predictions" / "step_10_dev.tsv").exists()
     saved = np.load(workdir / "attention" / "step_20" / "example_0.npz")
     modules = saved["modules"].tolist()
