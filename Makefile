@@ -8,7 +8,7 @@ STAMP := $(VENV)/.requirements.stamp
 PREPARE_VENV := .venv-prepare
 PREPARE_STAMP := $(PREPARE_VENV)/.requirements.stamp
 
-.PHONY: train test install postgresql clean prepare prepare-env
+.PHONY: train test install postgresql chromium clean prepare prepare-env
 
 install: $(STAMP)
 
@@ -24,7 +24,7 @@ train: $(STAMP)
 # Two pytest-xdist workers (one per core of the 2-core CI machine; TEST_WORKERS=0 runs in one
 # process); a test's own subprocesses share the session's compilation cache with both.
 TEST_WORKERS ?= 2
-test: $(STAMP) $(PREPARE_STAMP) postgresql
+test: $(STAMP) $(PREPARE_STAMP) postgresql chromium
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests $(ARGS)
 
 # The sweep tests start a PostgreSQL server on loopback: install Debian's package if absent.
@@ -48,6 +48,12 @@ $(PREPARE_STAMP): requirements-prepare.txt
 prepare: $(PREPARE_STAMP)
 	@test -n "$(DATASET)" || { echo "make prepare: give DATASET=name, e.g. DATASET=wmt14_translate/de-en"; exit 2; }
 	$(PREPARE_VENV)/bin/python prepare_catalog.py $(DATASET) $(if $(DATA_DIR),--data_dir=$(DATA_DIR)) $(if $(MANUAL_DIR),--manual_dir=$(MANUAL_DIR))
+
+# The report's browser tests open the pages in headless Chromium (driven by Playwright, whose own
+# browser download is not used): install Debian's package if absent.
+chromium:
+	@test -x /usr/bin/chromium || { \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
 
 clean:
 	rm -rf $(VENV) $(PREPARE_VENV) .pytest_cache

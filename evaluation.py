@@ -31,6 +31,7 @@ from flax import nnx
 import decoding
 import input_pipeline
 import metrics
+import report as report_page
 import visualize
 from models.attention import AttentionRole, attention_roles, capture_attention
 import reporting
@@ -182,10 +183,11 @@ def draw_attention(evaluator: Evaluator, params: nnx.State, split: str, step: in
     (of the model's own hypothesis) in `attention/step_<N>/` and TensorBoard."""
     run = evaluator.run
     count = run.settings.evaluation.visualize_examples
-    batch, index, _ = next(evaluator.batches(split))
+    batch, index, local = next(evaluator.batches(split))
     decoded, _ = evaluator.hypotheses(params, batch, index)
     weights = {k: gathered(v) for k, v in evaluator.attention(params, {"inputs": batch["inputs"], "targets": decoded}).items()}
     inputs, hypotheses = gathered(batch["inputs"]), gathered(decoded)
+    known = {key: gathered(run.global_batch({key: local[key]})[key]) for key in ("alignment", "boxes") if key in local}  # gold, for report.py
     if not run.is_chief:
         return
     pictures = {}
@@ -197,6 +199,7 @@ def draw_attention(evaluator: Evaluator, params: nnx.State, split: str, step: in
         pictures.update(kind.draw(
             directory, f"example_{row}", inputs[row], example, evaluator.roles, run.tokens.target.pieces(output), run.tokens,
             evaluator.concrete_model, self_attention=run.settings.evaluation.visualize_self_attention,
+            extras={key: value[row] for key, value in known.items()},
         ))  # fmt: skip
     if reporter is not None:
         reporter.images(step, pictures)
@@ -242,7 +245,9 @@ def evaluate(settings: Settings, workdir: str | Path) -> dict:
         evaluator = Evaluator(run)
         outcome = {}
         for name, params in evaluated.items():
-            outcome[name], _ = evaluate_split(evaluator, params, split, max_decoded=max_decoded)
+            outcome[name], decoded = evaluate_split(evaluator, params, split, max_decoded=max_decoded)
+            if run.is_chief:  # the decoded examples, for the report page
+                write_predictions(run, split, decoded, run.workdir / "predictions" / f"step_{step}_{name}.tsv")
         report(run, step, outcome)
     return outcome[split] if len(outcome) == 1 else outcome
 
@@ -259,15 +264,22 @@ def predict(settings: Settings, workdir: str | Path) -> Path:
         results, decoded = evaluate_split(Evaluator(run), evaluated[name], split, max_decoded=settings.evaluation.eval_decode_examples)
     path = run.workdir / "predictions" / f"step_{step}.tsv"
     if run.is_chief:
-        records, kind = run.task.splits[split], settings.source
-        source = lambda i: kind.shown(run.task, split, i)  # noqa: E731
-        reporting.write_predictions(path, [(source(i), run.task.pair(records[i])[1], hypothesis) for i, hypothesis in best_of(decoded)])
+        kind = settings.source
+        write_predictions(run, split, decoded, path)
         if settings.decode.num_hypotheses > 1:
-            reporting.write_n_best(path.with_suffix(".nbest.tsv"), [(source(i), n_best) for i, n_best in decoded])
+            reporting.write_n_best(path.with_suffix(".nbest.tsv"), [(kind.shown(run.task, split, i), n_best) for i, n_best in decoded])
         if kind.has_length:
             results["by_source_length"] = scores_by_length(run, split, best_of(decoded), settings.evaluation.length_bucket_width)
     report(run, step, {name: results})
     return path
+
+
+def write_predictions(run: Run, split: str, decoded: list[tuple[int, list[tuple[str, float]]]], path: Path) -> None:
+    """The best hypothesis of each decoded example of `split` as `source<TAB>reference<TAB>hypothesis` lines
+    (`evaluate_split`'s second result): `--mode=predict`'s file, and each training evaluation's for report.py."""
+    records, kind = run.task.splits[split], run.settings.source
+    reporting.write_predictions(path, [(kind.shown(run.task, split, i), run.task.pair(records[i])[1], hypothesis)
+                                       for i, hypothesis in best_of(decoded)])  # fmt: skip
 
 
 def check_split(run: Run, split: str) -> None:
@@ -277,7 +289,8 @@ def check_split(run: Run, split: str) -> None:
 
 def report(run: Run, step: int, outcome: dict[str, dict]) -> None:
     """Eval results of a checkpoint into `eval/step_<N>.json` and metrics.jsonl (kept, not truncated;
-    the rows say `"mode": "eval"`, so that training's early stopping does not count them)."""
+    the rows say `"mode": "eval"`, so that training's early stopping does not count them); the
+    report page rewritten."""
     if not run.is_chief:
         return
     reporter = Reporter(run.workdir, num_steps=step, start_step=step, enabled=True, truncate=False)
@@ -285,4 +298,5 @@ def report(run: Run, step: int, outcome: dict[str, dict]) -> None:
         reporting.write_eval(run.workdir, step, name, results)
         reporter.write(step, name, {**results, "mode": "eval"})
     reporter.close()
+    report_page.write(run.workdir)
 

@@ -193,8 +193,9 @@ class SourceKind:
 
     def draw(self, directory: Path, name: str, inputs: np.ndarray, weights: Mapping[str, np.ndarray],
              roles: Mapping[str, AttentionRole], output_words: Sequence[str], tokenizers: Tokenizers, model: Any,
-             *, self_attention: bool = False) -> dict[str, np.ndarray]:  # fmt: skip
-        """Draws one example's attention (`weights` cut to its positions) into `directory`; returns the pictures."""
+             *, self_attention: bool = False, extras: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+        """Draws one example's attention (`weights` cut to its positions) into `directory`, with `extras`
+        (the task's gold `alignment` or `boxes` of the example) kept beside the weights; returns the pictures."""
         return {}
 
     # -- the Python API
@@ -240,10 +241,10 @@ class TextSource(SourceKind):
     def source_length(self, inputs):
         return int((inputs != PAD_ID).sum())
 
-    def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False):
+    def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
         source = inputs[inputs != PAD_ID]
         return visualize.draw_example(directory, name, weights, roles, tokenizers.source.pieces(source), output_words,
-                                      self_attention=self_attention)  # fmt: skip
+                                      self_attention=self_attention, extras=extras)  # fmt: skip
 
     def user_rows(self, sources, model_fields, tokenizers, max_source_length):
         if not all(isinstance(source, str) for source in sources):
@@ -271,10 +272,11 @@ class ImageSource(SourceKind):
                 f"{model_fields['channels']}; set model.channels={shape[-1]}"
             )
 
-    def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False):
+    def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
         (cross,) = [w.mean(axis=0) for module, w in weights.items() if roles[module] is AttentionRole.CROSS]
         grid = model.grid_shape(*inputs.shape[:2])
-        return visualize.draw_image_attention(directory, name, inputs, cross, grid, output_words)
+        centres = {"centres": np.asarray(model.cell_centres(*inputs.shape[:2]))}  # where each cell is, for localisation
+        return visualize.draw_image_attention(directory, name, inputs, cross, grid, output_words, {**centres, **dict(extras or {})})
 
     def from_command_line(self, given, task_params, model_fields):
         """An image file as the run's images are: its channels, resized to the task's size."""
@@ -307,6 +309,10 @@ class FeatureSource(SourceKind):
 
     def tokenizer_pairs(self, pairs):
         return ((target, target) for _, target in pairs)
+
+    def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
+        cells = [f"cell {i}" for i in range(inputs.shape[0])]  # a grid's positions have no text or pixels: named by index
+        return visualize.draw_example(directory, name, weights, roles, cells, output_words, self_attention=self_attention, extras=extras)
 
     def from_command_line(self, given, task_params, model_fields):
         """A `.npy` file holding one feature grid `[L, D]`."""

@@ -33,6 +33,7 @@ from jax.experimental import multihost_utils
 import evaluation
 import input_pipeline
 import metrics
+import report
 import reporting
 import scores
 from errors import ConfigError, NonFiniteLoss
@@ -228,12 +229,15 @@ def evaluate_during_training(
     settings = run.settings.evaluation
     results = {}
     for split in splits:
-        results[split], _ = evaluation.evaluate_split(evaluator, params, split, max_decoded=settings.eval_decode_examples)
+        results[split], decoded = evaluation.evaluate_split(evaluator, params, split, max_decoded=settings.eval_decode_examples)
         reporter.write(step, split, results[split])
         if run.is_chief:
             reporting.write_eval(run.workdir, step, split, results[split])
+            evaluation.write_predictions(run, split, decoded, run.workdir / "predictions" / f"step_{step}_{split}.tsv")
         if split == "dev" and settings.visualize_examples:
             evaluation.draw_attention(evaluator, params, "dev", step, reporter)
+    if run.is_chief:
+        report.write(run.workdir)  # report.html and curves.png, as of this evaluation
     return results
 
 
@@ -364,6 +368,7 @@ def print_outputs(workdir: Path) -> None:
         f"checkpoints:  {workdir / 'checkpoints'}",
         f"metrics:      {workdir / 'metrics.jsonl'}, {workdir / 'eval'}/",
         f"tensorboard:  tensorboard --logdir {workdir / 'tensorboard'}",
+        f"report:       {workdir / 'report.html'} (open it in a browser), {workdir / 'curves.png'}",
     ]
     if (workdir / "attention").exists():
         lines.append(f"pictures:     {workdir / 'attention'}/ (attention heat maps and .npz weights)")

@@ -84,8 +84,13 @@ def example_weights(
     return cut
 
 
+def npz_key(module: str) -> str:
+    """A module path as a file name part and an `.npz` key: each run of non-alphanumerics becomes "_"."""
+    return re.sub("[^A-Za-z0-9]+", "_", module)
+
+
 def file_stem(name: str, module: str) -> str:
-    return f"{name}_{re.sub('[^A-Za-z0-9]+', '_', module)}"
+    return f"{name}_{npz_key(module)}"
 
 
 def draw_example(
@@ -97,9 +102,12 @@ def draw_example(
     output_tokens: Sequence[str],
     *,
     self_attention: bool = False,
+    extras: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Writes `<name>_<module>.png` per attention module (cross-attention only, unless `self_attention`)
-    and `<name>.npz` with every module's weights; returns the pictures' pixels by file stem.
+    and `<name>.npz` with every module's weights, the module paths (`modules`) and their roles
+    (`roles`, the `AttentionRole` values) in the same order, and `extras` (e.g. the task's gold
+    `alignment` spans `[K, 4]`, for report.py); returns the pictures' pixels by file stem.
 
     Args:
       weights: module path -> `[N, Tq, Tk]` of this example, cut to its real tokens (`example_weights`).
@@ -115,16 +123,29 @@ def draw_example(
         stem = file_stem(name, module)
         figure.savefig(directory / f"{stem}.png", dpi=90)
         pictures[stem] = figure_pixels(figure)
-    arrays = {re.sub("[^A-Za-z0-9]+", "_", k): np.asarray(v) for k, v in weights.items()}
-    np.savez(directory / f"{name}.npz", source_tokens=np.array(source_tokens), output_tokens=np.array(output_tokens), **arrays)
+    save_weights(directory / f"{name}.npz", weights, roles, source_tokens, output_tokens, extras)
     return pictures
 
 
+def save_weights(
+    path: Path, weights: Mapping[str, np.ndarray], roles: Mapping[str, AttentionRole], source_tokens: Sequence[str],
+    output_tokens: Sequence[str], extras: Mapping[str, np.ndarray] | None = None,
+) -> None:  # fmt: skip
+    """`path` (.npz): the tokens, each module's `[N, Tq, Tk]` weights under its path with every
+    non-alphanumeric run as "_", `modules` (the paths) and `roles` (their `AttentionRole` values) in one
+    order, and `extras` (e.g. the gold `alignment` spans `[K, 4]`): what report.py's explorer reads."""
+    arrays = {npz_key(k): np.asarray(v) for k, v in weights.items()}
+    described = {"modules": np.array(list(weights), dtype=str), "roles": np.array([roles[k].value for k in weights], dtype=str)}
+    np.savez(path, source_tokens=np.array(source_tokens), output_tokens=np.array(output_tokens), **described, **dict(extras or {}), **arrays)
+
+
 def draw_image_attention(
-    directory: Path, name: str, image: np.ndarray, weights: np.ndarray, grid: tuple[int, int], words: Sequence[str]
+    directory: Path, name: str, image: np.ndarray, weights: np.ndarray, grid: tuple[int, int], words: Sequence[str],
+    extras: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """As Xu et al.'s figures: the image once per generated word, with that word's attention over the
-    annotation grid laid over it. Writes `<name>_caption.png` and `<name>.npz`; returns the pixels.
+    annotation grid laid over it. Writes `<name>_caption.png` and `<name>.npz` (with `extras`, e.g. the
+    words' `boxes` `[K, 4]` and the cells' `centres` `[L, 2]` for report.py); returns the pixels.
 
     Args:
       image: `[H, W, C]` uint8. weights: `[T, L]`, a row per word (L = h * w, row-major).
@@ -148,5 +169,6 @@ def draw_image_attention(
     figure.tight_layout()
     stem = f"{name}_caption"
     figure.savefig(directory / f"{stem}.png", dpi=90)
-    np.savez(directory / f"{name}.npz", image=image, weights=np.asarray(weights), words=np.array(list(words)), grid=np.array(grid))
+    np.savez(directory / f"{name}.npz", image=image, weights=np.asarray(weights), words=np.array(list(words)), grid=np.array(grid),
+             **dict(extras or {}))  # fmt: skip
     return {stem: figure_pixels(figure)}

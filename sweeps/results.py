@@ -1,5 +1,5 @@
-"""The sweep's results: a row per counted trial, best first; results.md and results.csv; the
-objective plotted against each swept field."""
+"""The sweep's results: a row per counted trial, best first; results.md, results.csv and report.html
+(rewritten as each trial ends); the objective plotted against each swept field."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+import report
 from sweeps.study import Sweep, counted
 
 NOT_SHOWN = ("step", "decoded_examples")  # and per-module metrics (names with "/")
@@ -62,6 +63,7 @@ def write_results(study: optuna.Study, sweep: Sweep, args) -> Path:
         lines.append("| " + " | ".join(format_cell(row.get(c)) for c in shown) + " |")
     (workdir / "results.md").write_text("\n".join(lines) + "\n")
     plot_objective(rows, sweep, workdir / "objective_by_field.png")
+    report.write_sweep(workdir, rows, sweep.objective, sweep.space)
     return workdir / "results.md"
 
 

@@ -23,6 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from stopping import StopSignals
+from sweeps.results import write_results
 from sweeps.study import Sweep, SweepError, counted, distributions, open_study, override_flags, requeue, with_overrides
 
 HEARTBEAT_S = 30  # a running trial's worker says it is alive this often
@@ -159,6 +160,7 @@ def work_until_done(args, sweep: Sweep, stop: StopSignals) -> None:
             study.tell(trial, state=TrialState.FAIL)
             continue
         run_trial(study, trial, args, sweep, stop)
+        write_results(study, sweep, args)  # the sweep's page and tables as of this trial, not only at the end
 
 
 def recover_dead_trials(study: optuna.Study) -> None:

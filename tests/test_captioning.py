@@ -75,6 +75,9 @@ def test_digit_strips_train_and_evaluate_writes_the_caption_metrics_and_pictures
         for name in ("exact_match", "bleu", "bleu_1", "bleu_4", "localized_words"):  # localisation: below
             assert name in saved[split] and saved[split][name] == final[split][name]
     assert (tmp_path / "attention" / "step_4" / "example_0_caption.png").is_file()
+    saved = np.load(tmp_path / "attention" / "step_4" / "example_0.npz")  # what report.py's explorer reads
+    assert saved["boxes"].shape[1] == 4 and saved["centres"].shape == (saved["weights"].shape[1], 2)
+    assert "grid over the image" in (tmp_path / "report.html").read_text()
 
 
 def test_captions_and_translation_models_do_not_mix(shared_data_dir, tmp_path):

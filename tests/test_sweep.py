@@ -123,6 +123,10 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     assert f"--config.learning_rate={best.params['learning_rate']!r}" in markdown
     assert f"--config.task.train_size={best.params['task.train_size']}" in markdown
     assert (workdir / "objective_by_field.png").stat().st_size > 0
+    page = (workdir / "report.html").read_text()  # the sweep's page links each trial's own report
+    for trial in trials:
+        link = Path(trial.user_attrs["workdir"]).relative_to(workdir) / "report.html"
+        assert f'href="{link}"' in page and (workdir / link).is_file()
 
 
 # ---------------------------------------------------------------- bookkeeping, with the fake trainer
@@ -166,6 +170,7 @@ def test_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "exited with 2" in states[True].user_attrs["error"] and "crash asked for" in states[True].user_attrs["error"]
     rows = results_csv(tmp_path / "sweep")
     assert [r["state"] for r in rows] == ["complete", "fail"] and "crash asked for" in rows[1]["error"]
+    assert "crash asked for" in (tmp_path / "sweep" / "report.html").read_text()
 
 
 def test_lagging_trials_are_pruned(tmp_path):

@@ -179,6 +179,7 @@ def test_eval_mode_reproduces_the_final_eval(finished_run):
     config, workdir, final = finished_run
     results = evaluation.evaluate(parse(config), workdir)
     assert results == final["test"]
+    assert "test (eval mode)" in (workdir / "report.html").read_text()  # the page rewritten, with the eval's row
 
 
 def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp_path, caplog):

@@ -1,0 +1,269 @@
+"""report.py: the run's and the sweep's pages, read from the run folder, checked in headless Chromium.
+
+The browser tests open the pages from disk in Debian's `chromium` driven by Playwright (one browser
+for the module) and skip, naming what is missing, where either is absent.
+"""
+
+import base64
+import json
+import shutil
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import report
+import sources
+import visualize
+from models.attention import AttentionRole
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+# ----------------------------------------------------------------------------- reading and writing, no browser
+
+
+def test_damaged_metrics_lines_are_skipped_and_counted(tmp_path):
+    good = {"step": 5, "split": "train", "loss": 2.5, "learning_rate": 1e-3}
+    lines = [json.dumps(good), '{"step": 10, "split": "tr', "[1, 2]", "", json.dumps({"step": 10, "split": "dev", "loss": 2.0})]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    rows, damaged = report.read_metrics(tmp_path / "metrics.jsonl")
+    assert rows == [good, {"step": 10, "split": "dev", "loss": 2.0}] and damaged == 2
+    page = report.write(tmp_path).read_text()
+    assert "2 damaged line(s) of metrics.jsonl skipped" in page
+    assert "No evaluation yet" in page  # no eval/ folder: the page says so
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_with_nothing_written_yet_has_a_page(tmp_path):
+    page = report.write(tmp_path).read_text()
+    assert "No evaluation yet" in page and "No metrics logged yet" in page
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_curve_series_by_metric_and_split():
+    rows = [
+        {"step": 0, "split": "data", "train_examples": 600},
+        {"step": 5, "split": "train", "loss": 3.0, "learning_rate": 0.1, "alignment_accuracy/m": 0.5},
+        {"step": 10, "split": "dev", "loss": 2.0, "exact_match": 0.25, "decoded_examples": 24},
+        {"step": 10, "split": "dev", "loss": 1.5, "mode": "eval"},
+    ]
+    series = report.curve_series(rows)
+    assert list(series) == ["loss", "learning_rate", "exact_match"]
+    assert series["loss"] == {"train": [(5, 3.0)], "dev": [(10, 2.0)], "dev (eval mode)": [(10, 1.5)]}
+
+
+def test_packed_keeps_each_rows_largest_weights():
+    weights = np.array([[[0.1, 0.6, 0.3], [0.5, 0.0, 0.4]]])  # [N=1, Tq=2, Tk=3]
+    values = report.quantized(weights)
+    np.testing.assert_array_equal(values, [[[26, 153, 76], [128, 0, 102]]])  # round(w * 255)
+    assert report.packed(values, None) == values.tobytes()
+    kept = report.packed(values, 2)
+    positions = np.frombuffer(kept[:8], "<u2").reshape(1, 2, 2)
+    shown = np.zeros_like(values)  # as the page rebuilds a row: the kept weights at their positions, 0 elsewhere
+    np.put_along_axis(shown, positions.astype(np.int64), np.frombuffer(kept[8:], np.uint8).reshape(1, 2, 2), axis=-1)
+    np.testing.assert_array_equal(shown, [[[0, 153, 76], [128, 0, 102]]])
+
+
+def test_attention_payload_halves_the_kept_weights_until_it_fits():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 16, 64))
+    weights = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    examples = [{"name": "e", "source": ["a"] * 64, "output": ["b"] * 16, "modules": [{"name": "m", "role": "cross", "weights": weights}]}]
+    _, blobs, keep = report.attention_payloads(examples)
+    assert keep is None and len(zlib.decompress(base64.b64decode(blobs[0]))) == weights.size
+    described, blobs, keep = report.attention_payloads(examples, budget=300)
+    deflated = len(base64.b64decode(blobs[0]))
+    assert keep is not None and keep < 64 and (deflated <= 300 or keep == 1)
+    assert described[0]["modules"][0]["keep"] == keep
+
+
+def test_a_feature_grid_example_is_explored_over_its_cells(tmp_path):
+    weights = {"attention": np.array([[[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]], np.float32)}  # [N=1, T=2, L=3]
+    features = sources.KINDS["features"]
+    features.draw(tmp_path / "attention" / "step_1", "example_0", np.zeros((3, 4), np.float32), weights,
+                  {"attention": AttentionRole.CROSS}, ["a", "</s>"], None, None)  # fmt: skip
+    (example,) = report.read_run(tmp_path).attention
+    assert example["source"] == ["cell 0", "cell 1", "cell 2"] and example["output"] == ["a", "</s>"]
+    assert [(m["name"], m["role"]) for m in example["modules"]] == [("attention", "cross")]
+    np.testing.assert_array_equal(example["modules"][0]["weights"], weights["attention"])
+
+
+def test_every_evaluation_writes_the_report_and_its_inputs(finished_run):
+    _, workdir, _ = finished_run
+    page = (workdir / "report.html").read_text()
+    assert "Attention explorer" in page and "http://" not in page.replace("http://www.w3.org", "")
+    assert (workdir / "curves.png").exists()
+    assert '<div id="run-summary">task dates, model transformer, 20 steps' in page
+    assert (workdir / "predictions" / "step_20_dev.tsv").exists() and (workdir / "predictions" / "step_10_dev.tsv").exists()
+    saved = np.load(workdir / "attention" / "step_20" / "example_0.npz")
+    modules = saved["modules"].tolist()
+    assert sorted(saved["roles"].tolist()) == ["cross", "source_self", "target_self"]
+    assert dict(zip(modules, saved["roles"].tolist()))["decoder_layers/0/cross_attention"] == "cross"
+    assert saved["alignment"].shape == (3, 4)  # the dates task's gold spans of this example
+
+
+def test_rebuilt_from_the_folder_alone(finished_run, tmp_path):
+    _, workdir, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("checkpoints", "report.html"))
+    assert report.write(copy).read_text().count('class="example"') == 3
+
+
+# ----------------------------------------------------------------------------- in the browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing (Debian's chromium package: `make chromium`)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright==1.63.0)")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+class OpenPage:
+    """A page opened from disk, with what it logged and requested."""
+
+    def __init__(self, browser, path: Path):
+        self.page = browser.new_page()
+        self.errors, self.requests = [], []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.url = path.resolve().as_uri()
+        self.page.goto(self.url)
+
+    def check_clean(self):
+        assert self.errors == []
+        assert self.requests == [self.url]  # the page itself, nothing else
+
+    def weights(self, selector: str) -> list[float]:
+        return [float(w) for w in self.page.eval_on_selector_all(selector, "nodes => nodes.map(n => n.dataset.w)")]
+
+
+def test_explorer_hover_shows_the_rows_weights(browser, finished_run):
+    _, workdir, _ = finished_run
+    saved = np.load(workdir / "attention" / "step_20" / "example_0.npz")
+    cross = saved["decoder_layers_0_cross_attention"]  # [N, T, S]
+    opened = OpenPage(browser, workdir / "report.html")
+    page = opened.page
+    explorer = page.locator("details.example").first.locator(".explorer")
+    page.wait_for_selector("details.example .explorer[data-rendered]")
+    assert explorer.locator("select.kind").input_value() == "cross"
+    target = 5  # the month: in the gold span (5, 7)
+    assert len(saved["output_tokens"]) > target
+    explorer.locator(".queries .tok").nth(target).hover()
+    shown = opened.weights("details.example >> nth=0 >> .keys .tok")
+    np.testing.assert_allclose(shown, cross[0, target], atol=0.5 / 255 + 1e-4)  # head 0, uint8 on the page
+    explorer.locator("select.head").select_option("1")
+    explorer.locator(".queries .tok").nth(target).hover()
+    shown_head_1 = opened.weights("details.example >> nth=0 >> .keys .tok")
+    np.testing.assert_allclose(shown_head_1, cross[1, target], atol=0.5 / 255 + 1e-4)
+    assert not np.allclose(shown, shown_head_1)
+    explorer.locator(".keys .tok").nth(2).hover()  # a source token: its column over the output
+    np.testing.assert_allclose(opened.weights("details.example >> nth=0 >> .queries .tok"), cross[1, :, 2], atol=0.5 / 255 + 1e-4)
+    explorer.locator("select.head").select_option("mean")
+    explorer.locator(".queries .tok").nth(target).hover()
+    np.testing.assert_allclose(opened.weights("details.example >> nth=0 >> .keys .tok"), cross.mean(0)[target], atol=0.5 / 255 + 1e-4)
+    spans = saved["alignment"]  # the gold source span of the hovered output position is outlined
+    t0, t1, s0, s1 = next(span for span in spans if span[0] <= target < span[1])
+    gold = explorer.locator(".keys .tok.gold")
+    assert [int(i) for i in gold.evaluate_all("ns => ns.map(n => n.dataset.index)")] == list(range(s0, min(s1, len(saved["source_tokens"]))))
+    explorer.locator("select.kind").select_option("source_self")
+    explorer.locator(".queries .tok").nth(1).hover()
+    np.testing.assert_allclose(opened.weights("details.example >> nth=0 >> .keys .tok"), saved["encoder_layers_0_self_attention"].mean(0)[1],
+                               atol=0.5 / 255 + 1e-4)  # fmt: skip
+    page.click("#worst-first")
+    chrf = [float(t) for t in page.locator("#examples tbody tr td:nth-child(4)").all_text_contents()]
+    assert chrf == sorted(chrf) and len(chrf) == 24
+    opened.check_clean()
+    page.close()
+
+
+def test_image_explorer_and_sweep_page(browser, tmp_path):
+    """A captioner's example (drawn as evaluation draws it) and a sweep's page, in one browser page each."""
+    run = tmp_path / "trial_0"
+    image = np.zeros((8, 16, 1), np.uint8)
+    image[:, 4:8] = 255
+    weights = np.full((3, 8), 0.02)  # [T, L]: 3 words over a 2 x 4 grid of 4 x 4 pixel cells
+    weights[0, 1], weights[1, 6], weights[2, 0] = 0.86, 0.86, 0.86
+    centres = np.array([[2 + 4 * c, 2 + 4 * r] for r in range(2) for c in range(4)])  # (x, y)
+    boxes = np.array([[4, 0, 8, 4], [8, 4, 12, 8], [-1, -1, -1, -1]])  # the words' boxes; cells 1 and 6 are inside
+    extras = {"centres": centres, "boxes": boxes}
+    visualize.draw_image_attention(run / "attention" / "step_5", "example_0", image, weights, (2, 4), ["one", "two", "</s>"], extras)
+    opened = OpenPage(browser, report.write(run))
+    page = opened.page
+    page.wait_for_selector("details.example .explorer[data-rendered]")
+    assert page.locator("select.kind").input_value() == "grid"
+    assert "localisation accuracy: 1.000" in page.locator(".accuracy").inner_text()  # word 0's cell 1 lies in its box
+    pixels = "() => Array.from(document.querySelector('canvas.heatmap').getContext('2d').getImageData(0, 0, 999, 999).data).join()"
+    before = page.evaluate(pixels)
+    page.locator(".queries .tok").nth(0).hover()
+    assert page.evaluate(pixels) != before  # the word's attention laid over the image
+    opened.check_clean()
+    page.close()
+
+    rows = [
+        {"trial": 1, "state": "complete", "dev/score": 0.5, "lr": 0.01, "workdir": str(tmp_path / "trial_1")},
+        {"trial": 0, "state": "complete", "dev/score": 0.25, "lr": 0.001, "workdir": str(run)},
+        {"trial": 2, "state": "fail", "dev/score": None, "lr": 0.1, "workdir": ""},
+    ]
+    opened = OpenPage(browser, report.write_sweep(tmp_path, rows, "dev/score", {"lr": ("log_uniform", 1e-4, 1.0)}))
+    page = opened.page
+    page.click("#trials th:has-text('dev/score')")
+    assert page.locator("#trials tbody tr td:nth-child(1)").all_text_contents() == ["0", "1", "2"]  # ascending, the failed trial last
+    page.click("#trials th:has-text('dev/score')")
+    assert page.locator("#trials tbody tr td:nth-child(1)").all_text_contents() == ["1", "0", "2"]
+    assert page.locator("#trials a", has_text="0").get_attribute("href") == "trial_0/report.html"
+    assert page.locator("svg.chart").count() == 2  # by trial, by lr
+    opened.check_clean()
+    page.close()
+
+
+# Tiny, as tests/test_model_interface.py builds them. The RNN families' single-head cross-attention
+# takes the Transformer's path (test_explorer_hover_shows_the_rows_weights); building a model costs
+# seconds, so only the LSTMN, whose intra-attention is a kind of its own, is built here.
+FAMILIES = {"lstmn": dict(embed_dim=4, hidden_dim=6, attention_dim=5, max_length=8)}
+
+
+def test_an_lstmn_gets_an_explorer_of_its_kinds(browser, tmp_path):
+    """An LSTMN example saved as evaluation saves it: the page offers each of the model's attention
+    kinds (its intra-attention as source and target self, its inter-attention as cross) and shows the
+    hovered row of each module."""
+    from flax import nnx
+
+    import models
+    from models.attention import attention_roles, capture_attention
+
+    batch = {"inputs": np.array([[4, 5, 6, 2]]), "targets": np.array([[7, 8, 2]])}
+    folder = tmp_path / "attention" / "step_1"
+    folder.mkdir(parents=True)
+    expected = {}
+    for name, fields in FAMILIES.items():
+        model = models.create_model(name, rngs=nnx.Rngs(0), vocab_size=9, **fields)
+        roles = attention_roles(model)
+        weights = visualize.example_weights(capture_attention(model, batch), roles, 0, 4, 3)
+        visualize.save_weights(folder / f"{name}.npz", weights, roles, ["a", "b", "c", "</s>"], ["x", "y", "</s>"])
+        expected[name] = (sorted({r.value for r in roles.values()}), weights)
+    assert expected["lstmn"][0] == ["cross", "source_self", "target_self"]
+    opened = OpenPage(browser, report.write(tmp_path))
+    page = opened.page
+    for number, name in enumerate(sorted(FAMILIES)):
+        details = page.locator("details.example").nth(number)
+        details.locator("summary").click() if number else None  # the first opens by itself
+        page.wait_for_selector(f"details.example >> nth={number} >> .explorer[data-rendered]")
+        explorer = details.locator(".explorer")
+        kinds = explorer.locator("select.kind option").evaluate_all("os => os.map(o => o.value)")
+        assert sorted(kinds) == expected[name][0], name
+        for kind in kinds:
+            explorer.locator("select.kind").select_option(kind)
+            module = explorer.locator("select.layer option").first.text_content()
+            explorer.locator(".queries .tok").nth(1).hover()
+            np.testing.assert_allclose(opened.weights(f"details.example >> nth={number} >> .keys .tok"),
+                                       expected[name][1][module][0, 1], atol=0.5 / 255 + 1e-4, err_msg=f"{name} {module}")  # fmt: skip
+    opened.check_clean()
+    page.close()
