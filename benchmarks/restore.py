@@ -2,7 +2,7 @@
 
     python benchmarks/restore.py [--params 214_000_000] [--repeats 3]
 
-Saves one checkpoint of a train state the size of `configs/wmt14_transformer_big.py`'s (214M
+Saves one checkpoint of a train state the size of `configs/wmt14_transformer.py:big`'s (214M
 float32 parameters and Adam's two moments: 2.6 GB) in a temporary folder, then restores it
 `--repeats` times each way, alternating, and prints the medians and the check's share. The check
 hashes the files by BLAKE3 in a thread while Orbax reads them (checkpoints.Checkpoints._verified_restore);
