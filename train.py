@@ -23,7 +23,6 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
 
 import jax
 from absl import app, flags
@@ -33,7 +32,7 @@ import evaluation
 import inference
 import settings
 import trainer
-from run_setup import run_config
+from run_setup import command_line, run_config
 from configs import base
 from errors import ConfigError, UserError
 
@@ -60,20 +59,11 @@ def exit_with_error(error: BaseException) -> None:
     sys.exit(2)
 
 
-def split_overrides(argv: Sequence[str], flag_values: flags.FlagValues = FLAGS) -> tuple[list[str], list[str]]:
-    """`(absl's arguments, the --config.a.b=value overrides)` of a command line, in order, after
-    expanding every `--flagfile=FILE` (absl would otherwise see the file's overrides, which are no
-    flags of its own, and stop on the first)."""
-    expanded = flag_values.read_flags_from_files(list(argv[1:]), force_gnu=False)
-    overrides = [arg for arg in expanded if arg.startswith("--config.")]
-    return [argv[0], *(arg for arg in expanded if not arg.startswith("--config."))], overrides
-
-
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's parsing of the flags; the `--config.*` overrides, also those of a `--flagfile`, go to
     `configs.base.load` instead."""
     try:
-        arguments, overrides = split_overrides(argv)
+        arguments, overrides = command_line.split_overrides(argv, FLAGS)
         OVERRIDES.extend(overrides)
         return FLAGS(arguments)
     except flags.Error as error:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from absl import flags
 
-import train
+from run_setup import command_line
 from configs import base
 from errors import ConfigError
 
@@ -28,7 +28,7 @@ def test_flagfile_overrides_are_taken_in_order_with_the_command_lines(tmp_path):
     outer = tmp_path / "outer.txt"
     outer.write_text(f"--workdir=runs/x\n--config.learning_rate=0.5\n--flagfile={inner}\n--config.batch_size=8\n")
     argv = ["train.py", "--config.batch_size=4", f"--flagfile={outer}", "--config.batch_size=16", "--mode=eval"]
-    arguments, overrides = train.split_overrides(argv, flags.FlagValues())
+    arguments, overrides = command_line.split_overrides(argv, flags.FlagValues())
     assert arguments == ["train.py", "--workdir=runs/x", "--mode=eval"]
     assert overrides == ["--config.batch_size=4", "--config.learning_rate=0.5", "--config.seed=3", "--config.batch_size=8",
                          "--config.batch_size=16"]  # fmt: skip
@@ -38,7 +38,7 @@ def test_flagfile_overrides_are_taken_in_order_with_the_command_lines(tmp_path):
 
 def test_a_missing_flagfile_is_a_flags_error(tmp_path):
     with pytest.raises(flags.Error, match="nope.txt"):
-        train.split_overrides(["train.py", f"--flagfile={tmp_path / 'nope.txt'}"], flags.FlagValues())
+        command_line.split_overrides(["train.py", f"--flagfile={tmp_path / 'nope.txt'}"], flags.FlagValues())
 
 
 def test_the_wmt14_config_takes_its_size_after_a_colon():
