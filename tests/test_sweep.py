@@ -155,9 +155,12 @@ def test_interrupted_sweep_resumes_without_repeating_finished_trials(tmp_path):
 def test_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
     path = sweep_file(tmp_path, method="grid", space={"crash": ("categorical", [True, False])},
                       objective="dev/score", direction="maximize")  # fmt: skip
-    status, output = run_sweep(tmp_path, path)
+    flagfile = write(tmp_path / "flags.txt", "--study_name=named_in_a_flagfile\n")  # absl's --flagfile, as train.py takes it
+    status, output = run_sweep(tmp_path, path, f"--flagfile={flagfile}")
     assert status == 0, output
-    study = load_study(tmp_path / "sweep")
+    assert "sweep: started (2 trials)" in output and "sweep: done, 2 trials in " in output  # the progress of the sweep
+    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "sweep" / "study.journal")))
+    study = optuna.load_study(study_name="named_in_a_flagfile", storage=journal)
     states = {t.params["crash"]: t for t in study.trials}
     assert states[True].state.name == "FAIL" and states[False].state.name == "COMPLETE"
     assert "exited with 2" in states[True].user_attrs["error"] and "crash asked for" in states[True].user_attrs["error"]
