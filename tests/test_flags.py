@@ -8,6 +8,7 @@ from absl import flags
 from run_setup import command_line
 from configs import base
 from errors import ConfigError
+from test_architecture import imported
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,3 +54,30 @@ def test_the_wmt14_config_takes_its_size_after_a_colon():
         assert big[name] == base_size[name], name  # big differs from base in its own fields alone
     with pytest.raises(ConfigError, match="wmt14_transformer.py:huge: the size must be one of base, big"):
         base.load(f"{path}:huge")
+
+
+def test_a_scripts_own_flags_take_a_flagfile_and_refuse_a_wrong_flag_in_one_line(tmp_path, capsys):
+    values = flags.FlagValues()
+    flags.DEFINE_integer("batch", 8, "rows", flag_values=values)
+    flags.DEFINE_bool("recurrent", False, "a switch", flag_values=values)
+    flagfile = tmp_path / "flags.txt"
+    flagfile.write_text("--batch=3\n--config.model.d_model=32\n")
+    argv = ["bench.py", f"--flagfile={flagfile}", "--recurrent", "--config.seed=1"]
+    assert command_line.parse(values, argv, "doc", overrides=True) == ["--config.model.d_model=32", "--config.seed=1"]
+    assert (values.batch, values.recurrent) == (3, True)
+    command_line.parse(values, ["bench.py", "--batch", "5"], "doc")  # argparse's spacing works too
+    assert (values.batch, values.recurrent) == (5, False)  # a second parse starts from the defaults
+    for wrong in (["--batch=x"], ["--config.seed=1"], ["extra"]):  # --config.* only where a script takes overrides
+        with pytest.raises(SystemExit) as exit_:
+            command_line.parse(values, ["bench.py", *wrong], "doc")
+        assert exit_.value.code == 2
+        error = capsys.readouterr().err
+        assert error.startswith("bench.py: error: ") and error.count("\n") == 1, error
+
+
+def test_every_script_parses_absl_flags():
+    scripts = [PROJECT_ROOT / name for name in ("train.py", "sweep.py", "inference.py")] + sorted((PROJECT_ROOT / "benchmarks").glob("*.py"))
+    argparse_users = [path.name for path in scripts if "argparse" in imported(path)]
+    assert not argparse_users
+    mains = [path.name for path in scripts if "def main(" in path.read_text()]
+    assert len(mains) == 12 and all("absl" in imported(PROJECT_ROOT / "benchmarks" / name) for name in mains if name not in ("train.py", "sweep.py", "inference.py"))

@@ -1,11 +1,12 @@
 """requirements.txt names every third-party distribution that the code outside tests/ imports,
 pinned; requirements-dev.txt adds the test tools on top of it."""
 
-import ast
 import importlib.metadata
 import re
 import sys
 from pathlib import Path
+
+from test_architecture import imported
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_CODE = {".venv", "tests", "data", "runs", ".git"}
@@ -30,21 +31,10 @@ def pinned(path: Path) -> dict[str, str]:
     return found
 
 
-def top_level_imports(path: Path) -> set[str]:
-    """The top-level names a module imports absolutely (`import a.b`, `from a import b` -> `a`)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
-
-
-def test_top_level_imports_and_canonical_names_on_a_hand_made_module(tmp_path):
+def test_imports_and_canonical_names_on_a_hand_made_module(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("import os, numpy.linalg\nfrom PIL import Image\nfrom . import x\ndef f():\n    import psutil\n")
-    assert top_level_imports(module) == {"os", "numpy", "PIL", "psutil"}
+    assert imported(module) == {"os", "numpy", "PIL", "psutil"}
     assert canonical("Pillow") == canonical("pillow") and canonical("importlib_resources") == "importlib-resources"
 
 
@@ -56,7 +46,7 @@ def test_every_third_party_import_of_the_code_is_pinned_in_requirements_txt():
     for path in ROOT.rglob("*.py"):
         if NOT_CODE & set(path.relative_to(ROOT).parts):
             continue
-        for name in top_level_imports(path) - ours - set(sys.stdlib_module_names):
+        for name in imported(path) - ours - set(sys.stdlib_module_names):
             providers = {canonical(d) for d in distributions.get(name, [name])}
             if not providers & set(requirements):
                 missing.setdefault(name, []).append(str(path.relative_to(ROOT)))
