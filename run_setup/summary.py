@@ -119,8 +119,8 @@ def describe(run, start_step: int) -> Facts:
     steps, batch_tokens = epoch_estimate(lengths, settings.data)
     totals = np.asarray(lengths).reshape(-1, 2).sum(axis=0)
     tokens_in_sources = "inputs" in settings.source.padded_keys(1, 1)  # sources padded in length are token ids
-    splits = {split: (len(records), None, None) for split, records in run.task.splits.items()}
-    splits["train"] = (len(run.task.splits["train"]), int(totals[0]) if tokens_in_sources else None, int(totals[1]))
+    splits = {"train": (len(run.task.splits["train"]), int(totals[0]) if tokens_in_sources else None, int(totals[1]))}
+    splits.update((split, (len(records), None, None)) for split, records in run.task.splits.items() if split != "train")
     if not tokens_in_sources:
         batch_tokens = (None, batch_tokens[1])
     tokens, tokenizer = run.tokens, settings.tokenizer
