@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 from absl import flags
 
 import progress
@@ -88,9 +89,13 @@ def parse_args(argv: list[str]) -> flags.FlagValues:
     return FLAGS
 
 
-def finished_trials(study: optuna.Study) -> int:
-    """Trials of the sweep's count that have ended (complete, pruned or failed)."""
-    return sum(t.state.is_finished() for t in counted(study.get_trials(deepcopy=False)))
+def finished_trials(study: optuna.Study, known: int = 0) -> int:
+    """Trials of the sweep's count that have ended (complete, pruned or failed); `known` when the
+    storage cannot be read just now (the workers have their own connections and retries)."""
+    try:
+        return sum(t.state.is_finished() for t in counted(study.get_trials(deepcopy=False)))
+    except (sqlalchemy.exc.SQLAlchemyError, OSError):
+        return known
 
 
 def launch_workers(argv: list[str], environments: list[dict[str, str]], study: optuna.Study, num_trials: int) -> int:
@@ -110,8 +115,8 @@ def launch_workers(argv: list[str], environments: list[dict[str, str]], study: o
     with StopSignals(on_signal=forward), progress.phase("sweep", total=max(num_trials - done_before, 0), unit="trials") as shown:
         while any(worker.poll() is None for worker in workers):
             time.sleep(POLL_SECONDS)
-            shown.advance(max(finished_trials(study) - done_before - shown.done, 0))
-        shown.advance(max(finished_trials(study) - done_before - shown.done, 0))
+            shown.advance(max(finished_trials(study, done_before + shown.done) - done_before - shown.done, 0))
+        shown.advance(max(finished_trials(study, done_before + shown.done) - done_before - shown.done, 0))
     return max(worker.wait() for worker in workers)
 
 
