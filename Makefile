@@ -1,22 +1,33 @@
 # The two commands of the README. Each creates or reuses .venv and installs the
-# pinned requirements first; the stamp file makes the reuse cheap.
+# pinned requirements first: `make train` what the code imports (requirements.txt),
+# `make test` the test tools too (requirements-dev.txt, which includes it, and the
+# sweep tests' PostgreSQL server as a wheel), the catalog's preparation environment
+# and Debian's Chromium for the report's browser tests. The stamp files make the reuse cheap.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements.stamp
+DEV_STAMP := $(VENV)/.requirements-dev.stamp
 # The catalog's preparation environment (see `prepare` below).
 PREPARE_VENV := .venv-prepare
 PREPARE_STAMP := $(PREPARE_VENV)/.requirements.stamp
 
-.PHONY: train test install postgresql chromium clean prepare prepare-env
+.PHONY: train test install install-dev chromium clean prepare prepare-env
 
 install: $(STAMP)
+install-dev: $(DEV_STAMP)
 
-$(STAMP): requirements.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): requirements.txt | $(PY)
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
+
+$(DEV_STAMP): requirements.txt requirements-dev.txt requirements-tensorboard.txt | $(PY)
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $(STAMP) $(DEV_STAMP)
 
 train: $(STAMP)
 	$(PY) train.py $(ARGS)
@@ -24,14 +35,8 @@ train: $(STAMP)
 # Two pytest-xdist workers (one per core of the 2-core CI machine; TEST_WORKERS=0 runs in one
 # process); a test's own subprocesses share the session's compilation cache with both.
 TEST_WORKERS ?= 2
-test: $(STAMP) $(PREPARE_STAMP) postgresql chromium
+test: $(DEV_STAMP) $(PREPARE_STAMP) chromium
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests $(ARGS)
-
-# The sweep tests start a PostgreSQL server on loopback: install Debian's package if absent.
-SUDO := $(shell test "$$(id -u)" = 0 || echo sudo)
-postgresql:
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
-		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql; }
 
 # Preparing a TFDS catalog dataset (README, "Preparing a catalog dataset") runs in its own
 # environment: TFDS needs TensorFlow to download and extract, training does not. The tests of
@@ -50,7 +55,9 @@ prepare: $(PREPARE_STAMP)
 	$(PREPARE_VENV)/bin/python prepare_catalog.py $(DATASET) $(if $(DATA_DIR),--data_dir=$(DATA_DIR)) $(if $(MANUAL_DIR),--manual_dir=$(MANUAL_DIR))
 
 # The report's browser tests open the pages in headless Chromium (driven by Playwright, whose own
-# browser download is not used): install Debian's package if absent.
+# browser download is not used): install Debian's package if absent (the tests skip, naming it,
+# where this cannot run: no root and no sudo).
+SUDO := $(shell test "$$(id -u)" = 0 || echo sudo)
 chromium:
 	@test -x /usr/bin/chromium || { \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }

@@ -31,6 +31,7 @@ from flax import nnx
 import decoding
 import input_pipeline
 import metrics
+import progress
 import report as report_page
 import visualize
 from models.attention import AttentionRole, attention_roles, capture_attention
@@ -133,7 +134,7 @@ def evaluate_split(
     run = evaluator.run
     totals, decoded, alignment, localized = None, [], {}, np.zeros(2, np.int64)
     localizing = run.task.boxes is not None and run.settings.tokenizer.kind == "word" and evaluator.kind.spatial
-    for number, (batch, index, local) in enumerate(evaluator.batches(split)):
+    for number, (batch, index, local) in enumerate(shown_batches(evaluator, split)):
         sums = evaluator.loss_sums(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         if max_decoded == 0 or len(decoded) < max_decoded:
@@ -155,6 +156,16 @@ def evaluate_split(
         results.update({"localization_accuracy": float(localized[0] / localized[1])} if localized[1] else {})
         results["localized_words"] = int(localized[1])
     return results, decoded
+
+
+def shown_batches(evaluator: Evaluator, split: str) -> Iterator[tuple[dict, np.ndarray, dict]]:
+    """`evaluator.batches(split)`, its examples counted as a progress phase (`progress.py`: a bar on a
+    terminal, log lines otherwise) on the first process."""
+    run = evaluator.run
+    with progress.phase(f"evaluating {split}", total=len(run.task.splits[split]), unit="examples", enabled=run.is_chief) as shown:
+        for batch, index, local in evaluator.batches(split):
+            yield batch, index, local
+            shown.advance(int((index >= 0).sum()))  # the real rows; -1 marks padding
 
 
 def best_of(decoded: list[tuple[int, list[tuple[str, float]]]]) -> list[tuple[int, str]]:

@@ -17,17 +17,19 @@ draws its attention into `WORKDIR/attention/<kind>/` (text, image, features).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
 
 import jax
+from absl import flags
 
 import reporting
 from errors import DataError, UserError
+from run_setup import command_line
 from run_setup.run import prepare_run
 from settings import Settings, read_run_settings, single_process
+from sources import KINDS
 from translator import Translator
 
 
@@ -80,25 +82,29 @@ def _read_text(path: str) -> str:
         raise DataError(f"--input_file {path} cannot be read: {error}") from error
 
 
+FLAGS = flags.FlagValues()  # the command's own (train.py imports this module and has a --workdir of its own)
+flags.DEFINE_string("workdir", None, "a run folder", required=True, flag_values=FLAGS)
+for _kind in KINDS.values():  # a flag per input kind, named by it: --text, --image, --features
+    flags.DEFINE_string(_kind.name, None, f"the source of a run on {_kind.name} inputs: {_kind.from_command_line.__doc__.splitlines()[0]}",
+                        flag_values=FLAGS)  # fmt: skip
+flags.DEFINE_integer("step", None, "the checkpoint (default: the latest)", flag_values=FLAGS)
+flags.DEFINE_bool("self_attention", False, "draw self-attention too", flag_values=FLAGS)
+flags.mark_flags_as_mutual_exclusive(list(KINDS), required=True, flag_values=FLAGS)
+
+
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", required=True, help="a run folder")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", dest="source", help="a source sentence")
-    source.add_argument("--image", dest="source", help="an image file, for a captioning run (converted to its channels and size)")
-    source.add_argument("--features", dest="source", help="a .npy feature grid [L, D], for a run on feature grids")
-    parser.add_argument("--step", type=int, default=None, help="the checkpoint (default: the latest)")
-    parser.add_argument("--self_attention", action="store_true", help="draw self-attention too")
-    args = parser.parse_args(argv)
+    """The command: `argv` are its flags (the program's name left out)."""
+    command_line.parse(FLAGS, ["inference.py", *argv], __doc__)
+    given = next(FLAGS[name].value for name in KINDS if FLAGS[name].value is not None)
     try:
-        translator = load(args.workdir, step=args.step)
-        source = translator.kind.from_command_line(args.source, translator.settings.task.params, translator.settings.model.fields)
+        translator = load(FLAGS.workdir, step=FLAGS.step)
+        source = translator.kind.from_command_line(given, translator.settings.task.params, translator.settings.model.fields)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    directory = Path(args.workdir) / "attention" / translator.kind.name
-    output = translator.draw_attention(source, directory, self_attention=args.self_attention)
-    print(f"{args.source!r} -> {output!r}")
+    directory = Path(FLAGS.workdir) / "attention" / translator.kind.name
+    output = translator.draw_attention(source, directory, self_attention=FLAGS.self_attention)
+    print(f"{given!r} -> {output!r}")
     print(f"pictures and weights: {directory}")
     return 0
 

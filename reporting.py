@@ -23,6 +23,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from tensorboardX import SummaryWriter
 
+from progress import _clock
+
 
 def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -52,6 +54,7 @@ class Reporter:
         self.num_steps, self.start_step = num_steps, start_step
         self.interactive = sys.stderr.isatty()
         self.start_time = time.time()
+        self.intervals = 0  # progress lines so far
         self.jsonl = workdir / "metrics.jsonl"
         self.tensorboard = None
         if enabled:
@@ -81,10 +84,15 @@ class Reporter:
         self.tensorboard.flush()
 
     def progress(self, step: int, loss: float, learning_rate: float, tokens_per_second: float, steps_per_second: float) -> None:
+        """The progress line of a log interval; at the second one (the first has the compilation in
+        it), the estimated time to the end is logged once."""
         if not self.enabled:
             return
+        self.intervals += 1
+        if self.intervals == 2:
+            logging.info("%s", estimate_line(self.num_steps - step, steps_per_second))
         remaining = (self.num_steps - step) / max(steps_per_second, 1e-9)
-        eta = time.strftime("%H:%M:%S", time.gmtime(remaining)) if math.isfinite(remaining) else "?"
+        eta = _clock(remaining) if math.isfinite(remaining) else "?"
         width = 24
         done = int(width * step / max(self.num_steps, 1))
         bar = "#" * done + "." * (width - done)
@@ -105,6 +113,14 @@ class Reporter:
     def close(self) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
+
+
+def estimate_line(steps_left: int, steps_per_second: float) -> str:
+    """`about H:MM:SS of training to the end (N steps at R steps/s ...)`; evaluations come on top."""
+    if not steps_per_second > 0 or not math.isfinite(steps_per_second):
+        return f"{steps_left:,} steps to the end (no rate measured yet)"
+    return (f"about {_clock(steps_left / steps_per_second)} of training to the end ({steps_left:,} steps at "
+            f"{steps_per_second:.2f} steps/s after compilation; evaluations add to it)")  # fmt: skip
 
 
 def write_eval(workdir: Path, step: int, split: str, results: dict) -> None:

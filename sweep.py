@@ -45,17 +45,22 @@ best), and `WORKDIR/objective_by_field.png`.
 
 from __future__ import annotations
 
-import argparse
+import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
+import sqlalchemy
+from absl import flags
 
+import progress
 from configs import base
 from errors import ConfigError
+from run_setup import command_line
 from stopping import StopSignals
 from sweeps.results import write_results
 from sweeps.study import SweepError, counted, load_sweep, open_study
@@ -64,24 +69,38 @@ from sweeps.trial import visible_gpus, work, worker_environment
 PROJECT_ROOT = Path(__file__).resolve().parent
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="the experiment config file train.py runs")
-    parser.add_argument("--sweep", required=True, help="the sweep file (configs/sweeps/NAME.py)")
-    parser.add_argument("--workdir", required=True, help="the sweep folder: study, trials, results")
-    parser.add_argument("--parallel", type=int, default=1, help="worker processes on this machine")
-    parser.add_argument("--storage", default="", help="database URL of a shared study, e.g. postgresql://user@host/db")
-    parser.add_argument("--study_name", default="", help="the study's name in the storage (default: the workdir's name)")
-    parser.add_argument("--train_script", default=str(PROJECT_ROOT / "train.py"), help="what runs a trial (train.py's flags)")
-    parser.add_argument("--worker_index", type=int, default=None, help=argparse.SUPPRESS)  # set for worker processes
-    args = parser.parse_args(argv)
-    if args.parallel < 1:
-        raise SweepError(f"--parallel must be at least 1, got {args.parallel}")
-    return args
+FLAGS = flags.FlagValues()  # the command's own, parsed by run_setup.command_line like every script's
+flags.DEFINE_string("config", None, "the experiment config file train.py runs (FILE.py or FILE.py:ARG)", required=True, flag_values=FLAGS)
+flags.DEFINE_string("sweep", None, "the sweep file (configs/sweeps/NAME.py)", required=True, flag_values=FLAGS)
+flags.DEFINE_string("workdir", None, "the sweep folder: study, trials, results", required=True, flag_values=FLAGS)
+flags.DEFINE_integer("parallel", 1, "worker processes on this machine", flag_values=FLAGS)
+flags.DEFINE_string("storage", "", "database URL of a shared study, e.g. postgresql://user@host/db", flag_values=FLAGS)
+flags.DEFINE_string("study_name", "", "the study's name in the storage (default: the workdir's name)", flag_values=FLAGS)
+flags.DEFINE_string("train_script", str(PROJECT_ROOT / "train.py"), "what runs a trial (train.py's flags)", flag_values=FLAGS)
+flags.DEFINE_integer("worker_index", None, "internal: set for the worker processes", flag_values=FLAGS)
+POLL_SECONDS = 2.0  # how often the sweep's progress looks at the study
 
 
-def launch_workers(argv: list[str], environments: list[dict[str, str]]) -> int:
-    """Starts a worker process per environment and waits; SIGTERM/SIGINT are passed on to them."""
+def parse_args(argv: list[str]) -> flags.FlagValues:
+    """The flags of `argv` (the program's name left out): read as attributes (`args.workdir`)."""
+    command_line.parse(FLAGS, ["sweep.py", *argv], __doc__)
+    if FLAGS.parallel < 1:
+        raise SweepError(f"--parallel must be at least 1, got {FLAGS.parallel}")
+    return FLAGS
+
+
+def finished_trials(study: optuna.Study, known: int = 0) -> int:
+    """Trials of the sweep's count that have ended (complete, pruned or failed); `known` when the
+    storage cannot be read just now (the workers have their own connections and retries)."""
+    try:
+        return sum(t.state.is_finished() for t in counted(study.get_trials(deepcopy=False)))
+    except (sqlalchemy.exc.SQLAlchemyError, OSError):
+        return known
+
+
+def launch_workers(argv: list[str], environments: list[dict[str, str]], study: optuna.Study, num_trials: int) -> int:
+    """Starts a worker process per environment and waits, showing the trials done of `num_trials`
+    (`progress.phase`); SIGTERM/SIGINT are passed on to the workers."""
     workers = [
         subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, f"--worker_index={index}"], env=environment)
         for index, environment in enumerate(environments)
@@ -92,8 +111,13 @@ def launch_workers(argv: list[str], environments: list[dict[str, str]]) -> int:
             if worker.poll() is None:
                 worker.send_signal(signal.SIGTERM)
 
-    with StopSignals(on_signal=forward):
-        return max(worker.wait() for worker in workers)
+    done_before = finished_trials(study)  # a resumed sweep: what earlier runs finished
+    with StopSignals(on_signal=forward), progress.phase("sweep", total=max(num_trials - done_before, 0), unit="trials") as shown:
+        while any(worker.poll() is None for worker in workers):
+            time.sleep(POLL_SECONDS)
+            shown.advance(max(finished_trials(study, done_before + shown.done) - done_before - shown.done, 0))
+        shown.advance(max(finished_trials(study, done_before + shown.done) - done_before - shown.done, 0))
+    return max(worker.wait() for worker in workers)
 
 
 def main(argv: list[str]) -> int:
@@ -110,7 +134,8 @@ def main(argv: list[str]) -> int:
         if gpus and args.parallel > 1:
             print("GPUs by worker: " + "; ".join(f"{i}: {e['CUDA_VISIBLE_DEVICES']}" for i, e in enumerate(environments)), flush=True)
         study = open_study(args, sweep)  # creates the study (and queues the grid) once, before the workers
-        status = launch_workers(argv, environments)
+        logging.getLogger().setLevel(logging.INFO)  # the sweep's progress lines (absl's handler shows them on stderr)
+        status = launch_workers(argv, environments, study, sweep.num_trials)
         results = write_results(study, sweep, args)
     except ConfigError as error:
         print(f"sweep.py: error: {error}", file=sys.stderr)

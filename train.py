@@ -9,6 +9,8 @@ run's own `DIR/config.json`, with evaluation fields (`eval_split`,
 restore a checkpoint and never train; they decode the whole split unless
 `--config.eval_decode_examples` is given.
 
+`--config=FILE.py:ARG` calls the file's `get_config(ARG)` (e.g. `configs/wmt14_transformer.py:big`);
+`--flagfile=FILE` reads flags, overrides among them, from FILE, one a line.
 Overrides are `--config.a.b=value` (also `--config.task.name=...` and
 `--config.model.name=...`, which switch the task or the model family and its
 fields). Logs go to the console and to `DIR/log.txt`; absl's `--verbosity`
@@ -30,7 +32,7 @@ import evaluation
 import inference
 import settings
 import trainer
-from run_setup import run_config
+from run_setup import command_line, run_config
 from configs import base
 from errors import ConfigError, UserError
 
@@ -58,16 +60,20 @@ def exit_with_error(error: BaseException) -> None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing of the flags; the `--config.*` overrides go to `configs.base.load` instead."""
-    OVERRIDES.extend(arg for arg in argv[1:] if arg.startswith("--config."))
+    """absl's parsing of the flags; the `--config.*` overrides, also those of a `--flagfile`, go to
+    `configs.base.load` instead."""
     try:
-        return FLAGS([argv[0], *(arg for arg in argv[1:] if not arg.startswith("--config."))])
+        arguments, overrides = command_line.split_overrides(argv, FLAGS)
+        OVERRIDES.extend(overrides)
+        return FLAGS(arguments)
     except flags.Error as error:
         exit_with_error(error)
 
 
 def default_workdir() -> Path:
-    return PROJECT_ROOT / "runs" / f"{Path(FLAGS.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """runs/<config file's name>[-<its argument>]-<time>."""
+    path, argument = base.split_config_argument(FLAGS.config)
+    return PROJECT_ROOT / "runs" / f"{'-'.join(filter(None, (path.stem, argument)))}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def settings_for(mode: str, workdir: Path) -> settings.Settings:

@@ -38,6 +38,7 @@ import reporting
 import scores
 from errors import ConfigError, NonFiniteLoss
 from reporting import Reporter
+from run_setup import summary
 from run_setup.run import Run, prepare_run
 from run_setup.run_config import check_init, check_resume
 from settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
@@ -309,6 +310,7 @@ def train(run: Run) -> dict:
         logging.info("the run stopped early at step %d (dev %s not improved for %d evaluations); not training further",
                      start_step, evaluation_settings.best_metric, early_stopping.waited)  # fmt: skip
         start_step = optimization.num_train_steps
+    summary.log_start(run, start_step)
     if start_step == 0:
         reporter.write(0, "data", {f"train_{k}": v for k, v in length_report.items() if k != "policy"})
     schedule = learning_rate_schedule(optimization)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import decoding
+import progress
 import visualize
 from errors import UserError
 from models.attention import attention_roles, capture_attention
@@ -93,7 +94,8 @@ class Translator:
         # output ends, and its sources are padded to the next power of two of its longest.
         order = np.argsort([len(row) for row in rows], kind="stable") if self.kind.has_length else np.arange(len(rows))
         outputs = [None] * len(rows)
-        for start in range(0, len(rows), BATCH_ROWS):
+        batches = range(0, len(rows), BATCH_ROWS)  # a progress phase when there are several (--mode=predict --input_file)
+        for start in progress.track(batches, "decoding", unit="batches", enabled=len(batches) > 1):
             chunk = order[start : start + BATCH_ROWS]
             batch = jnp.asarray(self._source_batch([rows[i] for i in chunk]))
             tokens, scores = search(self.params, batch, jax.random.fold_in(key, start))

@@ -16,7 +16,6 @@ output and its reshuffle); the last column checks the measured peak against it.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -25,6 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
 from benchmarks.timing import median_seconds  # noqa: E402
 from models import attention  # noqa: E402
 
@@ -51,15 +53,18 @@ def compiled_peak(fn, args) -> int:
     return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_string("lengths", "128,512,2048", "", flag_values=FLAGS)
+flags.DEFINE_integer("batch", 2, "", flag_values=FLAGS)
+flags.DEFINE_integer("heads", 4, "", flag_values=FLAGS)
+flags.DEFINE_integer("head_dim", 64, "also the additive dim A", flag_values=FLAGS)
+flags.DEFINE_integer("chunk", 64, "query chunk of the additive score", flag_values=FLAGS)
+flags.DEFINE_integer("repeats", 5, "", flag_values=FLAGS)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="128,512,2048")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--head_dim", type=int, default=64, help="also the additive dim A")
-    parser.add_argument("--chunk", type=int, default=64, help="query chunk of the additive score")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    args = FLAGS
 
     b, n, h = args.batch, args.heads, args.head_dim
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, B={b} N={n} H=A={h}, float32")

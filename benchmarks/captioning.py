@@ -14,7 +14,6 @@ it: docs/performance.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -22,6 +21,10 @@ import time
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
 CONFIGS = {"soft": "configs/captioner_digit_strips.py", "hard": "configs/captioner_hard_digit_strips.py"}
 
 
@@ -40,12 +43,15 @@ def run_variant(attention: str, penalty: float, steps: int, workdir: Path) -> tu
     return json.loads(final.read_text())["test"], time.perf_counter() - start
 
 
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_string("workdir", "runs/captioning", "", flag_values=FLAGS)
+flags.DEFINE_integer("steps", 3000, "", flag_values=FLAGS)
+flags.DEFINE_float("doubly_stochastic", 1.0, "lambda of the variants with the penalty", flag_values=FLAGS)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", default="runs/captioning")
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--doubly_stochastic", type=float, default=1.0, help="lambda of the variants with the penalty")
-    args = parser.parse_args()
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    args = FLAGS
     rows = []
     for attention in ("soft", "hard"):
         for penalty in (0.0, args.doubly_stochastic):

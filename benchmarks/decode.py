@@ -24,7 +24,6 @@ The figures measured with `--workdir`, with the commands that train the runs: do
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,9 @@ from flax import nnx
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
 import decoding  # noqa: E402
 import models  # noqa: E402
 from benchmarks.timing import median_seconds  # noqa: E402
@@ -89,15 +91,18 @@ def decode_run(workdir: str, split: str, beams: list[int]) -> None:
               f"{generated / seconds:,.0f} | {generated:,} |", flush=True)  # fmt: skip
 
 
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_string("lengths", "16,64,256", "", flag_values=FLAGS)
+flags.DEFINE_integer("batch", 8, "", flag_values=FLAGS)
+flags.DEFINE_integer("repeats", 3, "", flag_values=FLAGS)
+flags.DEFINE_string("workdir", None, "a trained run: decode --split with its latest checkpoint", flag_values=FLAGS)
+flags.DEFINE_string("split", str(PROJECT_ROOT / "data" / "kjv_web" / "test.tsv"), "", flag_values=FLAGS)
+flags.DEFINE_string("beams", "1,4", "", flag_values=FLAGS)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="16,64,256")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workdir", help="a trained run: decode --split with its latest checkpoint")
-    parser.add_argument("--split", default=str(PROJECT_ROOT / "data" / "kjv_web" / "test.tsv"))
-    parser.add_argument("--beams", default="1,4")
-    args = parser.parse_args()
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    args = FLAGS
     if args.workdir:
         return decode_run(args.workdir, args.split, [int(b) for b in args.beams.split(",")])
     model = models.create_model(

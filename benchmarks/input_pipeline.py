@@ -13,7 +13,6 @@ pipeline should deliver at least 10 times what training consumes.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import statistics
@@ -27,6 +26,9 @@ import numpy as np
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
 
 import input_pipeline  # noqa: E402
 from run_setup.run import load_task_and_tokenizers  # noqa: E402
@@ -74,13 +76,16 @@ def training_tokens_per_second(config_name: str, steps: int) -> float:
     return json.loads(output.strip().splitlines()[-1])["tokens_per_s"]
 
 
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_string("configs", "default,kjv_web_transformer", "", flag_values=FLAGS)
+flags.DEFINE_integer("batches", 300, "", flag_values=FLAGS)
+flags.DEFINE_integer("window", 20, "", flag_values=FLAGS)
+flags.DEFINE_integer("train_steps", 30, "steps of the training measurement", flag_values=FLAGS)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="default,kjv_web_transformer")
-    parser.add_argument("--batches", type=int, default=300)
-    parser.add_argument("--window", type=int, default=20)
-    parser.add_argument("--train_steps", type=int, default=30, help="steps of the training measurement")
-    args = parser.parse_args()
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    args = FLAGS
     print("| config | batching | examples/s | target tokens/s | all tokens/s | training consumes target tokens/s | pipeline / training |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name in args.configs.split(","):

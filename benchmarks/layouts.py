@@ -17,7 +17,6 @@ docs/performance.md ("What each choice is worth").
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -26,6 +25,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
 from benchmarks.timing import median_seconds  # noqa: E402
 from models import attention  # noqa: E402
 from models.layers import Linear  # noqa: E402
@@ -71,10 +73,13 @@ def token_major(q, k, v, mask):
     return jnp.einsum("BNTS,BSNH->BTNH", weights, v)
 
 
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_integer("repeats", 10, "", flag_values=FLAGS)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=10)
-    args = parser.parse_args()
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    args = FLAGS
     x = jax.random.normal(jax.random.key(9), (B, T, D))
     rows = [
         ("feed-forward block", "nnx.Linear on [B, T, D]", feed_forward_seconds(nnx.Linear, x, args.repeats),

@@ -19,7 +19,6 @@ docs/performance.md.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import sys
@@ -28,6 +27,9 @@ from pathlib import Path
 import ml_collections
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
 import evaluation  # noqa: E402
 import trainer  # noqa: E402
 import visualize  # noqa: E402
@@ -86,14 +88,17 @@ def bucket_start(bucket: str) -> int:
     return int(bucket.split("-")[0])
 
 
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_string("workdir", "runs/length_experiment", "", flag_values=FLAGS)
+flags.DEFINE_enum("task", "copy", ("copy", "kjv_web"), "", flag_values=FLAGS)
+flags.DEFINE_integer("steps", 3000, "", flag_values=FLAGS)
+flags.DEFINE_string("data_dir", "data/tfds", "", flag_values=FLAGS)
+flags.DEFINE_string("families", ",".join(FAMILIES), "", flag_values=FLAGS)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workdir", default="runs/length_experiment")
-    parser.add_argument("--task", default="copy", choices=("copy", "kjv_web"))
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--data_dir", default="data/tfds")
-    parser.add_argument("--families", default=",".join(FAMILIES))
-    args = parser.parse_args()
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    args = FLAGS
     workdir = Path(args.workdir)
     families = args.families.split(",")
     metrics = ("exact_match", "symbol_accuracy") if args.task == "copy" else ("bleu",)

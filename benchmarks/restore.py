@@ -2,7 +2,7 @@
 
     python benchmarks/restore.py [--params 214_000_000] [--repeats 3]
 
-Saves one checkpoint of a train state the size of `configs/wmt14_transformer_big.py`'s (214M
+Saves one checkpoint of a train state the size of `configs/wmt14_transformer.py:big`'s (214M
 float32 parameters and Adam's two moments: 2.6 GB) in a temporary folder, then restores it
 `--repeats` times each way, alternating, and prints the medians and the check's share. The check
 hashes the files by BLAKE3 in a thread while Orbax reads them (checkpoints.Checkpoints._verified_restore);
@@ -12,7 +12,6 @@ restore, reading every file once more, adds that).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -21,6 +20,9 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -40,11 +42,14 @@ def train_state(parameters: int) -> dict:
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": (params, jax.tree.map(jnp.square, params))}
 
 
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_integer("params", 214_000_000, "", flag_values=FLAGS)
+flags.DEFINE_integer("repeats", 3, "", flag_values=FLAGS)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--params", type=int, default=214_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    args = FLAGS
     state = train_state(args.params)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
     gigabytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) / 1e9

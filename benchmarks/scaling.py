@@ -27,13 +27,15 @@ The figures measured with it: docs/performance.md.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
 from benchmarks.timing import median_seconds, train_step_of  # noqa: E402
 
 MIB = 2**20
@@ -88,13 +90,16 @@ def size_table(sizes: list[int], tokens: int, repeats: int) -> None:
               f"{r['flop'] / r['seconds'] / 1e9:.0f} |", flush=True)  # fmt: skip
 
 
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_string("lengths", "64,128,256,512,1024,2048", "", flag_values=FLAGS)
+flags.DEFINE_string("sizes", "128,256,512,1024", "", flag_values=FLAGS)
+flags.DEFINE_integer("tokens", 4096, "", flag_values=FLAGS)
+flags.DEFINE_integer("repeats", 2, "", flag_values=FLAGS)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="64,128,256,512,1024,2048")
-    parser.add_argument("--sizes", default="128,256,512,1024")
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    args = FLAGS
     import train
 
     train.set_up_process()  # as a training process: the allocator and the compilation cache

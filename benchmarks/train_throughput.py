@@ -30,7 +30,6 @@ The figures measured with these commands, each with its command: docs/performanc
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -46,6 +45,9 @@ import psutil
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
 
 from settings import parse  # noqa: E402
 
@@ -215,19 +217,22 @@ def startup_check(overrides: list[str]) -> None:
             print(f"| {start} | {r['first_step_s']:.1f} | {r['compilations']} |", flush=True)
 
 
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_string("configs", "default,kjv_web_transformer", "", flag_values=FLAGS)
+flags.DEFINE_integer("steps", 60, "steady-state steps measured per config", flag_values=FLAGS)
+flags.DEFINE_integer("window", 10, "steps per timing window", flag_values=FLAGS)
+flags.DEFINE_bool("recurrent", False, "RNNsearch and LSTMN train steps against length", flag_values=FLAGS)
+flags.DEFINE_string("lengths", "32,64,128,256", "--recurrent: the lengths", flag_values=FLAGS)
+flags.DEFINE_integer("width", 128, "--recurrent: embedding, hidden and attention size", flag_values=FLAGS)
+flags.DEFINE_integer("repeats", 5, "--recurrent: timed steps per model and length", flag_values=FLAGS)
+flags.DEFINE_bool("train_py", False, "a train.py run of kjv_web_transformer against the matmul peak (docs/performance.md)", flag_values=FLAGS)
+flags.DEFINE_bool("startup", False, "kjv_web_transformer's start-up, cold and warm", flag_values=FLAGS)
+flags.DEFINE_string("one", None, "internal: measure one config in this process", flag_values=FLAGS)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="default,kjv_web_transformer")
-    parser.add_argument("--steps", type=int, default=60, help="steady-state steps measured per config")
-    parser.add_argument("--window", type=int, default=10, help="steps per timing window")
-    parser.add_argument("--recurrent", action="store_true", help="RNNsearch and LSTMN train steps against length")
-    parser.add_argument("--lengths", default="32,64,128,256", help="--recurrent: the lengths")
-    parser.add_argument("--width", type=int, default=128, help="--recurrent: embedding, hidden and attention size")
-    parser.add_argument("--repeats", type=int, default=5, help="--recurrent: timed steps per model and length")
-    parser.add_argument("--train_py", action="store_true", help="a train.py run of kjv_web_transformer against the matmul peak (docs/performance.md)")
-    parser.add_argument("--startup", action="store_true", help="kjv_web_transformer's start-up, cold and warm")
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one config in this process
-    args, overrides = parser.parse_known_args()  # the rest: --config.a.b=value overrides
+    overrides = command_line.parse(FLAGS, sys.argv, __doc__, overrides=True)  # the rest: --config.a.b=value overrides
+    args = FLAGS
     if args.train_py:
         train_py_check(args.steps, overrides)
         return

@@ -271,7 +271,8 @@ def load(source: str | Path | ml_collections.ConfigDict, overrides: Sequence[str
     if isinstance(source, ml_collections.ConfigDict):
         config, where = ml_collections.ConfigDict(source.to_dict()), "the config"
     else:
-        config, where = _from_file(Path(source)), f"config {source}"
+        path, argument = split_config_argument(source)
+        config, where = _from_file(path, argument), f"config {source}"
     assignments = dict(o.removeprefix("--config.").split("=", 1) for o in overrides)
     _switch_families(config, assignments)
     for name in assignments:
@@ -315,8 +316,19 @@ def _check_sequence(name: str, default, value) -> None:
         raise ConfigError(f"{name} must be a tuple of {expected}s like {default!r}, got {value!r}")
 
 
-def call_in_file(path: str | Path, function: str, what: str):
-    """`function()` of the Python file at `path` (an experiment or a sweep file).
+def split_config_argument(source: str | Path) -> tuple[Path, str | None]:
+    """`FILE.py:ARG` -> `(FILE.py, "ARG")`, ml_collections' `--config` syntax whose file's
+    `get_config(ARG)` makes the config (e.g. `configs/wmt14_transformer.py:big`); a plain path
+    -> `(path, None)`."""
+    text = str(source)
+    path, colon, argument = text.rpartition(":")
+    if colon and path.endswith(".py"):
+        return Path(path), argument
+    return Path(text), None
+
+
+def call_in_file(path: str | Path, function: str, what: str, *arguments):
+    """`function(*arguments)` of the Python file at `path` (an experiment or a sweep file).
 
     Raises:
       ConfigError: naming the `what` file that is missing, does not load, or lacks `function`.
@@ -330,16 +342,16 @@ def call_in_file(path: str | Path, function: str, what: str):
         spec.loader.exec_module(module)
         if not hasattr(module, function):
             raise ConfigError(f"{what} file {path} has no {function}()")
-        return getattr(module, function)()
+        return getattr(module, function)(*arguments)
     except UserError:
         raise
     except Exception as error:
         raise ConfigError(f"{what} file {path} does not load: {type(error).__name__}: {error}") from error
 
 
-def _from_file(path: Path) -> ml_collections.ConfigDict:
-    """`get_config()` of the experiment file at `path`."""
-    config = call_in_file(path, "get_config", "config")
+def _from_file(path: Path, argument: str | None = None) -> ml_collections.ConfigDict:
+    """`get_config()` of the experiment file at `path`, or `get_config(argument)` given one."""
+    config = call_in_file(path, "get_config", "config", *([] if argument is None else [argument]))
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config file {path}: get_config() must return an ml_collections.ConfigDict")
     return config

@@ -123,14 +123,17 @@ def test_values_that_cannot_work_are_named(name, text, message):
 
 def test_a_bad_value_on_the_command_line_is_one_line_exit_code_2_and_no_workdir(tmp_path):
     workdir = tmp_path / "run"
-    for override in ("--config.model.d_model=0", "--config.model.num_heads=3"):
+    flagfile = tmp_path / "flags.txt"  # the second value comes from a --flagfile, among absl's own flags
+    flagfile.write_text(f"--workdir={workdir}\n--config.model.num_heads=3\n")
+    for flags, message in ((["--config.model.d_model=0"], "model.d_model must be"),
+                           ([f"--flagfile={flagfile}"], "is not divisible by model.num_heads 3")):  # fmt: skip
         result = subprocess.run(
-            [sys.executable, str(PROJECT_ROOT / "train.py"), f"--workdir={workdir}", override],
+            [sys.executable, str(PROJECT_ROOT / "train.py"), f"--workdir={workdir}", *flags],
             cwd=PROJECT_ROOT, env={**os.environ, "XLA_FLAGS": xla_flags(1)}, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and override.split("=")[0].removeprefix("--config.") in lines[0], result.stderr
+        assert len(lines) == 1 and message in lines[0], result.stderr
         assert not workdir.exists()
 
 

@@ -4,6 +4,7 @@ switching tasks and models from the command line, the inference API, n-best list
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,9 +120,15 @@ def test_readme_own_corpus_command(tmp_path):
         "--config.model.num_decoder_layers=1", "--config.batch_size=4", "--config.num_train_steps=4",
         "--config.warmup_steps=2", "--config.eval_every_steps=4", "--config.checkpoint_every_steps=4",
         "--config.decode.beam_size=1", "--config.visualize_examples=0", "--config.data.max_source_length=32",
-        "--config.data.max_target_length=32",
+        "--config.data.max_target_length=32", "--config.log_every_steps=2",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    log = (workdir / "log.txt").read_text()
+    assert log.index("start-up summary") < log.index("step 2/4")  # before the first step
+    assert "data:        train 60 examples, " in log and "dev 6 examples; test 6 examples" in log
+    assert re.search(rf"vocabulary:  sentencepiece, \d+ ids, shared in {re.escape(str(workdir / 'tokenizer'))}\n", log)
+    assert "checkpoints/" in log and "attention/" not in log  # the outputs this run writes (no pictures asked)
+    assert log.count("of training to the end (0 steps at") == 1  # once, at the second log interval
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["task"]["name"] == "parallel_text" and saved["task"]["train"].endswith("my/train.tsv")
     assert "bleu" in json.loads((workdir / "eval" / "step_4.json").read_text())["test"]

