@@ -119,7 +119,7 @@ def test_two_layer_encoder_tapes_are_eqs_7_to_12_layer_on_layer():
 
 @pytest.mark.parametrize("fusion", ["shallow", "deep"])
 def test_fused_decoder_step_is_eqs_13_to_17(fusion):
-    model = make(fusion=fusion)
+    model = make(fusion=fusion, inter_query="eq13")
     rng = np.random.default_rng(7)
     gamma, alpha = rng.normal(size=(3, 5, H)), rng.normal(size=(3, 5, H))  # the encoder's tapes
     source_mask = np.ones((3, 5), bool)
@@ -128,7 +128,7 @@ def test_fused_decoder_step_is_eqs_13_to_17(fusion):
     cell = model.decoder_cells[0]
     hidden, memory_tape, written, summary = random_tapes(rng, 3, 6, (2, 2, 2))
     previous_context = rng.normal(size=(3, H))  # gamma~_{t-1}
-    state = LSTMNDecodeState((as_tapes(cell, hidden, memory_tape, written, summary),), jnp.float32(previous_context), jnp.array(2))
+    state = LSTMNDecodeState((as_tapes(cell, hidden, memory_tape, written, summary),), jnp.float32(previous_context), jnp.array(2), jnp.zeros((3, H)))
     token = np.array([4, 7, 1])
     logits, new_state = model.decode_step(memory, jnp.asarray(token), state)
 
@@ -179,12 +179,13 @@ def paper_weights(model):
         return {name: f64(value) for name, value in names.items()}
 
     inter = model.cross_attention
-    query = f64(inter.query_proj.kernel)  # over [x_t; gamma~_{t-1}]
+    query = f64(inter.query_proj.kernel)  # over [x_t; gamma~_{t-1}] (eq. 13) or h_{t-1} (eq. 13')
+    query_weights = dict(W_x=query[:E], W_gammatilde=query[E:]) if model.config.query == "eq13" else dict(W_s=query)
     return dict(
         source_embed=f64(model.source_embed.embedding), target_embed=f64(model.target_embed.embedding),
         encoder=[layer(cell) for cell in model.encoder_cells], decoder=[layer(cell) for cell in model.decoder_cells],
-        # eq. 13's W_gamma (and bias), W_x, W_gamma~, u
-        W_gamma=f64(inter.key_proj.kernel), b_gamma=f64(inter.key_proj.bias), W_x=query[:E], W_gammatilde=query[E:],
+        # eq. 13's W_gamma (and bias), u; W_x and W_gamma~ (eq. 13) or W_s (eq. 13')
+        W_gamma=f64(inter.key_proj.kernel), b_gamma=f64(inter.key_proj.bias), **query_weights,
         u=f64(inter.v), W_out=f64(model.output.kernel), b_out=f64(model.output.bias),
     )  # fmt: skip
 
@@ -216,33 +217,47 @@ def paper_lstmn_step(w, hs, cs, h_tilde_previous, x, fusion=None, gamma_tilde=No
     return h, c, h_tilde
 
 
-def paper_lstmn_run(layers, xs):
+def paper_lstmn_run(layers, xs, zero_slot=False):
     """A stack of LSTMN layers over the vectors `xs`, each layer reading the hidden states of the one
-    below: the top layer's tapes `([h_1 ..], [c_1 ..])`."""
+    below: every layer's tapes `([h_1 ..], [c_1 ..])`, each starting with `h_0 = c_0 = 0` when
+    `zero_slot` (the authors' code: a slot every step reads, which the layer above does not)."""
+    runs = []
     for layer in layers:
-        hs, cs, h_tilde = [], [], np.zeros(len(layer["W_htilde"]))  # h~_0 = 0
+        size = len(layer["W_htilde"])
+        hs, cs = ([np.zeros(size)], [np.zeros(size)]) if zero_slot else ([], [])
+        h_tilde = np.zeros(size)  # h~_0 = 0
         for x in xs:
             h, c, h_tilde = paper_lstmn_step(layer, hs, cs, h_tilde, x)
             hs.append(h)
             cs.append(c)
-        xs = hs
-    return hs, cs
+        runs.append((hs, cs))
+        xs = hs[1:] if zero_slot else hs
+    return runs
 
 
-def paper_encoder_decoder(w, source, target, fusion, bos):
+def paper_encoder_decoder(w, source, target, fusion, bos, query="eq13", seed=False):
     """Teacher-forced logits `[len(target), V]` of the section-4 encoder-decoder for one unpadded example:
-    the encoder's top-layer tapes gamma, alpha; at every target step, inter-attention from the previous
-    word x_t and gamma~_{t-1} (eqs. 13-15), the decoder layers bottom up, the first with the source in its
-    gates or its memory, and the output layer over [h_t of the top layer; gamma~_t]."""
-    gamma, alpha = paper_lstmn_run(w["encoder"], [w["source_embed"][word] for word in source])
+    the encoder's top-layer tapes gamma, alpha; at every target step, inter-attention (eqs. 13-15) from the
+    previous word x_t and gamma~_{t-1} (`query="eq13"`) or from the top decoder layer's previous hidden
+    state, the last on its tape (`"previous_state"`, Bahdanau's, eq. 13'), the decoder layers bottom up,
+    the first with the source in its gates or its memory, and the output layer over [h_t of the top
+    layer; gamma~_t]. `seed`: the tapes start as the authors' code starts them, the encoder's with a
+    zero slot, decoder layer l's with encoder layer l's last (h, c)."""
+    runs = paper_lstmn_run(w["encoder"], [w["source_embed"][word] for word in source], zero_slot=seed)
+    gamma, alpha = runs[-1]
     hidden = len(gamma[0])
-    tapes = [([], []) for _ in w["decoder"]]  # per decoder layer, its h and c tapes
+    tapes = [([hs[-1]], [cs[-1]]) for hs, cs in runs] if seed else [([], []) for _ in w["decoder"]]  # h, c tapes per layer
     summaries = [np.zeros(hidden) for _ in w["decoder"]]  # h~_{t-1} per layer
     gamma_tilde = np.zeros(hidden)  # gamma~_0
     logits = []
     for previous in [bos, *target[:-1]]:
         x = w["target_embed"][previous]
-        b = [np.tanh(g_j @ w["W_gamma"] + w["b_gamma"] + x @ w["W_x"] + gamma_tilde @ w["W_gammatilde"]) @ w["u"] for g_j in gamma]  # (13)
+        if query == "eq13":
+            terms = x @ w["W_x"] + gamma_tilde @ w["W_gammatilde"]
+        else:  # s_{t-1}: the top decoder layer's latest state, 0 before the first (Bahdanau's e_ij = a(s_{i-1}, h_j))
+            top = tapes[-1][0]
+            terms = (top[-1] if top else np.zeros(hidden)) @ w["W_s"]
+        b = [np.tanh(g_j @ w["W_gamma"] + w["b_gamma"] + terms) @ w["u"] for g_j in gamma]  # (13), (13')
         p = paper_softmax(b)  # (14)
         gamma_tilde = sum(p_j * g_j for p_j, g_j in zip(p, gamma))  # (15)
         alpha_tilde = sum(p_j * a_j for p_j, a_j in zip(p, alpha))
@@ -257,22 +272,30 @@ def paper_encoder_decoder(w, source, target, fusion, bos):
     return np.array(logits)
 
 
-@pytest.mark.parametrize("fusion", ["shallow", "deep"])
-def test_two_layer_encoder_decoder_logits_are_the_papers_equations(fusion):
+VARIANTS = [  # (fusion, inter_query, seed_tapes)
+    ("shallow", "previous_state", False), ("shallow", "eq13", False), ("deep", "eq13", False),
+    ("shallow", "previous_state", True), ("deep", "eq13", True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fusion, query, seed", VARIANTS)
+def test_two_layer_encoder_decoder_logits_are_the_papers_equations(fusion, query, seed):
     """The module's teacher-forced logits (two encoder and two decoder layers, three source and three
     target words) against `paper_encoder_decoder`, written from eqs. 7-17 with lists for tapes: it takes
     the module's weights (all redrawn, so that every term counts) and nothing else of the module, nor
     the step helpers above. The second source has two words and padding: the module on the padded batch
-    gives what the reference gives on the two words. `embed_dim = hidden_dim`, so that a layer fed the
-    wrong layer's input computes (wrongly) instead of failing on a shape."""
-    model = make(fusion=fusion, embed_dim=4, hidden_dim=4, attention_dim=3, num_encoder_layers=2, num_decoder_layers=2)
+    gives what the reference gives on the two words (under `seed_tapes`, its final state is the second
+    word's, not the padding's). `embed_dim = hidden_dim`, so that a layer fed the wrong layer's input
+    computes (wrongly) instead of failing on a shape."""
+    model = make(fusion=fusion, inter_query=query, seed_tapes=seed, embed_dim=4, hidden_dim=4, attention_dim=3,
+                 num_encoder_layers=2, num_decoder_layers=2)  # fmt: skip
     randomize(model, seed=11)
     sources = np.array([[5, 9, 3], [7, 4, 0]])
     targets = np.array([[6, 3, 11], [8, 8, 12]])
     logits = np.asarray(model({"inputs": jnp.asarray(sources), "targets": jnp.asarray(targets)}))
     w = paper_weights(model)
     for row in range(2):
-        expected = paper_encoder_decoder(w, sources[row][sources[row] > 0], targets[row], fusion, model.config.bos_id)
+        expected = paper_encoder_decoder(w, sources[row][sources[row] > 0], targets[row], fusion, model.config.bos_id, query, seed)
         np.testing.assert_allclose(logits[row], expected, rtol=1e-5, atol=1e-6)
 
 
