@@ -332,9 +332,9 @@ def test_intra_attention_sees_only_earlier_real_positions(fusion):
     assert np.all(intra[1][:, 4:] == 0.0)  # never padding
 
 
-@pytest.mark.parametrize("fusion", ["shallow", "deep"])
-def test_decode_step_by_step_reproduces_teacher_forcing(fusion):
-    model = make(fusion=fusion, num_decoder_layers=2, dropout_rate=0.3)
+@pytest.mark.parametrize("fields", [dict(fusion="shallow"), dict(fusion="deep"), dict(seed_tapes=True, num_encoder_layers=2)])
+def test_decode_step_by_step_reproduces_teacher_forcing(fields):
+    model = make(**{"num_decoder_layers": 2, "dropout_rate": 0.3, **fields})
     batch = batch_of(1)
     teacher_forced = model(batch)
     memory = model.encode(batch["inputs"])
@@ -347,8 +347,10 @@ def test_decode_step_by_step_reproduces_teacher_forcing(fusion):
     np.testing.assert_allclose(np.asarray(jnp.stack(steps, 1))[real], np.asarray(teacher_forced)[real], rtol=1e-5, atol=1e-5)
 
 
-def test_beam_search_gives_each_padded_row_what_it_gives_alone():
-    model = make(fusion="deep")
+@pytest.mark.parametrize("fields", [dict(fusion="deep"), dict(seed_tapes=True)])
+def test_beam_search_gives_each_padded_row_what_it_gives_alone(fields):
+    """Under `seed_tapes` too: the seeds are the last real token's state, and beam search reorders them."""
+    model = make(**fields)
     inputs = batch_of(2)["inputs"]
     search = jax.jit(lambda x: decoding.beam_search(model, x, decoding.source_lengths(x) + 3, 10, beam_size=3, alpha=0.6))
     tokens, scores = search(inputs)
@@ -417,5 +419,38 @@ def test_tape_scan_gradient_equals_autodiff_through_a_scan_that_carries_the_tape
 def test_bad_fields_are_named():
     with pytest.raises(ConfigError, match="model.fusion must be one of shallow, deep"):
         make(fusion="medium")
+    with pytest.raises(ConfigError, match="model.inter_query must be one of previous_state, eq13"):
+        make(inter_query="decoder")
+    with pytest.raises(ConfigError, match="deep fusion's is eq. 13"):
+        make(fusion="deep", inter_query="previous_state")
+    with pytest.raises(ConfigError, match=r"num_encoder_layers \(2\) must equal num_decoder_layers \(1\)"):
+        make(seed_tapes=True, num_encoder_layers=2)
+    assert (make().config.query, make(fusion="deep").config.query) == ("previous_state", "eq13")  # each fusion's own
     with pytest.raises(ConfigError, match="bucket"):
         make()(dict(batch_of(), inputs_segment_ids=jnp.ones((3, 7), jnp.int32)))
+
+
+def test_length_experiment_trains_every_variant_under_one_budget():
+    """benchmarks/length_experiment.py --lstmn_variants=all: one column per variant, each the family's
+    config with the variant's model fields alone changed, each parsed into the model it names."""
+    from benchmarks import length_experiment
+
+    from settings import parse
+
+    runs = length_experiment.columns(["rnnsearch", "lstmn"], "all")
+    assert list(runs) == ["rnnsearch"] + [f"lstmn_{name}" for name in length_experiment.LSTMN_VARIANTS]
+    configs = {column: length_experiment.experiment_config(family, "copy", 7, "data/tfds", fields)
+               for column, (family, fields) in runs.items()}  # fmt: skip
+    expected = {  # (fusion, query, seed_tapes) by column
+        "lstmn_shallow_state": ("shallow", "previous_state", False), "lstmn_shallow_eq13": ("shallow", "eq13", False),
+        "lstmn_deep": ("deep", "eq13", False), "lstmn_shallow_state_seeded": ("shallow", "previous_state", True),
+        "lstmn_shallow_eq13_seeded": ("shallow", "eq13", True), "lstmn_deep_seeded": ("deep", "eq13", True),
+    }  # fmt: skip
+    for column, variant in expected.items():
+        model = parse(configs[column]).model.hyperparameters
+        assert (model.fusion, model.query, model.seed_tapes) == variant, column
+        others = {k: v for k, v in configs[column].to_dict().items() if k != "model"}
+        assert others == {k: v for k, v in configs["lstmn_shallow_state"].to_dict().items() if k != "model"}
+    assert {str(c.num_train_steps) + c.schedule for c in configs.values()} == {"7cosine"}
+    with pytest.raises(SystemExit, match="unknown shallow; valid: all, shallow_state"):
+        length_experiment.columns(["lstmn"], "shallow")
