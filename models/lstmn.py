@@ -50,8 +50,8 @@ Choices where the paper leaves room, and why:
   with eq. 13 stays available for comparison (it was this module's only query before, and
   does not learn to copy long sources: README, the length experiment). Deep fusion with
   Bahdanau's query is refused: the paper gives deep fusion eq. 13 alone. `gamma~_{t-1}` is
-  not added to eq. 13': Bahdanau's query has no such term, and nothing we measured asks
-  for it.
+  not added to eq. 13': Bahdanau's query has no such term, and no measurement of ours shows
+  that it helps.
 - The tapes' first state (`model.seed_tapes`). The paper starts every tape empty: at t = 1
   nothing is read and `h~_1 = c~_1 = 0` (default, `False`). The authors' released code
   (github.com/cheng6076/SNLI-attention, LSTMN.lua with model/encoder_lstmn_w2v.lua and
