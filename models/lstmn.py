@@ -109,6 +109,8 @@ class LSTMNConfig(ModelConfig):
 
     # intra-attention over the encoder's and the decoder's tapes, inter-attention over the source
     roles = frozenset({AttentionRole.SOURCE_SELF, AttentionRole.TARGET_SELF, AttentionRole.CROSS})
+    # runs saved before `inter_query` existed used eq. 13 in both fusions
+    fields_before = {"inter_query": "eq13"}
 
     vocab_size: int  # target vocabulary
     source_vocab_size: int | None = None  # None: same as vocab_size

@@ -454,3 +454,20 @@ def test_length_experiment_trains_every_variant_under_one_budget():
     assert {str(c.num_train_steps) + c.schedule for c in configs.values()} == {"7cosine"}
     with pytest.raises(SystemExit, match="unknown shallow; valid: all, shallow_state"):
         length_experiment.columns(["lstmn"], "shallow")
+
+
+def test_a_run_saved_before_inter_query_existed_reads_as_eq13():
+    """A config.json written before `model.inter_query` (eq. 13 in both fusions then) restores into the
+    model it trained, not into the new shallow default; a saved `inter_query` is kept."""
+    import ml_collections
+
+    from configs import base
+
+    old = base.get_config()
+    old.model = base.model("lstmn")
+    del old.model["inter_query"]
+    assert base.with_defaults(old).model.inter_query == "eq13"
+    new = base.get_config()
+    new.model = base.model("lstmn")
+    assert base.with_defaults(ml_collections.ConfigDict(new.to_dict())).model.inter_query is None
+    assert make().config.query == "previous_state"
