@@ -360,8 +360,9 @@ def test_beam_search_gives_each_padded_row_what_it_gives_alone(fields):
         np.testing.assert_allclose(alone_scores[0], scores[row], rtol=1e-5, atol=1e-6)
 
 
-def test_gradient_through_the_tapes_matches_finite_differences():
-    model = make(fusion="deep", embed_dim=3, hidden_dim=3, attention_dim=3)
+@pytest.mark.parametrize("seed", [False, True])  # seeded: also through the decoder's first slots into the encoder
+def test_gradient_through_the_tapes_matches_finite_differences(seed):
+    model = make(fusion="deep", seed_tapes=seed, embed_dim=3, hidden_dim=3, attention_dim=3)
     batch = {k: v[1:] for k, v in batch_of(3).items()}  # a padded source and a padded target among 2 rows
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
