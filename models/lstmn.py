@@ -333,7 +333,8 @@ class LSTMNCell(nnx.Module):
             return jnp.einsum("BL,BLH->BH", weights, tapes.hidden), jnp.einsum("BL,BLH->BH", weights, tapes.memory), weights
         h_0, c_0 = first
         score_0 = jnp.tanh(self.key_proj(h_0) + query) @ self.v[...]  # a_0^t [B]
-        everything = masked_softmax(jnp.concatenate([score_0[:, None], scores], 1), jnp.pad(written, ((0, 0), (1, 0)), constant_values=True))
+        with_first = jnp.pad(written, ((0, 0), (1, 0)), constant_values=True)  # [B, 1 + L]: the first slot always
+        everything = masked_softmax(jnp.concatenate([score_0[:, None], scores], 1), with_first)
         weight_0, weights = everything[:, :1], everything[:, 1:]  # [B, 1], [B, L]
         h_tilde = weight_0 * h_0 + jnp.einsum("BL,BLH->BH", weights, tapes.hidden)
         c_tilde = weight_0 * c_0 + jnp.einsum("BL,BLH->BH", weights, tapes.memory)

@@ -128,7 +128,8 @@ def test_fused_decoder_step_is_eqs_13_to_17(fusion):
     cell = model.decoder_cells[0]
     hidden, memory_tape, written, summary = random_tapes(rng, 3, 6, (2, 2, 2))
     previous_context = rng.normal(size=(3, H))  # gamma~_{t-1}
-    state = LSTMNDecodeState((as_tapes(cell, hidden, memory_tape, written, summary),), jnp.float32(previous_context), jnp.array(2), jnp.zeros((3, H)))
+    tapes = (as_tapes(cell, hidden, memory_tape, written, summary),)
+    state = LSTMNDecodeState(tapes, jnp.float32(previous_context), jnp.array(2), jnp.zeros((3, H)))  # eq. 13 reads no h_{t-1}
     token = np.array([4, 7, 1])
     logits, new_state = model.decode_step(memory, jnp.asarray(token), state)
 
@@ -295,7 +296,8 @@ def test_two_layer_encoder_decoder_logits_are_the_papers_equations(fusion, query
     logits = np.asarray(model({"inputs": jnp.asarray(sources), "targets": jnp.asarray(targets)}))
     w = paper_weights(model)
     for row in range(2):
-        expected = paper_encoder_decoder(w, sources[row][sources[row] > 0], targets[row], fusion, model.config.bos_id, query, seed)
+        source = sources[row][sources[row] > 0]
+        expected = paper_encoder_decoder(w, source, targets[row], fusion, model.config.bos_id, query, seed)
         np.testing.assert_allclose(logits[row], expected, rtol=1e-5, atol=1e-6)
 
 
