@@ -2,6 +2,7 @@
 
     python benchmarks/length_experiment.py --workdir=runs/length                 # copy, sources of 5-100
     python benchmarks/length_experiment.py --workdir=runs/length_kjv --task=kjv_web --steps=20000
+    python benchmarks/length_experiment.py --workdir=runs/length --steps=2000 --families=lstmn --lstmn_variants=all
 
 Trains RNNencdec, RNNsearch, LSTMN and the Transformer under one budget (the same
 steps, batch of 64 examples bucketed by length, warmup and cosine schedule;
@@ -12,7 +13,13 @@ BLEU. Prints a markdown table and writes `WORKDIR/length_experiment.png`.
 The fixed-length summary of RNNencdec should fall as sources grow while
 RNNsearch stays flat.
 
-A family whose run folder `WORKDIR/<family>` already holds a finished run is
+`--lstmn_variants` (a comma-separated list of `LSTMN_VARIANTS`' names, or `all`) trains one
+LSTMN per variant under the same budget: shallow fusion with Bahdanau's query (eq. 13', the
+model's default) or eq. 13's, deep fusion (eq. 13), each with the paper's empty tapes or, with
+`_seeded`, the authors' code's seeded ones (`models/lstmn.py` says which is which). Each is a
+column `lstmn_<variant>` with its run folder `WORKDIR/lstmn_<variant>`.
+
+A column whose run folder `WORKDIR/<column>` already holds a finished run is
 not trained again (delete the folder to retrain). The figures measured with it:
 docs/performance.md.
 """
@@ -20,6 +27,7 @@ docs/performance.md.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -37,13 +45,24 @@ from configs import base, default, recurrent  # noqa: E402
 from settings import parse  # noqa: E402
 
 FAMILIES = ("rnnencdec", "rnnsearch", "lstmn", "transformer")
+# LSTMN's variants: model fields over the family's config (section 3.3's queries; the tapes' first state)
+LSTMN_QUERIES = {
+    "shallow_state": dict(fusion="shallow", inter_query="previous_state"),  # eq. 13', Bahdanau's query: the default
+    "shallow_eq13": dict(fusion="shallow", inter_query="eq13"),
+    "deep": dict(fusion="deep", inter_query="eq13"),
+}
+LSTMN_VARIANTS = {
+    f"{name}{suffix}": dict(fields, seed_tapes=bool(suffix))
+    for suffix in ("", "_seeded") for name, fields in LSTMN_QUERIES.items()
+}  # fmt: skip
 MAX_SOURCE = 100
 STYLES = [dict(marker="o", linestyle="-", markersize=7), dict(marker="s", linestyle="--", markersize=9, fillstyle="none"),
           dict(marker="D", linestyle="-.", markersize=6, fillstyle="none"), dict(marker="^", linestyle=":", markersize=5)]  # fmt: skip
 
 
-def experiment_config(family: str, task: str, steps: int, data_dir: str):
-    """The family's config for `task` with the shared budget."""
+def experiment_config(family: str, task: str, steps: int, data_dir: str, model_fields: dict | None = None):
+    """The family's config for `task` with the shared budget; `model_fields` replace the family's (an
+    LSTMN variant's)."""
     if task == "copy":
         config = recurrent.get_config(family, "reverse") if family != "transformer" else default.get_config()
         config.task = base.task("copy", min_length=5, max_length=MAX_SOURCE, vocab_size=20)
@@ -57,6 +76,7 @@ def experiment_config(family: str, task: str, steps: int, data_dir: str):
         config.decode.beam_size = 1
     else:
         raise ValueError(f"--task must be copy or kjv_web, got {task!r}")
+    config.model.update(model_fields or {})
     if family == "lstmn":  # the tapes hold the longest source, or the longest output decoded
         config.model.max_length = config.data.max_source_length + config.decode.max_length_offset
     config.data_dir = data_dir
@@ -88,23 +108,43 @@ def bucket_start(bucket: str) -> int:
     return int(bucket.split("-")[0])
 
 
+def columns(families: list[str], lstmn_variants: str) -> dict[str, tuple[str, dict]]:
+    """`{column: (family, model fields)}`: each family once, LSTMN once per variant asked for."""
+    names = list(LSTMN_VARIANTS) if lstmn_variants == "all" else lstmn_variants.split(",")
+    unknown = [name for name in names if name not in LSTMN_VARIANTS]
+    if unknown:
+        raise SystemExit(f"--lstmn_variants: unknown {', '.join(unknown)}; valid: all, {', '.join(LSTMN_VARIANTS)}")
+    unknown = [family for family in families if family not in FAMILIES]
+    if unknown:
+        raise SystemExit(f"--families: unknown {', '.join(unknown)}; valid: {', '.join(FAMILIES)}")
+    result = {}
+    for family in families:
+        if family == "lstmn":
+            result.update({f"lstmn_{name}": ("lstmn", LSTMN_VARIANTS[name]) for name in names})
+        else:
+            result[family] = (family, {})
+    return result
+
+
 FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
 flags.DEFINE_string("workdir", "runs/length_experiment", "", flag_values=FLAGS)
 flags.DEFINE_enum("task", "copy", ("copy", "kjv_web"), "", flag_values=FLAGS)
 flags.DEFINE_integer("steps", 3000, "", flag_values=FLAGS)
 flags.DEFINE_string("data_dir", "data/tfds", "", flag_values=FLAGS)
 flags.DEFINE_string("families", ",".join(FAMILIES), "", flag_values=FLAGS)
+flags.DEFINE_string("lstmn_variants", "shallow_state", f"comma-separated, or all: {', '.join(LSTMN_VARIANTS)}", flag_values=FLAGS)
 
 
 def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
     args = FLAGS
     workdir = Path(args.workdir)
-    families = args.families.split(",")
+    runs = columns(args.families.split(","), args.lstmn_variants)
+    families = list(runs)  # the table's and the plot's columns
     metrics = ("exact_match", "symbol_accuracy") if args.task == "copy" else ("bleu",)
     results = {
-        family: train_and_score(experiment_config(family, args.task, args.steps, args.data_dir), workdir / family)
-        for family in families
+        column: train_and_score(experiment_config(family, args.task, args.steps, args.data_dir, fields), workdir / column)
+        for column, (family, fields) in runs.items()
     }
     buckets = sorted({b for scores in results.values() for b in scores}, key=bucket_start)
 
@@ -123,7 +163,7 @@ def main() -> None:
     figure = visualize.new_figure(figsize=(5.5 * len(metrics), 4))
     axes = figure.subplots(1, len(metrics), squeeze=False)
     for axis, metric in zip(axes[0], metrics):
-        for family, style in zip(families, STYLES):  # distinct styles: equal curves stay visible
+        for family, style in zip(families, itertools.cycle(STYLES)):  # distinct styles: equal curves stay visible
             points = sorted((bucket_start(b) + 5, s[metric]) for b, s in results[family].items())
             axis.plot(*zip(*points), label=family, **style)
         axis.set_xlabel("source length (tokens)")

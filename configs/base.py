@@ -229,6 +229,8 @@ def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     saved = {name: value for name, value in config.to_dict().items() if name not in RETIRED_FIELDS}
     families = {name: saved.pop(name) for name in ("task", "model") if name in saved}
     completed.update(saved)
+    if "model" in families:  # a field whose default changed meaning reads, where absent, as it did before
+        families["model"] = {**models.fields_before(families["model"]["name"]), **families["model"]}
     for name, fields in families.items():  # a task's or model's fields as saved, not merged with others'
         completed[name] = ml_collections.ConfigDict(fields)
     return completed

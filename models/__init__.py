@@ -50,6 +50,11 @@ def fields_of(name: str) -> dict:
     return {f.name: f.default for f in dataclasses.fields(config_class) if f.name not in FROM_VOCABULARY}
 
 
+def fields_before(name: str) -> dict:
+    """What a saved config of model `name` without a field meant by its absence (`ModelConfig.fields_before`)."""
+    return dict(_family(name)[0].fields_before)
+
+
 def checked_config(name: str, **fields):
     """The hyperparameter dataclass of model `name` built from config fields alone (the vocabulary's
     fields as placeholders), so that every field is checked before anything is built or written."""

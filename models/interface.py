@@ -11,6 +11,7 @@ hyperparameter dataclass, a `ModelConfig`, states it, and the model carries that
     has_objective                          the model is an `OwnObjective` (trains by its own loss)
     has_decode                             the model is a `TeacherForcedDecoder`
     needs_shared_vocabulary                source and target must share one vocabulary
+    fields_before                          what a run saved before a field existed meant by its absence
     length_limit                           the longest sequence it takes (None: no limit)
     tape_bytes(batch, length)              training memory beyond parameters and logits (0: none)
 
@@ -52,6 +53,10 @@ class ModelConfig:
     has_decode: ClassVar[bool] = False
     # Source and target must be one vocabulary (their embeddings are one table).
     needs_shared_vocabulary: ClassVar[bool] = False
+    # `{field: value}` for each field whose default now means something else than what the family did
+    # before the field existed: a run folder's config.json without the field is read with this value,
+    # so that it restores into the model it trained (`configs.base.with_defaults`).
+    fields_before: ClassVar[Mapping[str, Any]] = {}
 
     @property
     def length_limit(self) -> int | None:

@@ -30,18 +30,41 @@ over the encoder's tapes `gamma` (hidden) and `alpha` (memory), eqs. 13-15:
 
 - shallow fusion (`model.fusion="shallow"`): the summary `gamma~_t` is the
   decoder's context, as RNNsearch's `c_i` is: the first decoder layer's gates read
-  `[h~_t; x_t; gamma~_t]` (eq. 10 with the context appended, RNNsearch's `C c_i`);
+  `[h~_t; x_t; gamma~_t]` (eq. 10 with the context appended, RNNsearch's `C c_i`).
+  Its inter-attention is "similar to" Bahdanau et al.'s (section 3.3), whose query is
+  the decoder's previous state; by default (`model.inter_query="previous_state"`)
+  eq. 13's query terms are replaced by that state, the top decoder layer's `h_{t-1}`:
+      b_j^t = u^T tanh(W_gamma gamma_j + W_s h_{t-1})                         (13')
+  (`h_0` = 0, or the top decoder layer's seed under `model.seed_tapes`);
 - deep fusion (`"deep"`): the memory summary `alpha~_t` enters the first decoder
   layer's memory through a new gate (eqs. 16-17):
       r_t = sigma(W_r [gamma~_t; x_t] + b_r)                                 (16)
       c_t = r_t * alpha~_t + f_t * c~_t + i_t * c^_t                          (17)
 
 Choices where the paper leaves room, and why:
-- The paper writes eq. 13 (the inter-attention conditioned on the decoder's input
-  `x_t` and the previous summary `gamma~_{t-1}`, not on a decoder state) for deep
-  fusion, and says of shallow fusion only that its inter-attention works as
-  Bahdanau et al.'s. We use eq. 13 for both, so that the two fusions differ only
-  in where the source enters (the gates, or the memory).
+- The inter-attention's query (`model.inter_query`). The paper writes eq. 13 (conditioned on
+  the decoder's input `x_t` and the previous summary `gamma~_{t-1}`, not on a decoder state)
+  for deep fusion, and says of shallow fusion only that its inter-attention works as
+  Bahdanau et al.'s, whose query is the decoder's previous state. So shallow fusion defaults
+  to eq. 13' above ("previous_state") and deep fusion keeps eq. 13 ("eq13"); shallow fusion
+  with eq. 13 stays available for comparison (it was this module's only query before, and
+  does not learn to copy long sources: README, the length experiment). Deep fusion with
+  Bahdanau's query is refused: the paper gives deep fusion eq. 13 alone. `gamma~_{t-1}` is
+  not added to eq. 13': Bahdanau's query has no such term, and no measurement of ours shows
+  that it helps.
+- The tapes' first state (`model.seed_tapes`). The paper starts every tape empty: at t = 1
+  nothing is read and `h~_1 = c~_1 = 0` (default, `False`). The authors' released code
+  (github.com/cheng6076/SNLI-attention, LSTMN.lua with model/encoder_lstmn_w2v.lua and
+  model/decoder_deep_w2v.lua) does otherwise (`True`): the encoder's tapes start with a
+  zero slot `h_0 = c_0 = 0`, which its intra-attention and the decoder's inter-attention
+  read like any other position (a place to put weight that reads nothing), and the
+  decoder's tapes start with the encoder's final hidden and memory state, so that step 1
+  reads `h~_1 = h_m`, `c~_1 = c_m` and the gradient reaches the encoder's last state through
+  the decoder's tapes. That code has one layer each; here decoder layer l starts with the
+  final state of encoder layer l (the layer counts must then be equal). The paper's variant
+  is the default: it is what the paper specifies, and it keeps existing runs' tapes as they
+  were. Pictures and recorded weights leave the first slots out, so that they stay aligned
+  with the tokens.
 - The inter-attention reads the top encoder layer's tapes, and the context or the
   fused memory enters the first decoder layer (the one whose `x_t` is the previous
   target word, as in eq. 13); layers above read the hidden outputs below.
@@ -75,6 +98,7 @@ from models.rnn import time_major
 
 Array = jax.Array
 FUSIONS = ("shallow", "deep")
+INTER_QUERIES = ("previous_state", "eq13")  # eq. 13' (Bahdanau's query) and eq. 13
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +109,19 @@ class LSTMNConfig(ModelConfig):
 
     # intra-attention over the encoder's and the decoder's tapes, inter-attention over the source
     roles = frozenset({AttentionRole.SOURCE_SELF, AttentionRole.TARGET_SELF, AttentionRole.CROSS})
+    # runs saved before `inter_query` existed used eq. 13 in both fusions
+    fields_before = {"inter_query": "eq13"}
 
     vocab_size: int  # target vocabulary
     source_vocab_size: int | None = None  # None: same as vocab_size
     fusion: str = "shallow"  # "shallow" or "deep" (section 4)
+    # Inter-attention's query: "previous_state" (eq. 13', Bahdanau's: the top decoder layer's previous
+    # hidden state) or "eq13" ([x_t; gamma~_{t-1}]); None: the fusion's own, "previous_state" for shallow
+    # fusion, "eq13" for deep fusion (the only one the paper gives it). See the module docstring.
+    inter_query: str | None = None
+    # The tapes' first state: False, the paper's empty tapes (h~_1 = c~_1 = 0); True, the authors' released
+    # code's: a zero slot first on the encoder's tapes, the decoder's seeded with the encoder's final state.
+    seed_tapes: bool = False
     embed_dim: int = 500
     hidden_dim: int = 500
     attention_dim: int = 500  # v, W_h, W_x, W_h~ of eq. 7 and u, W_gamma, W_x, W_gamma~ of eq. 13
@@ -102,11 +135,26 @@ class LSTMNConfig(ModelConfig):
     def __post_init__(self):
         if self.fusion not in FUSIONS:
             raise ConfigError(f"model.fusion must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
+        if self.inter_query is not None and self.inter_query not in INTER_QUERIES:
+            raise ConfigError(f"model.inter_query must be one of {', '.join(INTER_QUERIES)} or None, got {self.inter_query!r}")
+        if self.fusion == "deep" and self.query == "previous_state":
+            raise ConfigError("model.inter_query='previous_state' is shallow fusion's query; deep fusion's is eq. 13 ('eq13')")
+        if self.seed_tapes and self.num_encoder_layers != self.num_decoder_layers:
+            raise ConfigError(f"model.seed_tapes seeds decoder layer l with encoder layer l's final state: "
+                              f"num_encoder_layers ({self.num_encoder_layers}) must equal num_decoder_layers "
+                              f"({self.num_decoder_layers})")  # fmt: skip
         for name in ("embed_dim", "hidden_dim", "attention_dim", "num_encoder_layers", "num_decoder_layers", "max_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name} must be at least 1, got {getattr(self, name)}")
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ConfigError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+
+    @property
+    def query(self) -> str:
+        """The inter-attention's query, `inter_query` resolved: one of `INTER_QUERIES`."""
+        if self.inter_query is not None:
+            return self.inter_query
+        return "eq13" if self.fusion == "deep" else "previous_state"
 
     @property
     def length_limit(self) -> int:
@@ -273,24 +321,38 @@ class LSTMNCell(nnx.Module):
         self.gates.bias[...] = jnp.zeros(4 * hidden_dim).at[hidden_dim : 2 * hidden_dim].set(1.0)  # forget bias 1
         self.fusion = nnx.data(Linear(context_dim + input_dim, hidden_dim, rngs=rngs) if fusion_gate else None)  # W_r
 
-    def intra_attention(self, tapes: Tapes, x: Array) -> tuple[Array, Array, Array]:
-        """Eqs. 7-9: `(h~_t [B, H], c~_t [B, H], s^t [B, L])` over the written positions."""
+    def intra_attention(self, tapes: Tapes, x: Array, first: tuple[Array, Array] | None = None) -> tuple[Array, Array, Array]:
+        """Eqs. 7-9: `(h~_t [B, H], c~_t [B, H], s^t [B, L])` over the written positions, and over the
+        tape's first slot `first = (h_0 [B, H], c_0 [B, H])` when given (`seed_tapes`). The first slot is
+        read beside the tape, not copied into it, and its weight is left out of the `s^t` returned."""
         query = self.input_attention(x) + self.summary_attention(tapes.summary)  # W_x x_t + W_h~ h~_{t-1}
         scores = jnp.tanh(tapes.keys + query[:, None, :]) @ self.v[...]  # a^t [B, L]
-        weights = masked_softmax(scores, tapes.written > 0)  # s^t; empty tape (t = 1): zeros
-        return jnp.einsum("BL,BLH->BH", weights, tapes.hidden), jnp.einsum("BL,BLH->BH", weights, tapes.memory), weights
+        written = tapes.written > 0
+        if first is None:
+            weights = masked_softmax(scores, written)  # s^t; empty tape (t = 1): zeros
+            return jnp.einsum("BL,BLH->BH", weights, tapes.hidden), jnp.einsum("BL,BLH->BH", weights, tapes.memory), weights
+        h_0, c_0 = first
+        score_0 = jnp.tanh(self.key_proj(h_0) + query) @ self.v[...]  # a_0^t [B]
+        with_first = jnp.pad(written, ((0, 0), (1, 0)), constant_values=True)  # [B, 1 + L]: the first slot always
+        everything = masked_softmax(jnp.concatenate([score_0[:, None], scores], 1), with_first)
+        weight_0, weights = everything[:, :1], everything[:, 1:]  # [B, 1], [B, L]
+        h_tilde = weight_0 * h_0 + jnp.einsum("BL,BLH->BH", weights, tapes.hidden)
+        c_tilde = weight_0 * c_0 + jnp.einsum("BL,BLH->BH", weights, tapes.memory)
+        return h_tilde, c_tilde, weights
 
     def read(self, tapes: Tapes, x: Array, real: Array, *, context: Array | None = None,
-             fused_memory: Array | None = None) -> tuple[tuple[Array, ...], Array, Array, Array]:  # fmt: skip
+             fused_memory: Array | None = None, first: tuple[Array, Array] | None = None
+             ) -> tuple[tuple[Array, ...], Array, Array, Array]:  # fmt: skip
         """One step's reading of the tapes and its new state, without writing them.
 
         `x [B, Din]`; rows where `real [B]` is False write zeros and keep their summary.
         `context [B, Dc]`: shallow fusion's gamma~_t, read by the gates; deep fusion's too (by r_t),
-        with `fused_memory` alpha~_t [B, H] (eqs. 16-17).
+        with `fused_memory` alpha~_t [B, H] (eqs. 16-17). `first`: the tape's first slot, see
+        `intra_attention`.
         Returns `(writes, summary, h_t [B, H], s^t [B, L])`: `writes` = (h_t, c_t, W_h h_t, 1) for the
         tapes' next position (zeros in padding rows), `summary` = h~_t, the next step's h~_{t-1}.
         """
-        summary, memory_summary, weights = self.intra_attention(tapes, x)
+        summary, memory_summary, weights = self.intra_attention(tapes, x, first)
         extra = [] if context is None or self.fusion is not None else [context]
         i, f, o, candidate = jnp.split(self.gates(jnp.concatenate([summary, x, *extra], axis=-1)), 4, axis=-1)
         cell = jax.nn.sigmoid(f) * memory_summary + jax.nn.sigmoid(i) * jnp.tanh(candidate)  # eq. 11
@@ -311,18 +373,22 @@ class LSTMNCell(nnx.Module):
 
 
 class LSTMNMemory(NamedTuple):
-    """What the encoder hands the decoder: the top layer's tapes, their inter-attention keys, the mask."""
+    """What the encoder hands the decoder: the top layer's tapes, their inter-attention keys, the mask;
+    with `seed_tapes`, the zero slot first (S' = S + 1) and the decoder's first slots."""
 
-    hidden: Array  # gamma_j [B, S, H]
-    memory: Array  # alpha_j [B, S, H]
-    keys: Array  # W_gamma gamma_j [B, S, A], computed once per source
-    mask: Array  # [B, S] bool
+    hidden: Array  # gamma_j [B, S', H]
+    memory: Array  # alpha_j [B, S', H]
+    keys: Array  # W_gamma gamma_j [B, S', A], computed once per source
+    mask: Array  # [B, S'] bool
+    first: tuple[tuple[Array, Array], ...] = ()  # per decoder layer, its tapes' first slot (h_0, c_0) [B, H]
+    #                                              each: encoder layer l's final state (seed_tapes), or ()
 
 
 class LSTMNDecodeState(NamedTuple):
     tapes: tuple[Tapes, ...]  # per decoder layer
     context: Array  # gamma~_{t-1} [B, H]
     position: Array  # int32, the next position to write
+    hidden: Array  # the top decoder layer's h_{t-1} [B, H], the query of eq. 13'
 
 
 class LSTMN(nnx.Module):
@@ -343,22 +409,27 @@ class LSTMN(nnx.Module):
                       fusion_gate=deep and l == 0, rngs=rngs)
             for l in range(config.num_decoder_layers)
         )  # fmt: skip
-        # Inter-attention, eq. 13: keys W_gamma gamma_j (once per source), query W_x x_t + W_gamma~ gamma~_{t-1}.
-        self.cross_attention = Attention(E + H, H, score="additive", attention_dim=A, role=AttentionRole.CROSS, rngs=rngs)
+        # Inter-attention: keys W_gamma gamma_j (once per source); query W_x x_t + W_gamma~ gamma~_{t-1} (eq. 13)
+        # or W_s h_{t-1} (eq. 13')
+        query_dim = E + H if config.query == "eq13" else H
+        self.cross_attention = Attention(query_dim, H, score="additive", attention_dim=A, role=AttentionRole.CROSS, rngs=rngs)
         self.output = Linear(2 * H, config.vocab_size, rngs=rngs)  # over [h_t; gamma~_t]
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
     # -- pieces ----------------------------------------------------------------
 
     def _run_encoder_layer(self, cell: LSTMNCell, x: Array, mask: Array) -> Tapes:
-        """One encoder layer over the whole source: `x [B, S, Din]` -> its full tapes."""
+        """One encoder layer over the whole source: `x [B, S, Din]` -> its full tapes (without the zero
+        slot that `seed_tapes` reads first)."""
         batch, length, _ = x.shape
         rebuild, params = split_arrays(cell)
+        zero_slot = self.config.seed_tapes
 
         def step(params, summary, positions, x_t, real, t):
             tapes = Tapes(*positions, summary)
             (cell_copy,) = rebuild(params)
-            writes, summary, _, weights = cell_copy.read(tapes, x_t, real)
+            first = (jnp.zeros_like(summary), jnp.zeros_like(summary)) if zero_slot else None  # h_0 = c_0 = 0
+            writes, summary, _, weights = cell_copy.read(tapes, x_t, real, first=first)
             return summary, writes, weights
 
         start = empty_tapes(batch, length, cell.hidden_dim, cell.attention_dim)
@@ -369,20 +440,30 @@ class LSTMN(nnx.Module):
     # -- the model interface ---------------------------------------------------
 
     def encode(self, inputs: Array, *, deterministic: bool = True) -> LSTMNMemory:
-        """`inputs [B, S]` -> the top encoder layer's tapes and their inter-attention keys."""
+        """`inputs [B, S]` -> the top encoder layer's tapes and their inter-attention keys; with
+        `seed_tapes`, the zero slot first (`[B, S + 1, ...]`) and every layer's final state."""
         mask = inputs != self.config.pad_id
         x = self.dropout(self.source_embed(inputs), deterministic=deterministic)
+        finals = []
         for index, cell in enumerate(self.encoder_cells):
             if index > 0:
                 x = self.dropout(x, deterministic=deterministic)
             tapes = self._run_encoder_layer(cell, x, mask)
+            finals.append(final_state(tapes, mask))
             x = tapes.hidden
-        return LSTMNMemory(tapes.hidden, tapes.memory, self.cross_attention.project_keys(tapes.hidden), mask)
+        hidden, memory = tapes.hidden, tapes.memory
+        if not self.config.seed_tapes:
+            return LSTMNMemory(hidden, memory, self.cross_attention.project_keys(hidden), mask)
+        zero_slot = lambda tape: jnp.pad(tape, ((0, 0), (1, 0), (0, 0)))  # noqa: E731  gamma_0 = alpha_0 = 0
+        hidden, memory, mask = zero_slot(hidden), zero_slot(memory), jnp.pad(mask, ((0, 0), (1, 0)), constant_values=True)
+        return LSTMNMemory(hidden, memory, self.cross_attention.project_keys(hidden), mask, tuple(finals))
 
     def init_decode_state(self, memory: LSTMNMemory, batch_size: int, max_len: int) -> LSTMNDecodeState:
+        """Empty tapes; the previous state h_0 of eq. 13' is the top decoder layer's first slot when seeded, else 0."""
         H, A = self.config.hidden_dim, self.config.attention_dim
         tapes = tuple(empty_tapes(batch_size, max_len, H, A) for _ in self.decoder_cells)
-        return LSTMNDecodeState(tapes, jnp.zeros((batch_size, H)), jnp.array(0, jnp.int32))
+        hidden = memory.first[-1][0] if memory.first else jnp.zeros((batch_size, H))
+        return LSTMNDecodeState(tapes, jnp.zeros((batch_size, H)), jnp.array(0, jnp.int32), hidden)
 
     def _layer_masks(self, batch: int, length: int, deterministic: bool) -> tuple[Array, ...]:
         """Dropout masks `[B, T, H]` for the inputs of decoder layers 2.. (scaled; empty when deterministic)."""
@@ -402,25 +483,25 @@ class LSTMN(nnx.Module):
         masks = self._layer_masks(*targets.shape, deterministic)
 
         rebuild, params = split_arrays(self.cross_attention, *self.decoder_cells)
-        deep = self.config.fusion == "deep"
+        config = self.config
 
         def step(consts, carry, positions, inputs, real_t, t):
             params, memory = consts
             cross_attention, *cells = rebuild(params)
-            context, summaries = carry
+            context, summaries, hidden = carry
             embedded_t, layer_masks = inputs
             tapes = tuple(Tapes(*layer, summary) for layer, summary in zip(positions, summaries))
-            state = LSTMNDecodeState(tapes, context, t)
-            writes, summaries, context, features, weights, intra = decoder_step(
-                cells, cross_attention, deep, memory, embedded_t, state, real_t, layer_masks)  # fmt: skip
-            return (context, summaries), writes, (features, weights, intra)
+            state = LSTMNDecodeState(tapes, context, t, hidden)
+            writes, summaries, context, hidden, features, weights, intra = decoder_step(
+                cells, cross_attention, config, memory, embedded_t, state, real_t, layer_masks)  # fmt: skip
+            return (context, summaries, hidden), writes, (features, weights, intra)
 
         start = self.init_decode_state(memory, targets.shape[0], targets.shape[1])
-        carry = (start.context, tuple(tapes.summary for tapes in start.tapes))
+        carry = (start.context, tuple(tapes.summary for tapes in start.tapes), start.hidden)
         positions = tuple(tapes.positions for tapes in start.tapes)
         _, _, (features, weights, intra) = tape_scan(
             step, (params, memory), carry, positions, time_major((embedded, masks)), time_major(real))  # fmt: skip
-        self.cross_attention.record(jnp.swapaxes(weights, 0, 1))  # [B, T, S]
+        self.cross_attention.record(jnp.swapaxes(weights, 0, 1)[..., self.first_column :])  # [B, T, S], no zero slot
         for cell, layer_weights in zip(self.decoder_cells, intra):
             record_intra(cell, layer_weights)
         features = self.dropout(jnp.swapaxes(features, 0, 1), deterministic=deterministic)
@@ -429,14 +510,18 @@ class LSTMN(nnx.Module):
     def decode_step(self, memory: LSTMNMemory, token: Array, state: LSTMNDecodeState) -> tuple[Array, LSTMNDecodeState]:
         """Next-token logits: `token [B]` (the previous output, bos first) -> `(logits [B, V], state)`."""
         real = jnp.ones(token.shape, bool)
-        writes, summaries, context, features, _, _ = decoder_step(
-            self.decoder_cells, self.cross_attention, self.config.fusion == "deep", memory, self.target_embed(token),
-            state, real, ())  # fmt: skip
+        writes, summaries, context, hidden, features, _, _ = decoder_step(
+            self.decoder_cells, self.cross_attention, self.config, memory, self.target_embed(token), state, real, ())
         tapes = tuple(
             Tapes(*(write_at(tape, state.position, value) for tape, value in zip(tapes.positions, layer)), summary)
             for tapes, layer, summary in zip(state.tapes, writes, summaries)
         )
-        return self._logits(features), LSTMNDecodeState(tapes, context, state.position + 1)
+        return self._logits(features), LSTMNDecodeState(tapes, context, state.position + 1, hidden)
+
+    @property
+    def first_column(self) -> int:
+        """Where the source's tokens start in the memory: 1 after `seed_tapes`' zero slot, else 0."""
+        return int(self.config.seed_tapes)
 
     def _logits(self, features: Array) -> Array:
         """`[..., 2H] -> [..., V]`, in float32 or wider (float64 under x64, for gradient checks)."""
@@ -444,33 +529,48 @@ class LSTMN(nnx.Module):
         return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
 
 
-def decoder_step(cells: Sequence[LSTMNCell], cross_attention: Attention, deep: bool, memory: LSTMNMemory, embedded: Array,
-             state: LSTMNDecodeState, real: Array, masks: tuple) -> tuple:
-    """Decoder step t of the decoder `cells` (deep fusion when `deep`), reading the tapes without writing them:
+def decoder_step(cells: Sequence[LSTMNCell], cross_attention: Attention, config: LSTMNConfig, memory: LSTMNMemory,
+                 embedded: Array, state: LSTMNDecodeState, real: Array, masks: tuple) -> tuple:  # fmt: skip
+    """Decoder step t of the decoder `cells`, reading the tapes without writing them:
 
-    1. inter-attention over the encoder's tapes from `x_t` (the previous word) and
-       gamma~_{t-1} (eqs. 13-15): the context gamma~_t and, for deep fusion, alpha~_t;
+    1. inter-attention over the encoder's tapes (eqs. 14-15) from `config.query`'s query: eq. 13's
+       `[x_t; gamma~_{t-1}]` (x_t the previous word) or eq. 13' `h_{t-1}` (the top layer's previous
+       state): the context gamma~_t and, for deep fusion, alpha~_t;
     2. the first LSTMN layer with intra-attention over its own tapes (eqs. 7-12), reading the
        context in its gates (shallow) or gating alpha~_t into its memory (deep, eqs. 16-17);
     3. the layers above, each over its own tapes; the readout features `[h_t; gamma~_t]`.
-    Returns `(writes per layer, summaries per layer, context, features [B, 2H], inter-attention
-    weights [B, S], intra weights per layer)`.
+    Each layer's tapes start with `memory.first`'s slot where it has one (`seed_tapes`).
+    Returns `(writes per layer, summaries per layer, context, the top layer's h_t [B, H], features
+    [B, 2H], inter-attention weights [B, S'], intra weights per layer)`.
     """
-    query = jnp.concatenate([embedded, state.context], axis=-1)  # [x_t; gamma~_{t-1}]
+    if config.query == "eq13":
+        query = jnp.concatenate([embedded, state.context], axis=-1)  # [x_t; gamma~_{t-1}], eq. 13
+    else:
+        query = state.hidden  # h_{t-1}, eq. 13'
     context, weights = cross_attention(query, memory.keys, memory.hidden, memory.mask)  # 1. gamma~_t
-    fused = jnp.einsum("BS,BSH->BH", weights, memory.memory) if deep else None  # alpha~_t
+    fused = jnp.einsum("BS,BSH->BH", weights, memory.memory) if config.fusion == "deep" else None  # alpha~_t
+    firsts = memory.first or (None,) * len(cells)
     x, writes, summaries, intra = embedded, [], [], []
-    for index, (cell, tapes) in enumerate(zip(cells, state.tapes)):
+    for index, (cell, tapes, first) in enumerate(zip(cells, state.tapes, firsts)):
         if index > 0 and masks:
             x = x * masks[index - 1]
         arguments = dict(context=context, fused_memory=fused) if index == 0 else {}
-        layer_writes, summary, x, layer_weights = cell.read(tapes, x, real, **arguments)  # 2., 3.
+        layer_writes, summary, x, layer_weights = cell.read(tapes, x, real, first=first, **arguments)  # 2., 3.
         writes.append(layer_writes)
         summaries.append(summary)
         intra.append(layer_weights)
-    context = jnp.where(real[:, None], context, state.context)
+    keep = real[:, None]
+    context, hidden = jnp.where(keep, context, state.context), jnp.where(keep, x, state.hidden)
     features = jnp.concatenate([x, context], axis=-1)
-    return tuple(writes), tuple(summaries), context, features, weights, intra
+    return tuple(writes), tuple(summaries), context, hidden, features, weights, intra
+
+
+def final_state(tapes: Tapes, mask: Array) -> tuple[Array, Array]:
+    """A layer's state after the last real token of each row: `(h_m, c_m)`, each `[B, H]`, from its tapes
+    `[B, S, H]` and the source mask `[B, S]` (an empty row's position 0 holds zeros: it reads zeros)."""
+    last = jnp.maximum(mask.sum(axis=1) - 1, 0)[:, None, None]  # [B, 1, 1]
+    pick = lambda tape: jnp.take_along_axis(tape, last, axis=1)[:, 0]  # noqa: E731
+    return pick(tapes.hidden), pick(tapes.memory)
 
 
 def record_intra(cell: LSTMNCell, weights: Array) -> None:

@@ -119,7 +119,7 @@ def test_two_layer_encoder_tapes_are_eqs_7_to_12_layer_on_layer():
 
 @pytest.mark.parametrize("fusion", ["shallow", "deep"])
 def test_fused_decoder_step_is_eqs_13_to_17(fusion):
-    model = make(fusion=fusion)
+    model = make(fusion=fusion, inter_query="eq13")
     rng = np.random.default_rng(7)
     gamma, alpha = rng.normal(size=(3, 5, H)), rng.normal(size=(3, 5, H))  # the encoder's tapes
     source_mask = np.ones((3, 5), bool)
@@ -128,7 +128,8 @@ def test_fused_decoder_step_is_eqs_13_to_17(fusion):
     cell = model.decoder_cells[0]
     hidden, memory_tape, written, summary = random_tapes(rng, 3, 6, (2, 2, 2))
     previous_context = rng.normal(size=(3, H))  # gamma~_{t-1}
-    state = LSTMNDecodeState((as_tapes(cell, hidden, memory_tape, written, summary),), jnp.float32(previous_context), jnp.array(2))
+    tapes = (as_tapes(cell, hidden, memory_tape, written, summary),)
+    state = LSTMNDecodeState(tapes, jnp.float32(previous_context), jnp.array(2), jnp.zeros((3, H)))  # eq. 13 reads no h_{t-1}
     token = np.array([4, 7, 1])
     logits, new_state = model.decode_step(memory, jnp.asarray(token), state)
 
@@ -179,12 +180,13 @@ def paper_weights(model):
         return {name: f64(value) for name, value in names.items()}
 
     inter = model.cross_attention
-    query = f64(inter.query_proj.kernel)  # over [x_t; gamma~_{t-1}]
+    query = f64(inter.query_proj.kernel)  # over [x_t; gamma~_{t-1}] (eq. 13) or h_{t-1} (eq. 13')
+    query_weights = dict(W_x=query[:E], W_gammatilde=query[E:]) if model.config.query == "eq13" else dict(W_s=query)
     return dict(
         source_embed=f64(model.source_embed.embedding), target_embed=f64(model.target_embed.embedding),
         encoder=[layer(cell) for cell in model.encoder_cells], decoder=[layer(cell) for cell in model.decoder_cells],
-        # eq. 13's W_gamma (and bias), W_x, W_gamma~, u
-        W_gamma=f64(inter.key_proj.kernel), b_gamma=f64(inter.key_proj.bias), W_x=query[:E], W_gammatilde=query[E:],
+        # eq. 13's W_gamma (and bias), u; W_x and W_gamma~ (eq. 13) or W_s (eq. 13')
+        W_gamma=f64(inter.key_proj.kernel), b_gamma=f64(inter.key_proj.bias), **query_weights,
         u=f64(inter.v), W_out=f64(model.output.kernel), b_out=f64(model.output.bias),
     )  # fmt: skip
 
@@ -216,33 +218,47 @@ def paper_lstmn_step(w, hs, cs, h_tilde_previous, x, fusion=None, gamma_tilde=No
     return h, c, h_tilde
 
 
-def paper_lstmn_run(layers, xs):
+def paper_lstmn_run(layers, xs, zero_slot=False):
     """A stack of LSTMN layers over the vectors `xs`, each layer reading the hidden states of the one
-    below: the top layer's tapes `([h_1 ..], [c_1 ..])`."""
+    below: every layer's tapes `([h_1 ..], [c_1 ..])`, each starting with `h_0 = c_0 = 0` when
+    `zero_slot` (the authors' code: a slot every step reads, which the layer above does not)."""
+    runs = []
     for layer in layers:
-        hs, cs, h_tilde = [], [], np.zeros(len(layer["W_htilde"]))  # h~_0 = 0
+        size = len(layer["W_htilde"])
+        hs, cs = ([np.zeros(size)], [np.zeros(size)]) if zero_slot else ([], [])
+        h_tilde = np.zeros(size)  # h~_0 = 0
         for x in xs:
             h, c, h_tilde = paper_lstmn_step(layer, hs, cs, h_tilde, x)
             hs.append(h)
             cs.append(c)
-        xs = hs
-    return hs, cs
+        runs.append((hs, cs))
+        xs = hs[1:] if zero_slot else hs
+    return runs
 
 
-def paper_encoder_decoder(w, source, target, fusion, bos):
+def paper_encoder_decoder(w, source, target, fusion, bos, query="eq13", seed=False):
     """Teacher-forced logits `[len(target), V]` of the section-4 encoder-decoder for one unpadded example:
-    the encoder's top-layer tapes gamma, alpha; at every target step, inter-attention from the previous
-    word x_t and gamma~_{t-1} (eqs. 13-15), the decoder layers bottom up, the first with the source in its
-    gates or its memory, and the output layer over [h_t of the top layer; gamma~_t]."""
-    gamma, alpha = paper_lstmn_run(w["encoder"], [w["source_embed"][word] for word in source])
+    the encoder's top-layer tapes gamma, alpha; at every target step, inter-attention (eqs. 13-15) from the
+    previous word x_t and gamma~_{t-1} (`query="eq13"`) or from the top decoder layer's previous hidden
+    state, the last on its tape (`"previous_state"`, Bahdanau's, eq. 13'), the decoder layers bottom up,
+    the first with the source in its gates or its memory, and the output layer over [h_t of the top
+    layer; gamma~_t]. `seed`: the tapes start as the authors' code starts them, the encoder's with a
+    zero slot, decoder layer l's with encoder layer l's last (h, c)."""
+    runs = paper_lstmn_run(w["encoder"], [w["source_embed"][word] for word in source], zero_slot=seed)
+    gamma, alpha = runs[-1]
     hidden = len(gamma[0])
-    tapes = [([], []) for _ in w["decoder"]]  # per decoder layer, its h and c tapes
+    tapes = [([hs[-1]], [cs[-1]]) for hs, cs in runs] if seed else [([], []) for _ in w["decoder"]]  # h, c tapes per layer
     summaries = [np.zeros(hidden) for _ in w["decoder"]]  # h~_{t-1} per layer
     gamma_tilde = np.zeros(hidden)  # gamma~_0
     logits = []
     for previous in [bos, *target[:-1]]:
         x = w["target_embed"][previous]
-        b = [np.tanh(g_j @ w["W_gamma"] + w["b_gamma"] + x @ w["W_x"] + gamma_tilde @ w["W_gammatilde"]) @ w["u"] for g_j in gamma]  # (13)
+        if query == "eq13":
+            terms = x @ w["W_x"] + gamma_tilde @ w["W_gammatilde"]
+        else:  # s_{t-1}: the top decoder layer's latest state, 0 before the first (Bahdanau's e_ij = a(s_{i-1}, h_j))
+            top = tapes[-1][0]
+            terms = (top[-1] if top else np.zeros(hidden)) @ w["W_s"]
+        b = [np.tanh(g_j @ w["W_gamma"] + w["b_gamma"] + terms) @ w["u"] for g_j in gamma]  # (13), (13')
         p = paper_softmax(b)  # (14)
         gamma_tilde = sum(p_j * g_j for p_j, g_j in zip(p, gamma))  # (15)
         alpha_tilde = sum(p_j * a_j for p_j, a_j in zip(p, alpha))
@@ -257,22 +273,31 @@ def paper_encoder_decoder(w, source, target, fusion, bos):
     return np.array(logits)
 
 
-@pytest.mark.parametrize("fusion", ["shallow", "deep"])
-def test_two_layer_encoder_decoder_logits_are_the_papers_equations(fusion):
+VARIANTS = [  # (fusion, inter_query, seed_tapes)
+    ("shallow", "previous_state", False), ("shallow", "eq13", False), ("deep", "eq13", False),
+    ("shallow", "previous_state", True), ("deep", "eq13", True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fusion, query, seed", VARIANTS)
+def test_two_layer_encoder_decoder_logits_are_the_papers_equations(fusion, query, seed):
     """The module's teacher-forced logits (two encoder and two decoder layers, three source and three
     target words) against `paper_encoder_decoder`, written from eqs. 7-17 with lists for tapes: it takes
     the module's weights (all redrawn, so that every term counts) and nothing else of the module, nor
     the step helpers above. The second source has two words and padding: the module on the padded batch
-    gives what the reference gives on the two words. `embed_dim = hidden_dim`, so that a layer fed the
-    wrong layer's input computes (wrongly) instead of failing on a shape."""
-    model = make(fusion=fusion, embed_dim=4, hidden_dim=4, attention_dim=3, num_encoder_layers=2, num_decoder_layers=2)
+    gives what the reference gives on the two words (under `seed_tapes`, its final state is the second
+    word's, not the padding's). `embed_dim = hidden_dim`, so that a layer fed the wrong layer's input
+    computes (wrongly) instead of failing on a shape."""
+    model = make(fusion=fusion, inter_query=query, seed_tapes=seed, embed_dim=4, hidden_dim=4, attention_dim=3,
+                 num_encoder_layers=2, num_decoder_layers=2)  # fmt: skip
     randomize(model, seed=11)
     sources = np.array([[5, 9, 3], [7, 4, 0]])
     targets = np.array([[6, 3, 11], [8, 8, 12]])
     logits = np.asarray(model({"inputs": jnp.asarray(sources), "targets": jnp.asarray(targets)}))
     w = paper_weights(model)
     for row in range(2):
-        expected = paper_encoder_decoder(w, sources[row][sources[row] > 0], targets[row], fusion, model.config.bos_id)
+        source = sources[row][sources[row] > 0]
+        expected = paper_encoder_decoder(w, source, targets[row], fusion, model.config.bos_id, query, seed)
         np.testing.assert_allclose(logits[row], expected, rtol=1e-5, atol=1e-6)
 
 
@@ -309,9 +334,9 @@ def test_intra_attention_sees_only_earlier_real_positions(fusion):
     assert np.all(intra[1][:, 4:] == 0.0)  # never padding
 
 
-@pytest.mark.parametrize("fusion", ["shallow", "deep"])
-def test_decode_step_by_step_reproduces_teacher_forcing(fusion):
-    model = make(fusion=fusion, num_decoder_layers=2, dropout_rate=0.3)
+@pytest.mark.parametrize("fields", [dict(fusion="shallow"), dict(fusion="deep"), dict(seed_tapes=True, num_encoder_layers=2)])
+def test_decode_step_by_step_reproduces_teacher_forcing(fields):
+    model = make(**{"num_decoder_layers": 2, "dropout_rate": 0.3, **fields})
     batch = batch_of(1)
     teacher_forced = model(batch)
     memory = model.encode(batch["inputs"])
@@ -324,8 +349,10 @@ def test_decode_step_by_step_reproduces_teacher_forcing(fusion):
     np.testing.assert_allclose(np.asarray(jnp.stack(steps, 1))[real], np.asarray(teacher_forced)[real], rtol=1e-5, atol=1e-5)
 
 
-def test_beam_search_gives_each_padded_row_what_it_gives_alone():
-    model = make(fusion="deep")
+@pytest.mark.parametrize("fields", [dict(fusion="deep"), dict(seed_tapes=True)])
+def test_beam_search_gives_each_padded_row_what_it_gives_alone(fields):
+    """Under `seed_tapes` too: the seeds are the last real token's state, and beam search reorders them."""
+    model = make(**fields)
     inputs = batch_of(2)["inputs"]
     search = jax.jit(lambda x: decoding.beam_search(model, x, decoding.source_lengths(x) + 3, 10, beam_size=3, alpha=0.6))
     tokens, scores = search(inputs)
@@ -335,8 +362,9 @@ def test_beam_search_gives_each_padded_row_what_it_gives_alone():
         np.testing.assert_allclose(alone_scores[0], scores[row], rtol=1e-5, atol=1e-6)
 
 
-def test_gradient_through_the_tapes_matches_finite_differences():
-    model = make(fusion="deep", embed_dim=3, hidden_dim=3, attention_dim=3)
+@pytest.mark.parametrize("seed", [False, True])  # seeded: also through the decoder's first slots into the encoder
+def test_gradient_through_the_tapes_matches_finite_differences(seed):
+    model = make(fusion="deep", seed_tapes=seed, embed_dim=3, hidden_dim=3, attention_dim=3)
     batch = {k: v[1:] for k, v in batch_of(3).items()}  # a padded source and a padded target among 2 rows
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -394,5 +422,55 @@ def test_tape_scan_gradient_equals_autodiff_through_a_scan_that_carries_the_tape
 def test_bad_fields_are_named():
     with pytest.raises(ConfigError, match="model.fusion must be one of shallow, deep"):
         make(fusion="medium")
+    with pytest.raises(ConfigError, match="model.inter_query must be one of previous_state, eq13"):
+        make(inter_query="decoder")
+    with pytest.raises(ConfigError, match="deep fusion's is eq. 13"):
+        make(fusion="deep", inter_query="previous_state")
+    with pytest.raises(ConfigError, match=r"num_encoder_layers \(2\) must equal num_decoder_layers \(1\)"):
+        make(seed_tapes=True, num_encoder_layers=2)
+    assert (make().config.query, make(fusion="deep").config.query) == ("previous_state", "eq13")  # each fusion's own
     with pytest.raises(ConfigError, match="bucket"):
         make()(dict(batch_of(), inputs_segment_ids=jnp.ones((3, 7), jnp.int32)))
+
+
+def test_length_experiment_trains_every_variant_under_one_budget():
+    """benchmarks/length_experiment.py --lstmn_variants=all: one column per variant, each the family's
+    config with the variant's model fields alone changed, each parsed into the model it names."""
+    from benchmarks import length_experiment
+
+    from settings import parse
+
+    runs = length_experiment.columns(["rnnsearch", "lstmn"], "all")
+    assert list(runs) == ["rnnsearch"] + [f"lstmn_{name}" for name in length_experiment.LSTMN_VARIANTS]
+    configs = {column: length_experiment.experiment_config(family, "copy", 7, "data/tfds", fields)
+               for column, (family, fields) in runs.items()}  # fmt: skip
+    expected = {  # (fusion, query, seed_tapes) by column
+        "lstmn_shallow_state": ("shallow", "previous_state", False), "lstmn_shallow_eq13": ("shallow", "eq13", False),
+        "lstmn_deep": ("deep", "eq13", False), "lstmn_shallow_state_seeded": ("shallow", "previous_state", True),
+        "lstmn_shallow_eq13_seeded": ("shallow", "eq13", True), "lstmn_deep_seeded": ("deep", "eq13", True),
+    }  # fmt: skip
+    for column, variant in expected.items():
+        model = parse(configs[column]).model.hyperparameters
+        assert (model.fusion, model.query, model.seed_tapes) == variant, column
+        others = {k: v for k, v in configs[column].to_dict().items() if k != "model"}
+        assert others == {k: v for k, v in configs["lstmn_shallow_state"].to_dict().items() if k != "model"}
+    assert {str(c.num_train_steps) + c.schedule for c in configs.values()} == {"7cosine"}
+    with pytest.raises(SystemExit, match="unknown shallow; valid: all, shallow_state"):
+        length_experiment.columns(["lstmn"], "shallow")
+
+
+def test_a_run_saved_before_inter_query_existed_reads_as_eq13():
+    """A config.json written before `model.inter_query` (eq. 13 in both fusions then) restores into the
+    model it trained, not into the new shallow default; a saved `inter_query` is kept."""
+    import ml_collections
+
+    from configs import base
+
+    old = base.get_config()
+    old.model = base.model("lstmn")
+    del old.model["inter_query"]
+    assert base.with_defaults(old).model.inter_query == "eq13"
+    new = base.get_config()
+    new.model = base.model("lstmn")
+    assert base.with_defaults(ml_collections.ConfigDict(new.to_dict())).model.inter_query is None
+    assert make().config.query == "previous_state"
