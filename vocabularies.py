@@ -176,6 +176,9 @@ class SentencePieceTokenizer:
     def save(self, path: Path) -> None:
         path.write_bytes(self.model_proto)
 
+    def __reduce__(self):  # to the processes that tokenize in parallel: the model, not the processor
+        return type(self), (self.model_proto,)
+
     @classmethod
     def load(cls, path: Path) -> "SentencePieceTokenizer":
         return cls(path.read_bytes())

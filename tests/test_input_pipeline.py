@@ -248,24 +248,3 @@ def test_eval_batches_carry_the_dates_alignment(tmp_path):
         (target_start, target_end, start, end) = batch["alignment"][row][0]  # the year's spans
         assert target[target_start:target_end] == target[:4]
         assert source[start:end] in (target[:4], target[2:4])
-
-
-def test_token_ids_are_tokenized_once_then_read_from_beside_the_built_data(copy_task, char_tokenizers, monkeypatch):
-    split = copy_task.splits["dev"]
-    folder = Path(split.shards[0]).parent / "tokenized" / f"{sources.TOKEN_IDS_FORMAT}-{char_tokenizers.digest}"
-    sources._TOKEN_IDS.clear()
-    (folder / "dev.npz").unlink(missing_ok=True)
-    fresh = sources.token_ids(copy_task, "dev", char_tokenizers)
-    assert (folder / "dev.npz").exists()
-    sources._TOKEN_IDS.clear()  # a new process: read back from the file, encoding nothing
-    monkeypatch.setattr(type(char_tokenizers.source), "encode", lambda *args: pytest.fail("tokenized again"))
-    read = sources.token_ids(copy_task, "dev", char_tokenizers)
-    monkeypatch.undo()
-    for index in range(len(split)):
-        source, target = copy_task.pair(split[index])
-        for ids in (fresh, read):
-            example = ids.example(index, max_source_length=10, max_target_length=64)
-            np.testing.assert_array_equal(example["inputs"], [*char_tokenizers.source.encode(source)[:9], tk.EOS_ID])
-            np.testing.assert_array_equal(example["targets"], [*char_tokenizers.target.encode(target), tk.EOS_ID])
-    other = tk.Tokenizers(*[tk.CharTokenizer("".join(sorted(char_tokenizers.source.chars, reverse=True)))] * 2)
-    assert other.digest != char_tokenizers.digest  # another vocabulary: other ids, another file
