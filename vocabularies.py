@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
 import numpy as np
 import sentencepiece as spm
 
+import progress
+
 from files import sha256, write_whole
 from errors import DataError
 
@@ -211,6 +213,28 @@ def _train(settings: TokenizerSettings, texts: Iterable[str]) -> Tokenizer:
     return SentencePieceTokenizer.train(texts, settings.vocab_size, settings.model_type, settings.max_corpus_chars)
 
 
+def sample(pairs: Iterable[tuple[str, str]], max_chars: int, *, shared: bool) -> list[tuple[str, str]]:
+    """The first pairs, read one at a time, until every vocabulary has the `max_chars` characters it
+    learns from (`_limited`): a shared one over sources and targets together, else each side's own.
+    A corpus of any size costs memory for the sample alone."""
+    kept, chars = [], np.zeros(2, np.int64)
+    with progress.phase("reading the vocabulary's sample", unit="pairs") as shown:
+        for source, target in pairs:
+            if (chars.sum() >= max_chars) if shared else (chars >= max_chars).all():
+                break
+            kept.append((source, target))
+            chars += (len(source), len(target))
+            shown.advance()
+    return kept
+
+
+def _trained(settings: TokenizerSettings, pairs: list[tuple[str, str]]) -> list[Tokenizer]:
+    """The shared tokenizer, or the source's and the target's, trained on `pairs`."""
+    if settings.shared:
+        return [_train(settings, (text for pair in pairs for text in pair))]
+    return [_train(settings, (s for s, _ in pairs)), _train(settings, (t for _, t in pairs))]
+
+
 def restore_fix(directory: Path) -> str:
     """What to do about a damaged saved tokenizer."""
     return (
@@ -280,11 +304,10 @@ def load_or_train(
             return load_or_train(directory, settings)
         if train_pairs is None:
             raise DataError(f"no tokenizer in {directory} and no training text to make one")
-        pairs = list(train_pairs)
-        if settings.shared:
-            loaded = [_train(settings, (text for pair in pairs for text in pair))]
-        else:
-            loaded = [_train(settings, (s for s, _ in pairs)), _train(settings, (t for _, t in pairs))]
+        pairs = sample(train_pairs, settings.max_corpus_chars, shared=settings.shared)
+        with progress.phase(f"training the {settings.kind} vocabulary", unit="pairs") as shown:
+            loaded = _trained(settings, pairs)  # the trainers report nothing along the way: a start and an end line
+            shown.advance(len(pairs))
         directory.mkdir(parents=True, exist_ok=True)
         for file, tokenizer in zip(files, loaded):
             tokenizer.save(directory / file)
