@@ -24,19 +24,22 @@ from __future__ import annotations
 import bisect
 import collections.abc
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
 import logging
 import operator
 import os
+import sys
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import tensorflow_datasets as tfds
 from array_record.python import array_record_module
 from google.protobuf import json_format
 
+import progress
 from errors import ConfigError, DataError
 
 SPLITS = ("train", "dev", "test")
@@ -78,19 +81,29 @@ class TaskConfig(tfds.core.BuilderConfig):
         return config
 
 
-class TextPairBuilder(tfds.core.GeneratorBasedBuilder):
-    """A builder of `{'source', 'target'}` text pairs, one generator per split.
+SHARD_EXAMPLES = 100_000  # examples per array_record shard: TFDS's shard writer holds one shard in memory
+
+
+class TextPairBuilder(tfds.core.ShardBasedBuilder):
+    """A builder of `{'source', 'target'}` text pairs.
 
     Subclasses set `VERSION` and `BUILDER_CONFIG_CLASS`, may add `EXTRA_FEATURES`,
-    and implement `_split_examples() -> {split: iterable of examples}`.
+    and implement `_split_examples() -> {split: list of examples}`, or, for data too large
+    for memory, `_split_shards() -> {split: [callable -> iterator of examples, one per shard]}`.
     They may record a build report (e.g. skipped lines) in `self.build_report`;
     it is stored with the data and logged whenever the data is loaded.
+
+    Shards are written one after another as their examples come (`tfds.core.ShardBasedBuilder`),
+    in order: TFDS's `GeneratorBasedBuilder` would first gather every example of a split in its
+    shuffler, which holds them all in memory and past 1 GB spills them through `tf.io.gfile`
+    (TensorFlow, absent here): a corpus of WMT's size could not be built.
     """
 
     EXTRA_FEATURES: ClassVar[Mapping[str, tfds.features.FeatureConnector]] = {}
 
     def __init__(self, *, config: TaskConfig, data_dir: str):
         self.build_report: dict[str, Any] = {}
+        self.split_sizes: dict[str, int] = {}  # examples per split where known before the build (for progress)
         super().__init__(config=config, data_dir=data_dir, file_format="array_record")
 
     def _features(self) -> dict[str, tfds.features.FeatureConnector]:
@@ -107,20 +120,46 @@ class TextPairBuilder(tfds.core.GeneratorBasedBuilder):
             disable_shuffling=True,  # keep generation order: index i is the i-th example
         )
 
-    def _split_generators(self, dl_manager):
+    def _shard_iterators_per_split(self, dl_manager):
         del dl_manager  # everything is generated or read locally
-        return {split: enumerate(examples) for split, examples in self._split_examples().items()}
+        iterators = {}
+        for split, shards in self._split_shards().items():
+            shown = progress.Phase(f"building {self.name} {split}", self.split_sizes.get(split), "examples",
+                                   interactive=sys.stderr.isatty(), log_every=30.0, enabled=True)  # fmt: skip
+            iterators[split] = [keyed(shard, shown, last=number == len(shards) - 1) for number, shard in enumerate(shards)]
+        return iterators
 
-    def _generate_examples(self, **kwargs):  # required by TFDS; _split_generators bypasses it
-        raise NotImplementedError
+    def _split_shards(self) -> dict[str, list[Callable[[], Iterator[dict[str, Any]]]]]:
+        """`{split: one callable per shard, giving its examples}`: by default `_split_examples` cut in shards."""
+        return {split: list_shards(examples) for split, examples in self._split_examples().items()}
 
-    def _split_examples(self) -> dict[str, Iterable[dict[str, Any]]]:
+    def _split_examples(self) -> dict[str, Sequence[dict[str, Any]]]:
         raise NotImplementedError
 
     def _download_and_prepare(self, dl_manager, download_config=None):
         super()._download_and_prepare(dl_manager, download_config)
         self.info.metadata["build_report"] = self.build_report
         self.info.metadata["shard_bytes"] = {shard.name: shard.stat().st_size for shard, _ in shards(self.info)}
+
+
+def list_shards(examples: Sequence[dict[str, Any]], size: int | None = None) -> list[Callable[[], Iterator[dict[str, Any]]]]:
+    """Callables giving the examples of each shard of `size` (`SHARD_EXAMPLES`) of a list, in order."""
+    size = size or SHARD_EXAMPLES
+    return [functools.partial(iter, examples[start : start + size]) for start in range(0, max(len(examples), 1), size)]
+
+
+def keyed(shard: Callable[[], Iterator[dict[str, Any]]], shown: progress.Phase, *, last: bool) -> Callable[[], Iterator[tuple[int, dict[str, Any]]]]:
+    """A shard's examples as TFDS wants them, `(key, example)`, counted in the split's `shown` phase
+    (closed after its `last` shard)."""
+
+    def examples() -> Iterator[tuple[int, dict[str, Any]]]:
+        for key, example in enumerate(shard()):
+            yield key, example
+            shown.advance()
+        if last:
+            shown.close()
+
+    return examples
 
 
 def shards(info: tfds.core.DatasetInfo) -> list[tuple[Path, int]]:

@@ -36,7 +36,9 @@ import numpy as np
 import sentencepiece as spm
 
 import progress
+from errors import DataError
 from files import exclusive, write_whole
+from tasks.base import rebuild_fix
 from vocabularies import EOS_ID, Tokenizers
 
 FORMAT_VERSION = 2  # 1: one .npz per split, read whole into memory
@@ -115,13 +117,29 @@ def read_texts(pieces: Sequence[ShardRange], keys: tuple[str, str], start: int, 
         if low < high:
             reader = array_record_module.ArrayRecordReader(piece.path, "readahead_buffer_size:0")
             try:
-                for raw in reader.read(piece.skip + low - first, piece.skip + high - first):
+                for raw in read_records(reader, piece, piece.skip + low - first, piece.skip + high - first):
                     feature = tf_example_pb2.Example.FromString(raw).features.feature
                     texts.append(tuple(feature[key].bytes_list.value[0].decode("utf-8") for key in keys))
             finally:
                 reader.close()
         first += piece.take
     return texts
+
+
+def read_records(reader: Any, piece: ShardRange, start: int, stop: int) -> list[bytes]:
+    """Records `[start, stop)` of an open array_record file; a record that cannot be read (a chunk whose
+    hash does not match: bytes overwritten since the build) stops with a DataError naming it and the fix."""
+    try:
+        return reader.read(start, stop)
+    except RuntimeError:  # find the record, for the message
+        for index in range(start, stop):
+            try:
+                reader.read([index])
+            except RuntimeError as error:
+                folder = Path(piece.path).parent
+                raise DataError(f"corrupt built data: record {index} in {piece.path} cannot be read "
+                                f"({str(error).split(';')[0]}); {rebuild_fix(folder)}") from None  # fmt: skip
+        raise
 
 
 def encoded(tokenizers: Tokenizers, texts: Sequence[tuple[str, str]]) -> tuple[np.ndarray, ...]:
