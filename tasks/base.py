@@ -124,9 +124,10 @@ class TextPairBuilder(tfds.core.ShardBasedBuilder):
         del dl_manager  # everything is generated or read locally
         iterators = {}
         for split, shards in self._split_shards().items():
-            shown = progress.Phase(f"building {self.name} {split}", self.split_sizes.get(split), "examples",
-                                   interactive=sys.stderr.isatty(), log_every=30.0, enabled=True)  # fmt: skip
-            iterators[split] = [keyed(shard, shown, last=number == len(shards) - 1) for number, shard in enumerate(shards)]
+            shown = functools.partial(progress.Phase, f"building {self.name} {split}", self.split_sizes.get(split), "examples",
+                                      interactive=sys.stderr.isatty(), log_every=30.0, enabled=True)  # fmt: skip
+            counted = Counted(shown, len(shards))
+            iterators[split] = [functools.partial(counted.examples, shard) for shard in shards]
         return iterators
 
     def _split_shards(self) -> dict[str, list[Callable[[], Iterator[dict[str, Any]]]]]:
@@ -148,18 +149,21 @@ def list_shards(examples: Sequence[dict[str, Any]], size: int | None = None) -> 
     return [functools.partial(iter, examples[start : start + size]) for start in range(0, max(len(examples), 1), size)]
 
 
-def keyed(shard: Callable[[], Iterator[dict[str, Any]]], shown: progress.Phase, *, last: bool) -> Callable[[], Iterator[tuple[int, dict[str, Any]]]]:
-    """A shard's examples as TFDS wants them, `(key, example)`, counted in the split's `shown` phase
-    (closed after its `last` shard)."""
+class Counted:
+    """The shards of one split as TFDS wants them, `(key, example)`, counted in one progress phase
+    opened by the first shard and closed after the last."""
 
-    def examples() -> Iterator[tuple[int, dict[str, Any]]]:
+    def __init__(self, phase: Callable[[], progress.Phase], shards: int):
+        self.phase, self.left, self.shown = phase, shards, None
+
+    def examples(self, shard: Callable[[], Iterator[dict[str, Any]]]) -> Iterator[tuple[int, dict[str, Any]]]:
+        self.shown = self.shown or self.phase()
         for key, example in enumerate(shard()):
             yield key, example
-            shown.advance()
-        if last:
-            shown.close()
-
-    return examples
+            self.shown.advance()
+        self.left -= 1
+        if not self.left:
+            self.shown.close()
 
 
 def shards(info: tfds.core.DatasetInfo) -> list[tuple[Path, int]]:

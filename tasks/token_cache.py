@@ -168,6 +168,22 @@ def chunk_bounds(count: int, size: int | None = None) -> list[tuple[int, int]]:
     return [(start, min(start + size, count)) for start in range(0, count, size)]
 
 
+def chunk_texts(task: Any, pieces: Sequence[ShardRange] | None, split: str, start: int, stop: int) -> list[tuple[str, str]]:
+    """The `(source, target)` texts of records `[start, stop)`: from `pieces` (the split's shards), or
+    where there are none through `task.pair`."""
+    if pieces is None:
+        return [task.pair(task.splits[split][i]) for i in range(start, stop)]
+    return read_texts(pieces, (task.source_key, task.target_key), start, stop)
+
+
+def pairs(task: Any, split: str) -> Iterator[tuple[str, str]]:
+    """The `(source, target)` texts of a split in order, read as a stream in chunks: straight from the
+    shards for text tasks with built data, else through `task.pair` (an image task's source is "")."""
+    pieces = shard_ranges(task.splits[split]) if task.inputs == "text" else None
+    for start, stop in chunk_bounds(len(task.splits[split])):
+        yield from chunk_texts(task, pieces, split, start, stop)
+
+
 def encoded_chunks(task: Any, split: str, tokenizers: Tokenizers) -> Iterator[tuple[np.ndarray, ...]]:
     """The split's `encoded` chunks in order: from its shards by a pool over all cores when it is
     large, else in this process (through `task.pair` for records without files)."""
@@ -175,12 +191,9 @@ def encoded_chunks(task: Any, split: str, tokenizers: Tokenizers) -> Iterator[tu
     pieces, bounds = shard_ranges(records), chunk_bounds(len(records))
     keys = (task.source_key, task.target_key)
     workers = min(os.cpu_count() or 1, len(bounds))
-    if pieces is None:
+    if pieces is None or len(records) < PARALLEL_FROM or workers < 2:
         for start, stop in bounds:
-            yield encoded(tokenizers, [task.pair(records[i]) for i in range(start, stop)])
-    elif len(records) < PARALLEL_FROM or workers < 2:
-        for start, stop in bounds:
-            yield encoded(tokenizers, read_texts(pieces, keys, start, stop))
+            yield encoded(tokenizers, chunk_texts(task, pieces, split, start, stop))
     else:  # spawn: the parent may hold JAX's threads, which a fork would copy mid-flight
         with multiprocessing.get_context("spawn").Pool(workers, _start_worker, (pieces, keys, tokenizers)) as pool:
             yield from pool.imap(_encode_chunk, bounds)

@@ -78,6 +78,7 @@ def test_texts_read_straight_from_the_shards_are_tfds_decoded_ones(copy_task):
     pairs = [copy_task.pair(records[i]) for i in range(len(records))]
     assert token_cache.read_texts(pieces, ("source", "target"), 0, len(records)) == pairs
     assert token_cache.read_texts(pieces, ("source", "target"), 7, 30) == pairs[7:30]
+    assert list(token_cache.pairs(copy_task, "train")) == pairs  # the stream the vocabulary's sample is read from
     # a split made of pieces of shards (as TFDS's "train[10:]" would be): records counted from each piece's skip
     split_pieces = [token_cache.ShardRange(pieces[0].path, 10, 20), token_cache.ShardRange(pieces[0].path, 50, 5)]
     assert token_cache.read_texts(split_pieces, ("source", "target"), 15, 23) == pairs[25:30] + pairs[50:53]
