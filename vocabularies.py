@@ -169,6 +169,11 @@ class SentencePieceTokenizer:
     def encode(self, text: str) -> np.ndarray:
         return np.array(self.processor.encode(text), np.int32)
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """The ids of each text, as `encode` gives them: one call for all (about twice as fast), on one
+        thread (the processes tokenizing in parallel each take a core)."""
+        return self.processor.encode(texts, num_threads=1)
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.processor.decode(_until_eos(ids))
 

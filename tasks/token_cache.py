@@ -23,6 +23,7 @@ tokenized in this process (a pool's start costs more than they do); data without
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import multiprocessing
@@ -146,8 +147,11 @@ def encoded(tokenizers: Tokenizers, texts: Sequence[tuple[str, str]]) -> tuple[n
     """`(source ids, source lengths, target ids, target lengths)` of a chunk of pairs: the ids flat int32."""
     arrays = []
     for side, tokenizer in enumerate((tokenizers.source, tokenizers.target)):
-        ids = [tokenizer.encode(pair[side]) for pair in texts]
-        arrays += [np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32), np.array([len(i) for i in ids], np.int64)]
+        side_texts = [pair[side] for pair in texts]
+        batch = getattr(tokenizer, "encode_batch", None)  # SentencePiece's: one call for the chunk
+        ids = batch(side_texts) if batch else [tokenizer.encode(text) for text in side_texts]
+        lengths = np.array([len(i) for i in ids], np.int64)
+        arrays += [np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(lengths.sum())), lengths]
     return tuple(arrays)
 
 
