@@ -36,7 +36,7 @@ import functools
 import logging
 import sys
 import threading
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import grain
 import numpy as np
@@ -88,29 +88,38 @@ def pad_batch(examples: Sequence[Batch], lengths: Mapping[str, int], batch_size:
     return batch
 
 
-def pack_plan(order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]) -> list[list[list[int]]]:
-    """First-fit packing of examples (in `order`) into batches of `rows` rows of `limits` tokens.
+PACK_CHUNK = 8192  # examples whose lengths are read into Python at a time while packing
+
+
+def pack_batches(order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]) -> Iterator[list[list[int]]]:
+    """First-fit packing of examples (in `order`) into batches of `rows` rows of `limits` tokens,
+    made as they are asked for: a corpus of millions packs no further than training has read.
 
     Each example goes into the first row of the open batch with room for both its
     source and target; when none has room, the batch is closed and a new one
     opened (as Grain's first-fit packer does with `rows` bins). Works on lengths only.
 
-    Returns:
+    Yields:
       batches, each a list of `rows` rows, each the list of its example indices.
     """
-    batches, rows_of_batch, room = [], [[] for _ in range(rows)], [list(limits) for _ in range(rows)]
-    for index in order:
-        source, target = lengths[index]
-        row = next((r for r in range(rows) if room[r][0] >= source and room[r][1] >= target), None)
-        if row is None:
-            batches.append(rows_of_batch)
-            rows_of_batch, room, row = [[] for _ in range(rows)], [list(limits) for _ in range(rows)], 0
-        rows_of_batch[row].append(int(index))
-        room[row][0] -= source
-        room[row][1] -= target
+    rows_of_batch, room = [[] for _ in range(rows)], [list(limits) for _ in range(rows)]
+    for start in range(0, len(order), PACK_CHUNK):
+        chunk = order[start : start + PACK_CHUNK]
+        for index, (source, target) in zip(chunk.tolist(), lengths[chunk].tolist()):
+            row = next((r for r in range(rows) if room[r][0] >= source and room[r][1] >= target), None)
+            if row is None:
+                yield rows_of_batch
+                rows_of_batch, room, row = [[] for _ in range(rows)], [list(limits) for _ in range(rows)], 0
+            rows_of_batch[row].append(index)
+            room[row][0] -= source
+            room[row][1] -= target
     if any(rows_of_batch):
-        batches.append(rows_of_batch)
-    return batches
+        yield rows_of_batch
+
+
+def pack_plan(order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]) -> list[list[list[int]]]:
+    """Every batch of `pack_batches`, as a list."""
+    return list(pack_batches(order, lengths, rows, limits))
 
 
 def packed_batch(rows: Sequence[Sequence[Batch]], limits: Mapping[str, int]) -> Batch:
@@ -130,15 +139,42 @@ def packed_batch(rows: Sequence[Sequence[Batch]], limits: Mapping[str, int]) -> 
     return batch
 
 
+class LazyPlan:
+    """One epoch's plan, made as far as it is read: items from an iterator, kept once made."""
+
+    def __init__(self, items: Iterable):
+        self._made, self._rest = [], iter(items)
+
+    def reaches(self, index: int) -> bool:
+        """Whether the plan has an item `index` (making the items up to it)."""
+        while len(self._made) <= index:
+            item = next(self._rest, _END)
+            if item is _END:
+                return False
+            self._made.append(item)
+        return True
+
+    def __getitem__(self, index: int):
+        return self._made[index]
+
+    def __len__(self) -> int:
+        self.reaches(sys.maxsize)  # makes them all
+        return len(self._made)
+
+
+_END = object()
+
+
 class EpochPlans(grain.MapDataset):
     """Endless items from deterministic per-epoch plans: item `i` is the `i`-th of the
     concatenated plans of epochs 0, 1, 2, ... Random access, so an iterator's state is
-    just its position; epochs may differ in length (packing depends on the order)."""
+    just its position; epochs may differ in length (packing depends on the order), and an
+    epoch's plan is made only as far as it is read (`LazyPlan`)."""
 
-    def __init__(self, plan: Callable[[int], list]):
+    def __init__(self, plan: Callable[[int], Iterable]):
         super().__init__()
-        self._plan = functools.lru_cache(maxsize=4)(plan)
-        self._epoch_starts = [0]  # first item of each planned epoch
+        self._plan = functools.lru_cache(maxsize=4)(lambda epoch: LazyPlan(plan(epoch)))
+        self._epoch_starts = [0]  # first item of each epoch whose predecessors are wholly planned
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -149,10 +185,12 @@ class EpochPlans(grain.MapDataset):
 
     def __getitem__(self, index: int):
         with self._lock:
-            while self._epoch_starts[-1] <= index:  # plan epochs up to the one holding `index`
-                self._epoch_starts.append(self._epoch_starts[-1] + len(self._plan(len(self._epoch_starts) - 1)))
             epoch = bisect.bisect_right(self._epoch_starts, index) - 1
-        return self._plan(epoch)[index - self._epoch_starts[epoch]]
+            while not self._plan(epoch).reaches(index - self._epoch_starts[epoch]):  # `index` is past this epoch
+                if epoch + 1 == len(self._epoch_starts):
+                    self._epoch_starts.append(self._epoch_starts[epoch] + len(self._plan(epoch)))
+                epoch += 1
+            return self._plan(epoch)[index - self._epoch_starts[epoch]]
 
 
 def bucket_plan(
@@ -261,10 +299,10 @@ def train_dataset(
     # Every process plans the global batches over all examples and takes its rows (`process_rows`).
     if settings.batching == "pack":
 
-        def plan(epoch: int) -> list:
+        def plan(epoch: int) -> Iterator:
             order = np.random.default_rng([settings.seed, epoch]).permutation(kept)
-            packed = pack_plan(order, lengths, settings.batch_size, (settings.max_source_length, settings.max_target_length))
-            return [process_rows(batch, process_index, process_count) for batch in packed]
+            packed = pack_batches(order, lengths, settings.batch_size, (settings.max_source_length, settings.max_target_length))
+            return (process_rows(batch, process_index, process_count) for batch in packed)
 
         def make_batch(rows_of_indices: list[list[int]]) -> Batch:
             return packed_batch([[encode(i) for i in row] for row in rows_of_indices], limits)

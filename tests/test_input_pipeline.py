@@ -91,6 +91,21 @@ def test_shard_is_disjoint_and_covering():
     assert all(not set(a) & set(b) for a, b in itertools.combinations(map(set, shards), 2))
 
 
+def test_epoch_plans_are_made_only_as_far_as_they_are_read():
+    made = collections.Counter()
+
+    def plan(epoch):  # epoch e has e + 2 items, (e, 0), (e, 1), ...
+        for item in range(epoch + 2):
+            made[epoch] += 1
+            yield epoch, item
+
+    plans = ip.EpochPlans(plan)
+    assert plans[1] == (0, 1) and made == {0: 2}  # epoch 0's two items only
+    expected = [(e, i) for e in range(5) for i in range(e + 2)]
+    assert [plans[i] for i in (13, 2, 19, 0)] == [expected[i] for i in (13, 2, 19, 0)]  # forwards and back, as a restore reads
+    assert made[4] == 19 - 14 + 1  # epoch 4 (items 14...) made up to item 19 alone
+
+
 def test_shared_remainders_fill_the_shapes_of_their_longest_members():
     shapes = [(8, 3), (16, 2), (32, 1)]  # (length, rows) per bucket
     remainders = [(0, 10), (0, 11), (1, 12), (2, 13)]  # by bucket, as bucket_plan leaves them
