@@ -103,7 +103,8 @@ def shard_ranges(records: Any) -> list[ShardRange] | None:
     info, split = getattr(source, "dataset_info", None), getattr(source, "split", None)
     if info is None or split is None or getattr(info.file_format, "value", info.file_format) != "array_record":
         return None
-    return [ShardRange(str(piece.filename), piece.skip, piece.take) for piece in info.splits[split].file_instructions]
+    pieces = [ShardRange(str(piece.filename), piece.skip, piece.take) for piece in info.splits[split].file_instructions]
+    return pieces if pieces and all(Path(piece.path).is_file() for piece in pieces) else None  # else e.g. TFDS's mock data
 
 
 def read_texts(pieces: Sequence[ShardRange], keys: tuple[str, str], start: int, stop: int) -> list[tuple[str, str]]:

@@ -2,9 +2,11 @@
 format, read straight from the shards, tokenized by a pool of processes like in this one."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
 import tasks
 import vocabularies as tk
@@ -101,3 +103,15 @@ def test_records_without_files_are_tokenized_in_memory(copy_task, char_tokenizer
     listed = tasks.Task("listed", {"dev": list(copy_task.splits["dev"])}, "exact_match")
     assert token_cache.shard_ranges(listed.splits["dev"]) is None
     assert_ids_of_every_pair(fresh(listed, "dev", char_tokenizers), listed, "dev", char_tokenizers)
+
+
+def test_a_catalog_data_source_is_tokenized_once_beside_its_prepared_data(copy_task, char_tokenizers, monkeypatch):
+    # a prepared TFDS dataset read as the catalog reads one: a data source without our Records wrapper
+    folder = token_cache.shard_ranges(copy_task.splits["dev"])[0].path.rsplit("/", 1)[0]
+    source = tfds.builder_from_directory(folder).as_data_source()["dev"]
+    catalog = tasks.Task("wmt_like/de-en", {"dev": source}, "bleu")
+    assert token_cache.shard_ranges(source) == token_cache.shard_ranges(copy_task.splits["dev"])
+    shutil.rmtree(token_cache.cache_folder(token_cache.shard_ranges(source), "dev", char_tokenizers), ignore_errors=True)
+    assert_ids_of_every_pair(fresh(catalog, "dev", char_tokenizers), catalog, "dev", char_tokenizers)
+    monkeypatch.setattr(tk.CharTokenizer, "encode", lambda *args: pytest.fail("tokenized again"))
+    assert isinstance(fresh(catalog, "dev", char_tokenizers).source, np.memmap)  # kept: read back by the next run
