@@ -13,7 +13,9 @@ process and workdir, and prints a table:
   tokenize, compile, first step;
 - warm: a new workdir, the same data_dir and compilation cache: everything is read back;
 
-for each, the seconds from the process's start to its first train step done (its log line), and
+for each, the seconds from the process's start to its first train step done (its log line), the
+CPU seconds the process tree spent until then (on a machine shared with other work, wall time
+/ CPU time says how much of the machine the run had), and
 the peak resident memory of the whole process tree (train.py and the processes it starts),
 sampled every 0.2 s, overall and up to its "step 0 data" line (the data ready, before compiling:
 the train step's own buffers, GiBs, come after); then the size on disk of the built data and of the tokenized cache beside it,
@@ -54,6 +56,7 @@ CONFIG = PROJECT_ROOT / "configs" / "kjv_web_transformer.py"
 SHIPPED = PROJECT_ROOT / "data" / "kjv_web" / "train.tsv"
 STEP_LINE = re.compile(r"step (\d+)/\d+ loss .* ([\d,.]+) tok/s")
 DATA_LINE = re.compile(r"step 0 data: train_examples")
+PHASE_LINE = re.compile(r"\] (.+): done, ([\d,]+) (\S+) in (\d+):(\d\d):(\d\d)")  # progress.py's closing line
 
 
 def write_corpus(path: Path, pairs: int) -> None:
@@ -82,6 +85,18 @@ def tree_rss(process: psutil.Process) -> int:
     return total
 
 
+def tree_cpu_seconds(process: psutil.Process) -> float:
+    """User and system CPU seconds of a process, its ended children (waited for) and its live ones."""
+    total = 0.0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            times = member.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: int) -> dict:
     """train.py on the corpus in a fresh process: seconds to its first step, peak tree memory, and
     the tokens/s of its logged steps."""
@@ -103,15 +118,20 @@ def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: i
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    first_step, rates, log, data_peak = None, {}, [], float("nan")
+    first_step, rates, log, data_peak, phases = None, {}, [], float("nan"), []
     for line in child.stdout:
         log.append(line)
+        phase = PHASE_LINE.search(line)
+        if phase:
+            hours, minutes, seconds = map(int, phase.groups()[3:])
+            phases.append(f"{phase.group(1)} ({phase.group(2)} {phase.group(3)}): {3600 * hours + 60 * minutes + seconds} s")
         if DATA_LINE.search(line):  # the data are ready (built, vocabulary, token ids); compiling comes next
             data_peak = peak[0]
         found = STEP_LINE.search(line)
         if found:
             step = int(found.group(1))
-            first_step = first_step or time.time() - started
+            if first_step is None:
+                first_step, first_step_cpu = time.time() - started, tree_cpu_seconds(watched)
             rates[step] = float(found.group(2).replace(",", ""))
             if step >= steps:  # the last step: what follows (final evaluation, report) is not measured
                 break
@@ -125,8 +145,12 @@ def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: i
     child.wait()
     if first_step is None:
         raise SystemExit(f"train.py took no step; its output:\n{''.join(log[-40:])}")
+    (workdir.parent / f"{workdir.name}.log").write_text("".join(log))  # the run's console, for a closer look
     later = [rate for step, rate in rates.items() if step > 2]
-    return {"first_step_s": first_step, "peak_bytes": peak[0], "data_peak_bytes": data_peak, "train_tokens_per_s": statistics.median(later) if later else float("nan")}
+    return {
+        "first_step_s": first_step, "first_step_cpu_s": first_step_cpu, "peak_bytes": peak[0], "data_peak_bytes": data_peak,
+        "train_tokens_per_s": statistics.median(later) if later else float("nan"), "phases": phases,
+    }  # fmt: skip
 
 
 def size_of(folder: Path) -> int:
@@ -154,10 +178,12 @@ def main(argv: list[str]) -> None:
         if not FLAGS.folder:
             shutil.rmtree(root, ignore_errors=True)
     gib = 2**30
-    print(f"| {FLAGS.pairs:,} pairs | first step, s | peak memory, GiB (process tree) | of it, before compiling (the data) |")
-    print("|---|---:|---:|---:|")
+    print(f"| {FLAGS.pairs:,} pairs | first step, s | CPU s to it (process tree) | peak memory, GiB (process tree) | of it, before compiling (the data) |")
+    print("|---|---:|---:|---:|---:|")
     for name, run in (("cold: build, vocabulary, token ids, compile", cold), ("warm: a new workdir, same data_dir", warm)):
-        print(f"| {name} | {run['first_step_s']:.0f} | {run['peak_bytes'] / gib:.2f} | {run['data_peak_bytes'] / gib:.2f} |")
+        print(f"| {name} | {run['first_step_s']:.0f} | {run['first_step_cpu_s']:.0f} | {run['peak_bytes'] / gib:.2f} | {run['data_peak_bytes'] / gib:.2f} |")
+    for name, run in (("cold", cold), ("warm", warm)):
+        print(f"{name}, the phases before the first step: {'; '.join(run['phases']) or 'none logged'}")
     print()
     print(f"on disk: built data {data / gib:.2f} GiB, token ids {tokenized / gib:.2f} GiB")
     print(f"input pipeline {pipeline['all_tokens_per_s']:,.0f} source+target tokens/s ({pipeline['target_tokens_per_s']:,.0f} target); "
