@@ -81,7 +81,7 @@ class TaskConfig(tfds.core.BuilderConfig):
         return config
 
 
-SHARD_EXAMPLES = 100_000  # examples per array_record shard: TFDS's shard writer holds one shard in memory
+SHARD_EXAMPLES = 100_000  # examples per array_record shard: a writing process holds at most one shard's
 
 
 class TextPairBuilder(tfds.core.ShardBasedBuilder):
@@ -93,10 +93,11 @@ class TextPairBuilder(tfds.core.ShardBasedBuilder):
     They may record a build report (e.g. skipped lines) in `self.build_report`;
     it is stored with the data and logged whenever the data is loaded.
 
-    Shards are written one after another as their examples come (`tfds.core.ShardBasedBuilder`),
-    in order: TFDS's `GeneratorBasedBuilder` would first gather every example of a split in its
-    shuffler, which holds them all in memory and past 1 GB spills them through `tf.io.gfile`
-    (TensorFlow, absent here): a corpus of WMT's size could not be built.
+    Each shard is written as its examples come, in order, as `tfds.core.ShardBasedBuilder` does
+    (in a pool over all cores when a split has several): TFDS's `GeneratorBasedBuilder` would
+    first gather every example of a split in its shuffler, which holds them all in memory and past
+    1 GB spills them through `tf.io.gfile` (TensorFlow, absent here): a corpus of WMT's size could
+    not be built. The shard callables go to other processes: they must pickle.
     """
 
     EXTRA_FEATURES: ClassVar[Mapping[str, tfds.features.FeatureConnector]] = {}
