@@ -226,6 +226,17 @@ def test_a_corpus_is_built_as_a_stream_in_shards_without_the_shuffler(tmp_path, 
     assert "skipped 3 line(s) with an empty side" in caplog.text
 
 
+def test_texts_are_serialized_as_tfds_serializes_them():
+    from tensorflow_datasets.core import example_serializer
+
+    features = tfds.features.FeaturesDict({"source": tfds.features.Text(), "target": tfds.features.Text()})
+    reference = example_serializer.ExampleSerializer(features.get_serialized_info())
+    for example in ({"source": "Grüße, ☃", "target": ""}, {"source": "a\tb", "target": "x" * 300}):
+        assert tasks.base.text_serializer(features)(example) == reference.serialize_example(features.encode_example(example))
+    with_spans = tfds.features.FeaturesDict({"source": tfds.features.Text(), "alignment": tfds.features.Tensor(shape=(3, 2), dtype=np.int32)})
+    assert tasks.base.text_serializer(with_spans) is None  # other features: TFDS's own serializer
+
+
 def test_edited_file_is_rebuilt(tmp_path, data_dir):
     dev, test = write(tmp_path / "dev.tsv", b"e\tE\n"), write(tmp_path / "test.tsv", b"f\tF\n")
     train = write(tmp_path / "train.tsv", b"a\tA\n")
