@@ -25,12 +25,13 @@ from errors import WorkdirInUse
 def write_whole(path: Path, write: Callable[[Path], None]) -> None:
     """Makes the file or folder `path` whole or not at all: `write(temporary)` beside it (named by
     this process, so processes writing the same path do not mix), then one rename. Raises
-    `OSError`, with the temporary removed, when either fails (for a folder: when it exists)."""
+    `OSError`, with the temporary removed, when either fails (for a folder: when it exists); the
+    temporary is removed as well when `write` raises anything else, which goes on up."""
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         write(temporary)
         os.replace(temporary, path)
-    except OSError:
+    except BaseException:  # an OSError, or whatever `write` raised (bad data, Ctrl-C): nothing is left
         if temporary.is_dir():
             shutil.rmtree(temporary, ignore_errors=True)
         else:

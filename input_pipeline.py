@@ -2,11 +2,17 @@
 
 Training batches come from small named steps:
 
-    records (random access) --select by length--> shard per process
-      -> per epoch, a seeded plan over example indices: shuffle, then
-         first-fit packing into rows   or   buckets of similar length
-      -> batch i of the plans: read, encode (tokenize, add eos), pack or pad (reader threads)
+    records (random access) --select by length-->
+      -> per epoch, a seeded plan of global batches over all example indices: shuffle, then
+         first-fit packing into rows   or   buckets of similar length (what is left of the
+         buckets in shared batches with padding rows)
+      -> this process's block of rows of each global batch
+      -> batch i of the plans: read, encode (token ids tokenized once, add eos), pack or pad (reader threads)
       -> prefetch in a background thread
+
+Every process plans the same global batches and takes its own rows of each, so with any
+number of processes every training example is seen exactly once per epoch, and all
+processes' batches have one shape at each step.
 
 Everything is deterministic given the seed, and the iterator's state
 (`get_state`/`set_state`) restores exactly: after a restore the next batches
@@ -30,7 +36,7 @@ import functools
 import logging
 import sys
 import threading
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import grain
 import numpy as np
@@ -82,29 +88,38 @@ def pad_batch(examples: Sequence[Batch], lengths: Mapping[str, int], batch_size:
     return batch
 
 
-def pack_plan(order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]) -> list[list[list[int]]]:
-    """First-fit packing of examples (in `order`) into batches of `rows` rows of `limits` tokens.
+PACK_CHUNK = 8192  # examples whose lengths are read into Python at a time while packing
+
+
+def pack_batches(order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]) -> Iterator[list[list[int]]]:
+    """First-fit packing of examples (in `order`) into batches of `rows` rows of `limits` tokens,
+    made as they are asked for: a corpus of millions packs no further than training has read.
 
     Each example goes into the first row of the open batch with room for both its
     source and target; when none has room, the batch is closed and a new one
     opened (as Grain's first-fit packer does with `rows` bins). Works on lengths only.
 
-    Returns:
+    Yields:
       batches, each a list of `rows` rows, each the list of its example indices.
     """
-    batches, rows_of_batch, room = [], [[] for _ in range(rows)], [list(limits) for _ in range(rows)]
-    for index in order:
-        source, target = lengths[index]
-        row = next((r for r in range(rows) if room[r][0] >= source and room[r][1] >= target), None)
-        if row is None:
-            batches.append(rows_of_batch)
-            rows_of_batch, room, row = [[] for _ in range(rows)], [list(limits) for _ in range(rows)], 0
-        rows_of_batch[row].append(int(index))
-        room[row][0] -= source
-        room[row][1] -= target
+    rows_of_batch, room = [[] for _ in range(rows)], [list(limits) for _ in range(rows)]
+    for start in range(0, len(order), PACK_CHUNK):
+        chunk = order[start : start + PACK_CHUNK]
+        for index, (source, target) in zip(chunk.tolist(), lengths[chunk].tolist()):
+            row = next((r for r in range(rows) if room[r][0] >= source and room[r][1] >= target), None)
+            if row is None:
+                yield rows_of_batch
+                rows_of_batch, room, row = [[] for _ in range(rows)], [list(limits) for _ in range(rows)], 0
+            rows_of_batch[row].append(index)
+            room[row][0] -= source
+            room[row][1] -= target
     if any(rows_of_batch):
-        batches.append(rows_of_batch)
-    return batches
+        yield rows_of_batch
+
+
+def pack_plan(order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]) -> list[list[list[int]]]:
+    """Every batch of `pack_batches`, as a list."""
+    return list(pack_batches(order, lengths, rows, limits))
 
 
 def packed_batch(rows: Sequence[Sequence[Batch]], limits: Mapping[str, int]) -> Batch:
@@ -124,15 +139,42 @@ def packed_batch(rows: Sequence[Sequence[Batch]], limits: Mapping[str, int]) -> 
     return batch
 
 
+class LazyPlan:
+    """One epoch's plan, made as far as it is read: items from an iterator, kept once made."""
+
+    def __init__(self, items: Iterable):
+        self._made, self._rest = [], iter(items)
+
+    def reaches(self, index: int) -> bool:
+        """Whether the plan has an item `index` (making the items up to it)."""
+        while len(self._made) <= index:
+            item = next(self._rest, _END)
+            if item is _END:
+                return False
+            self._made.append(item)
+        return True
+
+    def __getitem__(self, index: int):
+        return self._made[index]
+
+    def __len__(self) -> int:
+        self.reaches(sys.maxsize)  # makes them all
+        return len(self._made)
+
+
+_END = object()
+
+
 class EpochPlans(grain.MapDataset):
     """Endless items from deterministic per-epoch plans: item `i` is the `i`-th of the
     concatenated plans of epochs 0, 1, 2, ... Random access, so an iterator's state is
-    just its position; epochs may differ in length (packing depends on the order)."""
+    just its position; epochs may differ in length (packing depends on the order), and an
+    epoch's plan is made only as far as it is read (`LazyPlan`)."""
 
-    def __init__(self, plan: Callable[[int], list]):
+    def __init__(self, plan: Callable[[int], Iterable]):
         super().__init__()
-        self._plan = functools.lru_cache(maxsize=4)(plan)
-        self._epoch_starts = [0]  # first item of each planned epoch
+        self._plan = functools.lru_cache(maxsize=4)(lambda epoch: LazyPlan(plan(epoch)))
+        self._epoch_starts = [0]  # first item of each epoch whose predecessors are wholly planned
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -143,21 +185,24 @@ class EpochPlans(grain.MapDataset):
 
     def __getitem__(self, index: int):
         with self._lock:
-            while self._epoch_starts[-1] <= index:  # plan epochs up to the one holding `index`
-                self._epoch_starts.append(self._epoch_starts[-1] + len(self._plan(len(self._epoch_starts) - 1)))
             epoch = bisect.bisect_right(self._epoch_starts, index) - 1
-        return self._plan(epoch)[index - self._epoch_starts[epoch]]
+            while not self._plan(epoch).reaches(index - self._epoch_starts[epoch]):  # `index` is past this epoch
+                if epoch + 1 == len(self._epoch_starts):
+                    self._epoch_starts.append(self._epoch_starts[epoch] + len(self._plan(epoch)))
+                epoch += 1
+            return self._plan(epoch)[index - self._epoch_starts[epoch]]
 
 
 def bucket_plan(
     indices: np.ndarray, lengths: np.ndarray, rows: int | Sequence[int], boundaries: Sequence[int], seed: int
 ) -> Callable[[int], list]:
-    """Epoch -> batches `(padded length, indices)` of examples of similar length.
+    """Epoch -> batches `(padded length, indices)` of examples of similar length, every example once.
 
     Examples fall into the bucket of the smallest boundary >= their longer side; each
-    epoch shuffles every bucket, cuts it into full batches of its `rows` (one number
-    for all buckets, or one per boundary; the remainder waits for another epoch) and
-    shuffles the batch order.
+    epoch shuffles every bucket and cuts it into full batches of its `rows` (one number
+    for all buckets, or one per boundary, not growing with the length); what is left of
+    every bucket goes into shared batches (`shared_remainders`), and the batch order is
+    shuffled. An index of -1 is a padding row.
     """
     rows = [rows] * len(boundaries) if isinstance(rows, int) else list(rows)
     longest = lengths.max(axis=1)  # [N]
@@ -165,26 +210,52 @@ def bucket_plan(
         raise ConfigError(f"data.bucket_boundaries end at {boundaries[-1]}, below an example of {longest.max()} tokens")
     bucket_of = np.searchsorted(boundaries, longest)  # first boundary >= length
     buckets = [(boundaries[b], rows[b], indices[bucket_of == b]) for b in range(len(boundaries))]
-    if all(len(members) < size for _, size, members in buckets):
-        sizes = ", ".join(f"{size} of length {length}" for length, size, _ in buckets)
-        raise ConfigError(f"no length bucket holds a full batch ({sizes}); lower batch_size or data.batch_tokens")
-    for length, size, members in buckets:
-        if 0 < len(members) < size:
-            logging.warning(
-                "the %d examples of the length bucket %d are fewer than its batch of %d rows and are never trained "
-                "on; lower batch_size or data.batch_tokens, or change data.bucket_boundaries", len(members), length, size
-            )
 
     def plan(epoch: int) -> list[tuple[int, np.ndarray]]:
         rng = np.random.default_rng([seed, epoch])
-        batches = []
-        for length, size, members in buckets:
+        batches, remainders = [], []
+        for bucket, (length, size, members) in enumerate(buckets):
             shuffled = rng.permutation(members)
             whole = len(shuffled) // size * size
             batches += [(length, chunk) for chunk in shuffled[:whole].reshape(-1, size)]
+            remainders += [(bucket, index) for index in shuffled[whole:]]
+        batches += shared_remainders(remainders, [(length, size) for length, size, _ in buckets])
         return [batches[i] for i in rng.permutation(len(batches))]
 
     return plan
+
+
+def shared_remainders(remainders: Sequence[tuple[int, int]], shapes: Sequence[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
+    """The examples left over by the buckets' full batches, `(bucket, index)` in bucket order, in
+    batches of the existing shapes (no new compilation): each batch takes the shape `(length, rows)`
+    of its longest member's bucket, as many members as those rows hold, and padding rows (-1) after them.
+    """
+    batches, current = [], []
+
+    def close() -> None:
+        length, size = shapes[current[-1][0]]
+        members = np.full(size, -1, np.int64)
+        members[: len(current)] = [index for _, index in current]
+        batches.append((length, members))
+
+    for bucket, index in remainders:
+        if current and len(current) + 1 > shapes[bucket][1]:
+            close()
+            current = []
+        current.append((bucket, index))
+    if current:
+        close()
+    return batches
+
+
+def process_rows(rows: Sequence, process_index: int, process_count: int) -> Sequence:
+    """This process's rows of a global batch: the `process_index`-th of `process_count` equal blocks.
+
+    Every process plans the same global batches over all examples (same seed), so the processes'
+    shares are disjoint, together hold every planned example once, and have one shape at each step.
+    """
+    size = len(rows) // process_count
+    return rows[process_index * size : (process_index + 1) * size]
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -209,41 +280,45 @@ def train_dataset(
     """
     if settings.batch_size % process_count:
         raise ConfigError(f"batch_size {settings.batch_size} is not divisible by {process_count} processes")
-    rows = settings.batch_size // process_count
     records = task.splits["train"]
     if len(records) == 0:
         raise DataError(f"task {task.name}: the train split is empty")
     lengths = kind.lengths(task, "train", tokenizers)
     kept, report = select(lengths, settings, settings.length_policy, f"{task.name} train")
-    indices = shard(kept, process_index, process_count)
-    if len(indices) == 0:
+    if len(kept) == 0:
         raise DataError(
             f"task {task.name}: no train example fits max_source_length={settings.max_source_length} / "
             f"max_target_length={settings.max_target_length}"
         )
     encode = kind.encoder(task, "train", tokenizers, settings.max_source_length, settings.max_target_length)
+    blank = {"inputs": kind.blank(task, "train"), "targets": np.zeros(0, np.int32)}  # a padding row
     lengths = np.minimum(lengths, [[settings.max_source_length, settings.max_target_length]])  # after trimming
     limits = kind.padded_keys(settings.max_source_length, settings.max_target_length)
     if settings.batching == "pack" and not kind.packs:
         raise ConfigError(f"task {task.name} reads {kind.name} sources, which do not pack; set data.batching='bucket'")
+    # Every process plans the global batches over all examples and takes its rows (`process_rows`).
     if settings.batching == "pack":
 
-        def plan(epoch: int) -> list:
-            order = np.random.default_rng([settings.seed, epoch]).permutation(indices)
-            return pack_plan(order, lengths, rows, (settings.max_source_length, settings.max_target_length))
+        def plan(epoch: int) -> Iterator:
+            order = np.random.default_rng([settings.seed, epoch]).permutation(kept)
+            packed = pack_batches(order, lengths, settings.batch_size, (settings.max_source_length, settings.max_target_length))
+            return (process_rows(batch, process_index, process_count) for batch in packed)
 
         def make_batch(rows_of_indices: list[list[int]]) -> Batch:
             return packed_batch([[encode(i) for i in row] for row in rows_of_indices], limits)
 
     else:
         boundaries = settings.bucket_boundaries
-        bucket_rows = [settings.bucket_rows(settings.padded_length(b)) // process_count for b in boundaries]
-        plan = bucket_plan(indices, lengths[indices], bucket_rows, boundaries, settings.seed)
+        bucket_rows = [settings.bucket_rows(settings.padded_length(b)) for b in boundaries]
+        global_plan = bucket_plan(kept, lengths[kept], bucket_rows, boundaries, settings.seed)
+
+        def plan(epoch: int) -> list:
+            return [(length, process_rows(members, process_index, process_count)) for length, members in global_plan(epoch)]
 
         def make_batch(item: tuple[int, np.ndarray]) -> Batch:
             length, members = item
             bucket_limits = {key: min(length, limit) for key, limit in limits.items()}
-            return pad_batch([encode(i) for i in members], bucket_limits, len(members))
+            return pad_batch([encode(i) if i >= 0 else blank for i in members], bucket_limits, len(members))
 
     batches = EpochPlans(plan).map(make_batch).to_iter_dataset(read_options(settings))
     return grain.experimental.ThreadPrefetchIterDataset(batches, prefetch_buffer_size=settings.prefetch_batches), report

@@ -13,111 +13,23 @@ a kind is one class here and its entry in `KINDS`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import logging
-import weakref
-import zipfile
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
-import sentencepiece as spm
 
 import visualize
 from errors import ConfigError, UserError
-from files import write_whole
 from models.attention import AttentionRole
 from tasks import Task, with_channels
+from tasks.token_cache import token_ids
 from vocabularies import EOS_ID, PAD_ID, Tokenizers
 
 Batch = dict[str, np.ndarray]
 
 
 # ----------------------------------------------------------------------------- text's token ids
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenIds:
-    """A text split's token ids (no eos), flat: example i's source is `source[source_starts[i]:source_starts[i + 1]]`,
-    its target likewise."""
-
-    source: np.ndarray
-    source_starts: np.ndarray
-    target: np.ndarray
-    target_starts: np.ndarray
-
-    @classmethod
-    def of(cls, source_texts: Iterable[list[int]], target_texts: Iterable[list[int]]) -> "TokenIds":
-        def flat(sequences):
-            sequences = list(sequences)
-            starts = np.cumsum([0, *map(len, sequences)], dtype=np.int64)
-            return (np.concatenate(sequences).astype(np.int32) if sequences else np.zeros(0, np.int32)), starts
-
-        return cls(*flat(source_texts), *flat(target_texts))
-
-    def lengths(self) -> np.ndarray:
-        """`[N, 2]` source and target lengths in tokens, eos included."""
-        return np.stack([np.diff(self.source_starts), np.diff(self.target_starts)], axis=1) + 1
-
-    def example(self, index: int, max_source_length: int, max_target_length: int) -> Batch:
-        """`{'inputs', 'targets'}` of example `index`: int32 ids ending in eos, trimmed to the limits."""
-
-        def ids(flat, starts, limit):
-            start = starts[index]
-            return np.append(flat[start : min(starts[index + 1], start + limit - 1)], EOS_ID).astype(np.int32)
-
-        return {"inputs": ids(self.source, self.source_starts, max_source_length), "targets": ids(self.target, self.target_starts, max_target_length)}
-
-
-TOKEN_IDS_FORMAT = f"v1-spm{spm.__version__}"  # in the cache's key: another encoder may give other ids
-_TOKEN_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # records -> {vocabulary digest: TokenIds}
-
-
-def token_ids(task: Task, split: str, tokenizers: Tokenizers) -> TokenIds:
-    """The token ids of a text split, tokenized once: kept for this process, and beside the built
-    data (`<built data>/tokenized/<vocabulary digest>/<split>.npz`) for the next runs with the same
-    vocabulary. Sources without shard files (TFDS catalog data) are tokenized at every start."""
-    records = task.splits[split]
-    try:
-        remembered = _TOKEN_IDS.setdefault(records, {})
-    except TypeError:  # a plain list of records (tests, small tasks) cannot be a weak key: no memory
-        remembered = {}
-    if tokenizers.digest in remembered:
-        return remembered[tokenizers.digest]
-    shards = getattr(records, "shards", None)
-    key = f"{TOKEN_IDS_FORMAT}-{tokenizers.digest}"  # the vocabulary and the code that encodes with it
-    path = Path(shards[0]).parent / "tokenized" / key / f"{split}.npz" if shards else None
-    ids = read_token_ids(path, len(records)) if path is not None else None
-    if ids is None:
-        pairs = [task.pair(records[i]) for i in range(len(records))]
-        ids = TokenIds.of((tokenizers.source.encode(s) for s, _ in pairs), (tokenizers.target.encode(t) for _, t in pairs))
-        if path is not None:
-            def save(temporary: Path) -> None:
-                with open(temporary, "wb") as file:  # a file object: np.savez would add ".npz" to a name
-                    np.savez(file, **dataclasses.asdict(ids))
-
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_whole(path, save)
-            except OSError as error:  # data built by someone else, read-only: tokenize at every start
-                logging.warning("cannot keep the token ids of %s at %s (%s)", split, path, error)
-    remembered[tokenizers.digest] = ids
-    return ids
-
-
-def read_token_ids(path: Path, count: int) -> TokenIds | None:
-    """Token ids kept at `path` for `count` examples, or None (absent, unreadable, or not `count`:
-    then they are made again)."""
-    if not path.exists():
-        return None
-    try:
-        with np.load(path) as saved:
-            ids = TokenIds(**{field.name: saved[field.name] for field in dataclasses.fields(TokenIds)})
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
-        logging.warning("tokenizing again: the token ids at %s are unreadable (%s)", path, error)
-        return None
-    return ids if len(ids.source_starts) == len(ids.target_starts) == count + 1 else None
 
 
 def target_ids(text: str, tokenizers: Tokenizers, limit: int) -> np.ndarray:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
 import numpy as np
 import sentencepiece as spm
 
+import progress
+
 from files import sha256, write_whole
 from errors import DataError
 
@@ -167,6 +169,11 @@ class SentencePieceTokenizer:
     def encode(self, text: str) -> np.ndarray:
         return np.array(self.processor.encode(text), np.int32)
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """The ids of each text, as `encode` gives them: one call for all (about twice as fast), on one
+        thread (the processes tokenizing in parallel each take a core)."""
+        return self.processor.encode(texts, num_threads=1)
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.processor.decode(_until_eos(ids))
 
@@ -175,6 +182,9 @@ class SentencePieceTokenizer:
 
     def save(self, path: Path) -> None:
         path.write_bytes(self.model_proto)
+
+    def __reduce__(self):  # to the processes that tokenize in parallel: the model, not the processor
+        return type(self), (self.model_proto,)
 
     @classmethod
     def load(cls, path: Path) -> "SentencePieceTokenizer":
@@ -206,6 +216,28 @@ def _train(settings: TokenizerSettings, texts: Iterable[str]) -> Tokenizer:
     if settings.kind == "word":
         return WordTokenizer.train(texts, settings.vocab_size, settings.max_corpus_chars)
     return SentencePieceTokenizer.train(texts, settings.vocab_size, settings.model_type, settings.max_corpus_chars)
+
+
+def sample(pairs: Iterable[tuple[str, str]], max_chars: int, *, shared: bool) -> list[tuple[str, str]]:
+    """The first pairs, read one at a time, until every vocabulary has the `max_chars` characters it
+    learns from (`_limited`): a shared one over sources and targets together, else each side's own.
+    A corpus of any size costs memory for the sample alone."""
+    kept, chars = [], np.zeros(2, np.int64)
+    with progress.phase("reading the vocabulary's sample", unit="pairs") as shown:
+        for source, target in pairs:
+            if (chars.sum() >= max_chars) if shared else (chars >= max_chars).all():
+                break
+            kept.append((source, target))
+            chars += (len(source), len(target))
+            shown.advance()
+    return kept
+
+
+def _trained(settings: TokenizerSettings, pairs: list[tuple[str, str]]) -> list[Tokenizer]:
+    """The shared tokenizer, or the source's and the target's, trained on `pairs`."""
+    if settings.shared:
+        return [_train(settings, (text for pair in pairs for text in pair))]
+    return [_train(settings, (s for s, _ in pairs)), _train(settings, (t for _, t in pairs))]
 
 
 def restore_fix(directory: Path) -> str:
@@ -277,11 +309,10 @@ def load_or_train(
             return load_or_train(directory, settings)
         if train_pairs is None:
             raise DataError(f"no tokenizer in {directory} and no training text to make one")
-        pairs = list(train_pairs)
-        if settings.shared:
-            loaded = [_train(settings, (text for pair in pairs for text in pair))]
-        else:
-            loaded = [_train(settings, (s for s, _ in pairs)), _train(settings, (t for _, t in pairs))]
+        pairs = sample(train_pairs, settings.max_corpus_chars, shared=settings.shared)
+        with progress.phase(f"training the {settings.kind} vocabulary", unit="pairs") as shown:
+            loaded = _trained(settings, pairs)  # the trainers report nothing along the way: a start and an end line
+            shown.advance(len(pairs))
         directory.mkdir(parents=True, exist_ok=True)
         for file, tokenizer in zip(files, loaded):
             tokenizer.save(directory / file)

@@ -13,7 +13,6 @@ pipeline should deliver at least 10 times what training consumes.
 
 from __future__ import annotations
 
-import importlib
 import json
 import statistics
 import subprocess
@@ -42,8 +41,11 @@ def examples_in(batch: dict) -> int:
     return int((batch["targets"] > 0).any(axis=1).sum())
 
 
-def pipeline_rates(config_name: str, batches: int, window: int) -> dict:
-    settings = parse(importlib.import_module(f"configs.{config_name}").get_config())
+def pipeline_rates(config: str | Path, overrides: list[str], batches: int, window: int) -> dict:
+    """Rates of the training batches of config file `config` with `--config.a.b=v` `overrides`."""
+    from configs import base
+
+    settings = parse(base.load(config, overrides))
     with tempfile.TemporaryDirectory() as workdir:
         task, tokens = load_task_and_tokenizers(settings, Path(workdir))
         data, _ = input_pipeline.train_dataset(task, tokens, settings.data, settings.source)
@@ -89,7 +91,7 @@ def main() -> None:
     print("| config | batching | examples/s | target tokens/s | all tokens/s | training consumes target tokens/s | pipeline / training |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name in args.configs.split(","):
-        rates = pipeline_rates(name, args.batches, args.window)
+        rates = pipeline_rates(PROJECT_ROOT / "configs" / f"{name}.py", [], args.batches, args.window)
         consumed = training_tokens_per_second(name, args.train_steps)
         print(
             f"| {name} | {rates['batching']} | {rates['examples_per_s']:,.0f} | {rates['target_tokens_per_s']:,.0f} | "

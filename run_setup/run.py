@@ -32,6 +32,7 @@ from files import WorkdirLock, write_whole
 from run_setup import preflight
 from run_setup.cluster import is_chief, make_mesh, setup_distributed
 from settings import InitSettings, Settings
+from tasks import token_cache
 
 # ----------------------------------------------------------------------------- data and vocabulary
 
@@ -46,8 +47,7 @@ def load_task_and_tokenizers(settings: Settings, workdir: Path) -> tuple[tasks.T
     def load() -> tuple[tasks.Task, vocabularies.Tokenizers]:
         task = tasks.load_task(settings.task.name, settings.task.data_dir, **settings.task.params)
         settings.source.check_task(task, settings.model.fields)  # before a tokenizer is trained and written
-        train = task.splits["train"]
-        pairs = settings.source.tokenizer_pairs(task.pair(train[i]) for i in range(len(train)))
+        pairs = settings.source.tokenizer_pairs(token_cache.pairs(task, "train"))  # a stream: read as far as the sample goes
         shards = getattr(task.splits["train"], "shards", None)  # built data of our own: the vocabulary is shelved beside it
         shelf = Path(shards[0]).parent / "vocabularies" if shards else None
         reuse_vocabulary(settings, workdir / "tokenizer")

@@ -24,14 +24,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
+import itertools
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import tensorflow_datasets as tfds
 
+import progress
 from errors import ConfigError, DataError
-
+from files import CHUNK_BYTES
+from tasks import base
 from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +94,9 @@ def with_digest(config: ParallelTextConfig) -> dict:
     for split in SPLITS:
         for path in files_of(config, split):
             digest.update(str(path).encode())
-            digest.update(path.read_bytes())
+            with open(path, "rb") as file:  # in pieces: a corpus may be gigabytes
+                while piece := file.read(CHUNK_BYTES):
+                    digest.update(piece)
     params = config.parameters()
     params["files_digest"] = digest.hexdigest()[:16]
     return params
@@ -119,92 +125,171 @@ class Skipped:
         return "; ".join(self.messages()) or "no lines"
 
 
-def lines_of(path: Path) -> list[bytes]:
-    """A file's lines as bytes: split at `\n` only, a `\r` before it dropped (CRLF files)."""
-    lines = path.read_bytes().split(b"\n")
-    if lines[-1] == b"":  # after the last newline, or an empty file
-        lines.pop()
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+def numbered_lines(path: Path, offset: int = 0, number: int = 1) -> Iterator[tuple[int, int, bytes]]:
+    """`(byte offset, line number, line)` of a file's lines from byte `offset` (which starts line
+    `number`), read as a stream: split at `\n` only, a `\r` before it dropped (CRLF files)."""
+    with open(path, "rb") as file:
+        file.seek(offset)
+        for line in file:  # a binary file's lines end at b"\n" alone
+            start, offset = offset, offset + len(line)
+            line = line[:-1] if line.endswith(b"\n") else line
+            yield start, number, line[:-1] if line.endswith(b"\r") else line
+            number += 1
 
 
 def tsv_rows(path: Path) -> list[tuple[int, list[bytes]]]:
     """`(line number, tab-separated fields)` of every line of a `.tsv`."""
-    return [(number, line.split(b"\t")) for number, line in enumerate(lines_of(path), start=1)]
+    return [(number, line.split(b"\t")) for _, number, line in numbered_lines(path)]
+
+
+def valid_texts(number: int, fields: list[bytes], path: Path, skipped: Skipped) -> tuple[str, str] | None:
+    """The two stripped texts of a row of exactly two UTF-8 fields, else None with the row counted in
+    `skipped` under its reason (each line is decoded on its own)."""
+    try:
+        texts = [field.decode("utf-8").strip() for field in fields]
+    except UnicodeDecodeError:
+        skipped.add("invalid UTF-8", path, number)
+        return None
+    if texts == [""]:
+        skipped.add("a blank line", path, number)
+    elif len(texts) != 2:
+        skipped.add(f"{len(texts)} tab-separated fields instead of 2", path, number)
+    else:
+        return texts[0], texts[1]
+    return None
 
 
 def two_texts(rows: Iterable[tuple[int, list[bytes]]], path: Path, skipped: Skipped) -> Iterator[tuple[int, str, str]]:
     """`(line number, first, second)`, stripped, of the rows of exactly two UTF-8 fields; the other
-    rows are counted in `skipped` under their reason (each line is decoded on its own)."""
+    rows are counted in `skipped` under their reason."""
     for number, fields in rows:
-        try:
-            texts = [field.decode("utf-8").strip() for field in fields]
-        except UnicodeDecodeError:
-            skipped.add("invalid UTF-8", path, number)
-            continue
-        if texts == [""]:
-            skipped.add("a blank line", path, number)
-        elif len(texts) != 2:
-            skipped.add(f"{len(texts)} tab-separated fields instead of 2", path, number)
-        else:
-            yield number, texts[0], texts[1]
+        texts = valid_texts(number, fields, path, skipped)
+        if texts is not None:
+            yield number, *texts
+
+
+def rows_from(paths: list[Path], offsets: tuple[int, ...] = (0, 0), number: int = 1) -> Iterator[tuple[tuple[int, ...], int, list[bytes]]]:
+    """`(byte offsets, line number, fields)` of the rows of one `.tsv` or two line-aligned files, from
+    `offsets` (which start line `number`), read as a stream. Raises DataError, once the shorter of two
+    files ends, when they do not have as many lines."""
+    if len(paths) == 1:
+        for offset, line_number, line in numbered_lines(paths[0], offsets[0], number):
+            yield (offset,), line_number, line.split(b"\t")
+        return
+    streams = [numbered_lines(path, offset, number) for path, offset in zip(paths, offsets)]
+    for first, second in itertools.zip_longest(*streams):
+        if first is None or second is None:
+            number = (first or second)[1]  # the first line one file lacks
+            counts = [number - 1 if row is None else number + sum(1 for _ in stream) for row, stream in zip((first, second), streams)]
+            raise DataError(f"parallel_text: {paths[0]} has {counts[0]} lines but {paths[1]} has {counts[1]}")
+        yield (first[0], second[0]), first[1], [first[2], second[2]]
+
+
+def pair_of(number: int, fields: list[bytes], path: Path, skipped: Skipped) -> tuple[str, str] | None:
+    """The `(source, target)` of a row, or None (counted in `skipped`) for a malformed one."""
+    texts = valid_texts(number, fields, path, skipped)
+    if texts is not None and not all(texts):
+        skipped.add("an empty side", path, number)
+        return None
+    return texts
 
 
 def read_pairs(paths: list[Path], skipped: Skipped) -> list[dict]:
     """Valid `{'source', 'target', 'origin'}` pairs of one `.tsv` or two line-aligned files."""
-    if len(paths) == 1:
-        rows = tsv_rows(paths[0])
-    else:
-        source_lines, target_lines = (lines_of(p) for p in paths)
-        if len(source_lines) != len(target_lines):
-            raise DataError(
-                f"parallel_text: {paths[0]} has {len(source_lines)} lines but {paths[1]} has {len(target_lines)}"
-            )
-        rows = [(n, list(pair)) for n, pair in enumerate(zip(source_lines, target_lines), start=1)]
-    pairs = []
-    for line_number, source, target in two_texts(rows, paths[0], skipped):
-        if not source or not target:
-            skipped.add("an empty side", paths[0], line_number)
-            continue
-        pairs.append({"source": source, "target": target, "origin": f"{paths[0].name}:{line_number}"})
-    return pairs
+    pairs = ((number, pair_of(number, fields, paths[0], skipped)) for _, number, fields in rows_from(paths))
+    return [example(pair, paths[0], number) for number, pair in pairs if pair is not None]
 
 
-def held_out_split(pair: dict, dev_fraction: float, test_fraction: float) -> str:
+def example(pair: tuple[str, str], path: Path, number: int) -> dict:
+    """A record: the pair and where it comes from (`file:line`, for error reports and analysis)."""
+    return {"source": pair[0], "target": pair[1], "origin": f"{path.name}:{number}"}
+
+
+def held_out_split(pair: tuple[str, str], dev_fraction: float, test_fraction: float) -> str:
     """Deterministic split of a pair by a hash of its text."""
-    bucket = int(hashlib.sha256(f"{pair['source']}\t{pair['target']}".encode()).hexdigest()[:8], 16) / 2**32
+    bucket = int(hashlib.sha256(f"{pair[0]}\t{pair[1]}".encode()).hexdigest()[:8], 16) / 2**32
     if bucket < test_fraction:
         return "test"
     return "dev" if bucket < test_fraction + dev_fraction else "train"
 
 
-def read_splits(config: ParallelTextConfig, skipped: Skipped) -> dict[str, list[dict]]:
-    splits = {split: read_pairs(files_of(config, split), skipped) if getattr(config, split) else [] for split in SPLITS}
-    derived = [split for split in ("dev", "test") if not getattr(config, split)]
-    if derived:
-        kept = []
-        for pair in splits["train"]:
-            split = held_out_split(pair, config.dev_fraction, config.test_fraction)
-            (splits[split] if split in derived else kept).append(pair)
-        splits["train"] = kept
-    for split, pairs in splits.items():
-        if not pairs:
+def derived_splits(config: ParallelTextConfig) -> tuple[str, ...]:
+    """The splits split off train by `held_out_split` (those given no files of their own)."""
+    return tuple(split for split in ("dev", "test") if not getattr(config, split))
+
+
+def split_of(pair: tuple[str, str], read_for: str, config: ParallelTextConfig) -> str:
+    """The split of a pair read from the files of split `read_for`: train's own lines may go to a derived split."""
+    if read_for != "train" or not derived_splits(config):
+        return read_for
+    split = held_out_split(pair, config.dev_fraction, config.test_fraction)
+    return split if split in derived_splits(config) else "train"
+
+
+@dataclasses.dataclass
+class Survey:
+    """One streaming pass over the files: each split's size and where each of its shards starts."""
+
+    counts: dict[str, int]
+    starts: dict[str, list[tuple[tuple[int, ...], int]]]  # per split, per shard: (byte offsets, line number)
+    skipped: Skipped
+
+
+def survey(config: ParallelTextConfig, shard_examples: int) -> Survey:
+    """Reads every file once, row by row, counting each split's pairs and noting where every
+    `shard_examples`-th starts; a DataError names an empty split."""
+    found = Survey({split: 0 for split in SPLITS}, {split: [] for split in SPLITS}, Skipped())
+    for read_for in (split for split in SPLITS if getattr(config, split)):
+        paths = files_of(config, read_for)
+        with progress.phase(f"reading {paths[0].name}", unit="lines") as shown:
+            for offsets, number, fields in rows_from(paths):
+                shown.advance()
+                pair = pair_of(number, fields, paths[0], found.skipped)
+                if pair is None:
+                    continue
+                split = split_of(pair, read_for, config)
+                if found.counts[split] % shard_examples == 0:
+                    found.starts[split].append((offsets, number))
+                found.counts[split] += 1
+    for split, count in found.counts.items():
+        if not count:
             origin = getattr(config, split) or f"the {split}_fraction of {config.train}"
-            raise DataError(f"parallel_text: the {split} split is empty (from {origin}): {skipped.summary()}")
-    return splits
+            raise DataError(f"parallel_text: the {split} split is empty (from {origin}): {found.skipped.summary()}")
+    return found
+
+
+def shard_examples(config: ParallelTextConfig, split: str, start: tuple[tuple[int, ...], int], count: int) -> Iterator[dict]:
+    """The `count` examples of `split` from `start` (byte offsets, line number), read as a stream."""
+    read_for = split if getattr(config, split) else "train"
+    paths, made = files_of(config, read_for), 0
+    for _, number, fields in rows_from(paths, *start):
+        pair = pair_of(number, fields, paths[0], Skipped())  # counted once, by the survey
+        if pair is not None and split_of(pair, read_for, config) == split:
+            yield example(pair, paths[0], number)
+            made += 1
+            if made == count:
+                return
 
 
 class ParallelText(TextPairBuilder):
-    """A local parallel corpus (TSV or line-aligned files)."""
+    """A local parallel corpus (TSV or line-aligned files), read as a stream: a survey pass counts
+    the splits and marks where each shard starts, then each shard is read from its mark and
+    written; memory holds a shard, whatever the corpus's size."""
 
     VERSION = tfds.core.Version("1.0.1")  # 1.0.1: lines end at \n only (a lone \r stays inside its line)
     BUILDER_CONFIG_CLASS = ParallelTextConfig
     EXTRA_FEATURES = {"origin": tfds.features.Text()}  # file:line, for error reports and analysis
 
-    def _split_examples(self):
-        skipped = Skipped()
-        splits = read_splits(self.builder_config, skipped)
-        self.build_report = {"skipped": dict(skipped.counts), "messages": skipped.messages()}
-        return splits
+    def _split_shards(self):
+        config, size = self.builder_config, base.SHARD_EXAMPLES
+        found = survey(config, size)
+        self.build_report = {"skipped": dict(found.skipped.counts), "messages": found.skipped.messages()}
+        self.split_sizes = found.counts
+        return {
+            split: [functools.partial(shard_examples, config, split, start, min(size, found.counts[split] - k * size))
+                    for k, start in enumerate(found.starts[split])]
+            for split in SPLITS
+        }  # fmt: skip
 
 
 def prepare_parallel_text(data_dir: str, **params):

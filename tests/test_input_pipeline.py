@@ -91,6 +91,84 @@ def test_shard_is_disjoint_and_covering():
     assert all(not set(a) & set(b) for a, b in itertools.combinations(map(set, shards), 2))
 
 
+def test_epoch_plans_are_made_only_as_far_as_they_are_read():
+    made = collections.Counter()
+
+    def plan(epoch):  # epoch e has e + 2 items, (e, 0), (e, 1), ...
+        for item in range(epoch + 2):
+            made[epoch] += 1
+            yield epoch, item
+
+    plans = ip.EpochPlans(plan)
+    assert plans[1] == (0, 1) and made == {0: 2}  # epoch 0's two items only
+    expected = [(e, i) for e in range(5) for i in range(e + 2)]
+    assert [plans[i] for i in (13, 2, 19, 0)] == [expected[i] for i in (13, 2, 19, 0)]  # forwards and back, as a restore reads
+    assert made[4] == 19 - 14 + 1  # epoch 4 (items 14...) made up to item 19 alone
+
+
+def test_shared_remainders_fill_the_shapes_of_their_longest_members():
+    shapes = [(8, 3), (16, 2), (32, 1)]  # (length, rows) per bucket
+    remainders = [(0, 10), (0, 11), (1, 12), (2, 13)]  # by bucket, as bucket_plan leaves them
+    # 10 and 11 fit 3 rows; with 12 (bucket 16: 2 rows) they would be 3: 12 starts a batch; 13 (1 row) too
+    batches = ip.shared_remainders(remainders, shapes)
+    assert [(length, members.tolist()) for length, members in batches] == [(8, [10, 11, -1]), (16, [12, -1]), (32, [13])]
+
+
+@pytest.mark.parametrize("process_count", [1, 2, 3, 4])
+def test_the_processes_blocks_of_global_batches_hold_every_example_once_per_epoch(process_count):
+    rng = np.random.default_rng(process_count)
+    lengths = rng.integers(1, 30, size=(101, 2))
+    kept = np.flatnonzero(lengths.max(1) != 7)  # some examples dropped by length
+    rows = 4 * process_count  # global rows, divisible by the process count
+    for name in ("pack", "bucket"):
+        for epoch in range(2):
+            if name == "pack":
+                global_batches = ip.pack_plan(rng.permutation(kept), lengths, rows, (40, 40))
+                shares = [[ip.process_rows(b, p, process_count) for b in global_batches] for p in range(process_count)]
+                seen = [i for share in shares for batch in share for row in batch for i in row]
+                shapes = [[len(batch) for batch in share] for share in shares]
+            else:
+                plan = ip.bucket_plan(kept, lengths[kept], [rows, rows // 2 * 2, process_count], (8, 16, 32), seed=3)
+                shares = [[(length, ip.process_rows(m, p, process_count)) for length, m in plan(epoch)] for p in range(process_count)]
+                seen = [i for share in shares for _, members in share for i in members.tolist() if i >= 0]
+                shapes = [[(length, len(members)) for length, members in share] for share in shares]
+            assert sorted(seen) == kept.tolist()  # every kept example once, over all processes
+            assert all(s == shapes[0] for s in shapes)  # one shape per step in every process
+
+
+def two_process_examples(task, tokenizers, pipeline, batches):
+    """The train sources each of two processes' first `batches` batches hold, and the batches' shapes."""
+    seen, shapes = [], []
+    for process in range(2):
+        dataset, _ = ip.train_dataset(task, tokenizers, pipeline, TEXT, process_index=process, process_count=2)
+        for step, batch in enumerate(take(dataset, batches)):
+            shapes.append((process, step, batch["inputs"].shape, batch["targets"].shape))
+            if "inputs_segment_ids" in batch:
+                segments = batch["inputs_segment_ids"]
+                seen += [tokenizers.source.decode(row[ids == s]) for row, ids in zip(batch["inputs"], segments) for s in range(1, ids.max() + 1)]
+            else:
+                seen += [tokenizers.source.decode(row) for row in batch["inputs"] if row.any()]
+    return seen, shapes
+
+
+@pytest.mark.parametrize("batching", ["pack", "bucket"])
+def test_two_processes_together_see_every_training_example_once_per_epoch(copy_task, char_tokenizers, batching):
+    pipeline = settings(batching=batching, batch_size=4, max_source_length=48, max_target_length=48, bucket_boundaries=(16, 32, 48))
+    lengths = TEXT.lengths(copy_task, "train", char_tokenizers)
+    if batching == "pack":  # the global plan of epoch 0, as every process makes it
+        order = np.random.default_rng([pipeline.seed, 0]).permutation(len(lengths))
+        per_epoch = len(ip.pack_plan(order, lengths, 4, (48, 48)))
+    else:
+        per_epoch = len(ip.bucket_plan(np.arange(len(lengths)), lengths, 4, (16, 32, 48), pipeline.seed)(0))
+    seen, shapes = two_process_examples(copy_task, char_tokenizers, pipeline, per_epoch)
+    every = sorted(copy_task.pair(r)[0] for r in copy_task.splits["train"])
+    assert sorted(seen) == every
+    by_step = collections.defaultdict(set)
+    for _, step, *shape in shapes:
+        by_step[step].add(tuple(shape))
+    assert all(len(s) == 1 for s in by_step.values())  # both processes' batches of a step have one shape
+
+
 def test_bucketed_batches_keep_buckets_and_cover_each_epoch():
     lengths = np.array([[n, n] for n in [3, 5, 9, 12, 20, 7, 30, 31, 2, 15, 16, 17]])
     indices = np.arange(len(lengths))
@@ -121,17 +199,17 @@ def test_token_batches_have_their_buckets_rows_and_cover_each_epoch(copy_task, c
     for epoch in range(2):
         batches = plan(epoch)
         members = np.concatenate([m for _, m in batches])
-        assert len(set(members.tolist())) == len(members)  # none twice in an epoch
-        assert len(members) == 6 + 4 + 4  # buckets of 7, 4 and 4 examples: a remainder of one waits
+        assert sorted(members[members >= 0].tolist()) == indices.tolist()  # every example once, the remainder too
         assert all(len(m) == rows[length] for length, m in batches)
-    ip.bucket_plan(indices, lengths, [8, 2, 1], tuple(rows), seed=0)  # the first bucket cannot fill a batch
-    assert "the 7 examples of the length bucket 8 are fewer than its batch of 8 rows" in caplog.text
+        assert (members < 0).sum() == 2  # the remainder of 7 in 3s: one example, in a batch of 3 rows
+    plan = ip.bucket_plan(indices, lengths, [8, 2, 1], tuple(rows), seed=0)  # the first bucket cannot fill a batch
+    assert sorted(m for _, ms in plan(0) for m in ms.tolist() if m >= 0) == indices.tolist()
     tokens = settings(batching="bucket", batch_size=2, batch_tokens=48, bucket_boundaries=(8, 16, 24))
     for batch in take(ip.train_dataset(copy_task, char_tokenizers, tokens, TEXT)[0], 8):
         longest = max(batch["inputs"].shape[1], batch["targets"].shape[1])
         bucket = min(b for b in (8, 16, 24) if b >= longest)
         assert batch["inputs"].shape[0] == {8: 6, 16: 2, 24: 2}[bucket]  # 48 // 8; 48 // 16 = 3 -> 2; 48 // 24
-        assert np.all((batch["inputs"] > 0).sum(1) > 0)  # whole batches: no padding rows
+        assert np.all((batch["inputs"] > 0).sum(1) == (batch["targets"] > 0).sum(1))  # copies; padding rows are empty
     wide = settings(batching="bucket", batch_size=2, batch_tokens=96)  # eval batches: 96 // 24 = 4 rows of 24 tokens
     evaluated = list(ip.eval_batches(copy_task, char_tokenizers, "dev", wide, TEXT)[0])
     assert len(evaluated) == 6 and {b["inputs"].shape[0] for b in evaluated} == {wide.eval_rows()} == {4}  # 21 examples
@@ -248,24 +326,3 @@ def test_eval_batches_carry_the_dates_alignment(tmp_path):
         (target_start, target_end, start, end) = batch["alignment"][row][0]  # the year's spans
         assert target[target_start:target_end] == target[:4]
         assert source[start:end] in (target[:4], target[2:4])
-
-
-def test_token_ids_are_tokenized_once_then_read_from_beside_the_built_data(copy_task, char_tokenizers, monkeypatch):
-    split = copy_task.splits["dev"]
-    folder = Path(split.shards[0]).parent / "tokenized" / f"{sources.TOKEN_IDS_FORMAT}-{char_tokenizers.digest}"
-    sources._TOKEN_IDS.clear()
-    (folder / "dev.npz").unlink(missing_ok=True)
-    fresh = sources.token_ids(copy_task, "dev", char_tokenizers)
-    assert (folder / "dev.npz").exists()
-    sources._TOKEN_IDS.clear()  # a new process: read back from the file, encoding nothing
-    monkeypatch.setattr(type(char_tokenizers.source), "encode", lambda *args: pytest.fail("tokenized again"))
-    read = sources.token_ids(copy_task, "dev", char_tokenizers)
-    monkeypatch.undo()
-    for index in range(len(split)):
-        source, target = copy_task.pair(split[index])
-        for ids in (fresh, read):
-            example = ids.example(index, max_source_length=10, max_target_length=64)
-            np.testing.assert_array_equal(example["inputs"], [*char_tokenizers.source.encode(source)[:9], tk.EOS_ID])
-            np.testing.assert_array_equal(example["targets"], [*char_tokenizers.target.encode(target), tk.EOS_ID])
-    other = tk.Tokenizers(*[tk.CharTokenizer("".join(sorted(char_tokenizers.source.chars, reverse=True)))] * 2)
-    assert other.digest != char_tokenizers.digest  # another vocabulary: other ids, another file

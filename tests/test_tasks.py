@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from babel import Locale
+from tensorflow_datasets.core import shuffle
 
 import tasks
 from errors import DataError
@@ -199,6 +200,41 @@ def test_line_aligned_files_and_derived_splits(tmp_path, data_dir):
     assert all(s.split()[1] == t.split()[1] for s, t in seen["train"])  # still aligned
     again = tasks.load_task("parallel_text", data_dir, **params)
     assert {task.pair(r) for r in again.splits["dev"]} == seen["dev"]
+
+
+@pytest.mark.parametrize("layout", ["tsv", "line-aligned"])
+def test_a_corpus_is_built_as_a_stream_in_shards_without_the_shuffler(tmp_path, data_dir, monkeypatch, caplog, layout):
+    # TFDS's shuffler holds a split in memory and spills it through tf.io.gfile past 1 GB: never used
+    monkeypatch.setattr(shuffle.Shuffler, "__init__", lambda *args, **kwargs: pytest.fail("shuffler used"))
+    monkeypatch.setattr(tasks.base, "SHARD_EXAMPLES", 7)
+    lines = [(f"source {i}", f"target {i}") for i in range(120)] + [("", "no source")] * 3
+    if layout == "tsv":
+        write(tmp_path / "corpus.tsv", "".join(f"{s}\t{t}\r\n" for s, t in lines).encode())
+        params = dict(train=str(tmp_path / "corpus.tsv"))
+    else:
+        write(tmp_path / "corpus.de", "".join(f"{s}\n" for s, _ in lines).encode())
+        write(tmp_path / "corpus.en", "".join(f"{t}\n" for _, t in lines).encode())
+        params = dict(train=str(tmp_path / "corpus"), source_suffix="de", target_suffix="en")
+    task = tasks.load_task("parallel_text", data_dir, dev="", test="", dev_fraction=0.1, test_fraction=0.1, **params)
+    # the reference: every line in memory, split by the hash of its pair, in file order
+    expected = {"train": [], "dev": [], "test": []}
+    for number, pair in enumerate(lines[:120], start=1):
+        expected[parallel_text.held_out_split(pair, 0.1, 0.1)].append((*pair, f"corpus.{'tsv' if layout == 'tsv' else 'de'}:{number}"))
+    for split, records in task.splits.items():
+        assert [(*task.pair(r), r["origin"].decode()) for r in records] == expected[split]
+        assert len(records.shards) == -(-len(expected[split]) // 7)  # shards of 7 examples
+    assert "skipped 3 line(s) with an empty side" in caplog.text
+
+
+def test_texts_are_serialized_as_tfds_serializes_them():
+    from tensorflow_datasets.core import example_serializer
+
+    features = tfds.features.FeaturesDict({"source": tfds.features.Text(), "target": tfds.features.Text()})
+    reference = example_serializer.ExampleSerializer(features.get_serialized_info())
+    for example in ({"source": "Grüße, ☃", "target": ""}, {"source": "a\tb", "target": "x" * 300}):
+        assert tasks.base.text_serializer(features)(example) == reference.serialize_example(features.encode_example(example))
+    with_spans = tfds.features.FeaturesDict({"source": tfds.features.Text(), "alignment": tfds.features.Tensor(shape=(3, 2), dtype=np.int32)})
+    assert tasks.base.text_serializer(with_spans) is None  # other features: TFDS's own serializer
 
 
 def test_edited_file_is_rebuilt(tmp_path, data_dir):

@@ -82,3 +82,21 @@ def test_a_vocabulary_shelved_beside_the_data_is_copied_into_a_new_workdir_not_t
     assert second.digest == first.digest and (tmp_path / "run2" / "tokenizer" / "checksums.json").exists()
     other = dataclasses.replace(settings, max_corpus_chars=2)
     assert tk.load_or_train(tmp_path / "run3" / "tokenizer", other, [("xyz", "zyx")], shelf=tmp_path / "shelf").digest != first.digest
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_vocabulary_learns_from_a_streamed_sample_as_from_every_pair(shared):
+    pairs = [(f"source {i} " + "ab" * (i % 7), f"target {i} " + "xyz" * (i % 5)) for i in range(200)]
+    chosen = settings(kind="word", vocab_size=60, shared=shared, max_corpus_chars=900)
+
+    def stream():  # fails if read further than the sample needs
+        for i, pair in enumerate(pairs):
+            yield pair
+            if i > 60:
+                pytest.fail("read past the sample")
+
+    sample = tk.sample(stream(), 900, shared=shared)
+    sides = [sum(len(text) for text in side) for side in zip(*sample[:-1])]
+    assert (sum(sides) < 900) if shared else min(sides) < 900  # one pair fewer would not do
+    reference = tk._trained(chosen, pairs)  # every pair in memory, as before
+    assert [t.words for t in tk._trained(chosen, sample)] == [t.words for t in reference]

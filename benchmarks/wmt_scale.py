@@ -1,0 +1,195 @@
+"""A corpus of WMT14's size through configs/kjv_web_transformer.py: time to the first step, memory, cache.
+
+    python benchmarks/wmt_scale.py                  # 4.5M pairs, ~24 words a side (WMT14 en-de's size)
+    python benchmarks/wmt_scale.py --pairs=200000   # a quick check
+
+Makes a `.tsv` of `--pairs` pairs from the shipped corpus (data/kjv_web/train.tsv: its verses
+as they are, then each further pair the first half of one verse joined to the second half of
+another, on both sides; ~25 words a side like the verses), then runs train.py on it as a user
+would (`--config.task.train=<the tsv>`, the shipped dev and test), twice, each in a fresh
+process and workdir, and prints a table:
+
+- cold: a fresh data_dir and an empty compilation cache: build the data, train the vocabulary,
+  tokenize, compile, first step;
+- warm: a new workdir, the same data_dir and compilation cache: everything is read back;
+
+for each, the seconds from the process's start to its first train step done (its log line), the
+CPU seconds the process tree spent until then (on a machine shared with other work, wall time
+/ CPU time says how much of the machine the run had), and
+the peak resident memory of the whole process tree (train.py and the processes it starts),
+sampled every 0.2 s, overall and up to its "step 0 data" line (the data ready, before compiling:
+the train step's own buffers, GiBs, come after); then the size on disk of the built data and of the tokenized cache beside it,
+and the input pipeline's tokens/s (non-padding source + target tokens of the training batches,
+read in this process from the warm run's cache, median over windows) against the train step's
+consumption (the warm run's own tokens/s, median of its logged steps after the first two).
+Targets on a 2-core machine: cold <= 10 min, warm <= 30 s, peak <= 4 GiB.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+from absl import app, flags
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT))
+
+from benchmarks.input_pipeline import pipeline_rates  # noqa: E402
+
+flags.DEFINE_integer("pairs", 4_500_000, "Pairs in the corpus's train split (WMT14 en-de: 4.5M).")
+flags.DEFINE_integer("steps", 12, "Train steps of each run: the first is timed, the later ones give the step's consumption.")
+flags.DEFINE_string("folder", None, "Where the corpus, data_dir and workdirs go (default: a temporary folder, removed after).")
+flags.DEFINE_integer("batches", 200, "Batches read to time the input pipeline.")
+FLAGS = flags.FLAGS
+
+CONFIG = PROJECT_ROOT / "configs" / "kjv_web_transformer.py"
+SHIPPED = PROJECT_ROOT / "data" / "kjv_web" / "train.tsv"
+STEP_LINE = re.compile(r"step (\d+)/\d+ loss .* ([\d,.]+) tok/s")
+DATA_LINE = re.compile(r"step 0 data: train_examples")
+PHASE_LINE = re.compile(r"\] (.+): done, ([\d,]+) (\S+) in (\d+):(\d\d):(\d\d)")  # progress.py's closing line
+
+
+def write_corpus(path: Path, pairs: int) -> None:
+    """`pairs` lines of `source<TAB>target` made from the shipped verses (see the module docstring)."""
+    verses = [line.rstrip("\n").split("\t") for line in SHIPPED.read_text().splitlines() if line.count("\t") == 1]
+    words = [(source.split(), target.split()) for source, target in verses]
+    with open(path, "w") as file:
+        for i in range(pairs):
+            if i < len(words):
+                source, target = words[i]
+            else:
+                first, second = words[i % len(words)], words[(i // len(words) * 7919 + i) % len(words)]
+                source = first[0][: len(first[0]) // 2] + second[0][len(second[0]) // 2 :]
+                target = first[1][: len(first[1]) // 2] + second[1][len(second[1]) // 2 :]
+            file.write(" ".join(source) + "\t" + " ".join(target) + "\n")
+
+
+def tree_rss(process: psutil.Process) -> int:
+    """Resident bytes of a process and all its descendants."""
+    total = 0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            total += member.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def tree_cpu_seconds(process: psutil.Process) -> float:
+    """User and system CPU seconds of a process, its ended children (waited for) and its live ones."""
+    total = 0.0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            times = member.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: int) -> dict:
+    """train.py on the corpus in a fresh process: seconds to its first step, peak tree memory, and
+    the tokens/s of its logged steps."""
+    command = [sys.executable, "train.py", f"--config={CONFIG}", f"--workdir={workdir}", f"--config.task.train={corpus}",
+               f"--config.data_dir={data_dir}", f"--config.num_train_steps={steps}", "--config.log_every_steps=1",
+               "--config.eval_every_steps=1000000", "--config.checkpoint_every_steps=1000000", "--config.eval_decode_examples=8"]  # fmt: skip
+    environment = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache)}
+    started = time.time()
+    child = subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watched, peak, done = psutil.Process(child.pid), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            try:
+                peak[0] = max(peak[0], tree_rss(watched))
+            except psutil.NoSuchProcess:
+                return
+            done.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    first_step, rates, log, data_peak, phases = None, {}, [], float("nan"), []
+    for line in child.stdout:
+        log.append(line)
+        phase = PHASE_LINE.search(line)
+        if phase:
+            hours, minutes, seconds = map(int, phase.groups()[3:])
+            phases.append(f"{phase.group(1)} ({phase.group(2)} {phase.group(3)}): {3600 * hours + 60 * minutes + seconds} s")
+        if DATA_LINE.search(line):  # the data are ready (built, vocabulary, token ids); compiling comes next
+            data_peak = peak[0]
+        found = STEP_LINE.search(line)
+        if found:
+            step = int(found.group(1))
+            if first_step is None:
+                first_step, first_step_cpu = time.time() - started, tree_cpu_seconds(watched)
+            rates[step] = float(found.group(2).replace(",", ""))
+            if step >= steps:  # the last step: what follows (final evaluation, report) is not measured
+                break
+    done.set()
+    sampler.join()
+    for member in [*watched.children(recursive=True), watched]:  # our own child and its workers
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    child.wait()
+    if first_step is None:
+        raise SystemExit(f"train.py took no step; its output:\n{''.join(log[-40:])}")
+    (workdir.parent / f"{workdir.name}.log").write_text("".join(log))  # the run's console, for a closer look
+    later = [rate for step, rate in rates.items() if step > 2]
+    return {
+        "first_step_s": first_step, "first_step_cpu_s": first_step_cpu, "peak_bytes": peak[0], "data_peak_bytes": data_peak,
+        "train_tokens_per_s": statistics.median(later) if later else float("nan"), "phases": phases,
+    }  # fmt: skip
+
+
+def size_of(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    root = Path(FLAGS.folder) if FLAGS.folder else Path(tempfile.mkdtemp(prefix="wmt_scale_"))
+    root.mkdir(parents=True, exist_ok=True)
+    corpus, data_dir, cache = root / "train.tsv", root / "tfds", root / "jax_cache"
+    for stale in (data_dir, cache, root / "cold", root / "warm"):  # cold means cold
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        start = time.time()
+        write_corpus(corpus, FLAGS.pairs)
+        print(f"corpus: {FLAGS.pairs:,} pairs, {corpus.stat().st_size / 2**20:,.0f} MiB, written in {time.time() - start:.0f} s", flush=True)
+        cold = timed_run(root / "cold", data_dir, corpus, cache, FLAGS.steps)
+        warm = timed_run(root / "warm", data_dir, corpus, cache, FLAGS.steps)
+        built = next(data_dir.glob("parallel_text/*/*/"))
+        tokenized = size_of(built / "tokenized")
+        data = size_of(built) - tokenized - size_of(built / "vocabularies")
+        pipeline = pipeline_rates(CONFIG, [f"--config.task.train={corpus}", f"--config.data_dir={data_dir}"], FLAGS.batches, 20)
+    finally:
+        if not FLAGS.folder:
+            shutil.rmtree(root, ignore_errors=True)
+    gib = 2**30
+    print(f"| {FLAGS.pairs:,} pairs | first step, s | CPU s to it (process tree) | peak memory, GiB (process tree) | of it, before compiling (the data) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, run in (("cold: build, vocabulary, token ids, compile", cold), ("warm: a new workdir, same data_dir", warm)):
+        print(f"| {name} | {run['first_step_s']:.0f} | {run['first_step_cpu_s']:.0f} | {run['peak_bytes'] / gib:.2f} | {run['data_peak_bytes'] / gib:.2f} |")
+    for name, run in (("cold", cold), ("warm", warm)):
+        print(f"{name}, the phases before the first step: {'; '.join(run['phases']) or 'none logged'}")
+    print()
+    print(f"on disk: built data {data / gib:.2f} GiB, token ids {tokenized / gib:.2f} GiB")
+    print(f"input pipeline {pipeline['all_tokens_per_s']:,.0f} source+target tokens/s ({pipeline['target_tokens_per_s']:,.0f} target); "
+          f"the train step consumes {warm['train_tokens_per_s']:,.0f} tokens/s (its log's tok/s): "
+          f"{pipeline['target_tokens_per_s'] / warm['train_tokens_per_s']:.1f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    app.run(main)
