@@ -97,6 +97,12 @@ def optimizer_shardings(tx: optax.GradientTransformation, params: Any, param_sha
                                  transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, NamedSharding))  # fmt: skip
 
 
+def placed(abstract: Any, shardings: Any) -> Any:
+    """`ShapeDtypeStruct`s of `abstract` with `shardings` (a tree of the same shape): what a sharded
+    array would be, without its memory."""
+    return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract, shardings)
+
+
 def bytes_per_device(tree: Any) -> int:
     """The bytes one device holds of `tree` (arrays or `ShapeDtypeStruct`s with shardings): its shard
     of each leaf (the largest shard, where they differ)."""
