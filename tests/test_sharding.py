@@ -160,3 +160,35 @@ def test_a_mesh_that_does_not_fit_stops_naming_both_numbers(shared_data_dir, tmp
     assert all(part in str(error.value) for part in named), str(error.value)
     assert len(str(error.value).splitlines()) == 1
     assert not (tmp_path / "never").exists()
+
+
+def recurrent_config(data_dir, family, mode):
+    """configs/<family>_dates.py's model at a tiny size (widths of 16); the captioner on digit strips
+    (tests/test_captioning.py's tiny one, its embedding widened to 16)."""
+    from configs import base, recurrent
+
+    if family == "captioner":
+        from test_captioning import TINY_CAPTIONER, captioning_config
+
+        return captioning_config(data_dir, sharding=mode, **{f"model.{k}": v for k, v in {**TINY_CAPTIONER, "embed_dim": 16}.items()})
+    fields = recurrent.model_fields(family, "dates")
+    fields.update(embed_dim=16, hidden_dim=16, attention_dim=16, **({"maxout_dim": 8} if family == "rnnsearch" else {}))
+    config = tiny_config(data_dir, sharding=mode)
+    config.unlock()
+    config.model = base.model(family, **fields)
+    config.data.batching = "bucket"
+    return config
+
+
+@pytest.mark.parametrize("family", ["rnnsearch", "lstmn", "captioner"])
+def test_the_recurrent_families_and_the_captioner_train_under_fsdp_as_replicated(shared_data_dir, tmp_path, family):
+    devices = jax.devices()[:2]  # the scans compile several times faster on 2 devices than on 8; the rules are the same
+    runs = {mode: prepare_run(parse(recurrent_config(shared_data_dir, family, mode)), tmp_path, devices=devices) for mode in ("replicated", "fsdp")}
+    batches = first_batches(runs["replicated"], count=2)
+    (_, reference_losses), (state, losses) = (train_steps(runs[mode], batches) for mode in ("replicated", "fsdp"))
+    np.testing.assert_allclose(losses, reference_losses, rtol=1e-5)
+    specs = {name: leaf.sharding.spec for name, leaf in leaves(state["params"]).items()}
+    embedding = next(name for name in specs if name.endswith("embed.embedding") or name.endswith("embed.embedding.embedding"))
+    assert specs[embedding] == P(None, "data"), specs  # vocabulary rows whole, the 16 widths split in 2
+    assert all(set(spec) <= {None, "data"} for spec in specs.values()), specs  # fsdp: nothing along `model`
+    assert sum("data" in spec for spec in specs.values()) >= 5, specs  # every layer's kernels, not the embedding alone
