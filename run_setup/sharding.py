@@ -70,7 +70,8 @@ def partition_specs(abstract_params: Any, mesh: Mesh, mode: str, *, log: bool = 
         for i, axis in enumerate(axes):
             size = math.prod(mesh.shape[a] for a in ((axis,) if isinstance(axis, str) else axis or ()))
             if leaf.shape[i] % size:
-                undivided.append(f"{jax.tree_util.keystr(path, simple=True, separator='.')} dim {i} ({leaf.shape[i]}) by {axis} ({size})")
+                name = jax.tree_util.keystr(path, simple=True, separator=".").removesuffix(".value")
+                undivided.append(f"{name} dim {i} ({leaf.shape[i]}) by {axis} ({size})")
                 axes[i] = None
         return PartitionSpec(*axes)
 

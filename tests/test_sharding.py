@@ -192,3 +192,12 @@ def test_the_recurrent_families_and_the_captioner_train_under_fsdp_as_replicated
     assert specs[embedding] == P(None, "data"), specs  # vocabulary rows whole, the 16 widths split in 2
     assert all(set(spec) <= {None, "data"} for spec in specs.values()), specs  # fsdp: nothing along `model`
     assert sum("data" in spec for spec in specs.values()) >= 5, specs  # every layer's kernels, not the embedding alone
+
+
+def test_changing_sharding_on_resume_is_allowed_and_logged(shared_data_dir, tmp_path, caplog):
+    from run_setup.run_config import check_resume
+
+    write_run_config(sharded_settings(shared_data_dir, "replicated"), tmp_path)
+    with caplog.at_level("INFO"):
+        check_resume(sharded_settings(shared_data_dir, "fsdp_tp", 2), tmp_path)  # raises for a changed model field
+    assert "sharding: 'replicated' -> 'fsdp_tp'" in caplog.text and "tensor_parallel: 1 -> 2" in caplog.text
