@@ -341,7 +341,8 @@ class ClusterSettings:
             raise ConfigError(f"sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}")
         _check_numbers(self, "", at_least_one=("tensor_parallel",))
         if self.tensor_parallel != 1 and self.sharding != "fsdp_tp":
-            raise ConfigError(f"tensor_parallel {self.tensor_parallel} needs sharding='fsdp_tp' (sharding is {self.sharding!r}, whose model axis is 1)")
+            raise ConfigError(f"tensor_parallel {self.tensor_parallel} needs sharding='fsdp_tp', but sharding is {self.sharding!r} "
+                              "(no model axis): set tensor_parallel=1 or sharding='fsdp_tp'")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the whole
