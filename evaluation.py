@@ -51,7 +51,7 @@ class Evaluator:
     def __init__(self, run: Run):
         self.run = run
         settings = run.settings
-        params_sharding, batch_sharding = run.replicated, run.batch_sharding
+        params_sharding, batch_sharding = run.param_shardings, run.batch_sharding
         self.output_length = settings.output_length()
         search_options = settings.decode.search_options()
 

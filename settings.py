@@ -36,6 +36,7 @@ from errors import ConfigError
 
 LARGEST_INT = 2**31 - 1  # sizes and counts beyond this overflow the int32 arithmetic of steps and shapes
 SPLIT_NAMES = ("train", "dev", "test")
+SHARDINGS = ("replicated", "fsdp", "fsdp_tp")  # where parameters and optimizer state live: run_setup/sharding.py
 
 
 def _check_numbers(group: Any, prefix: str, *, at_least_one=(), not_negative=(), fractions=(), positive=()) -> None:
@@ -326,11 +327,22 @@ class InitSettings:
 @dataclasses.dataclass(frozen=True)
 class ClusterSettings:
     """Several processes: the coordinator "host:port", their number and this one's id ("" / -1: one
-    process, unless the environment names a coordinator)."""
+    process, unless the environment names a coordinator); and where parameters and optimizer state
+    live (`sharding`, with `tensor_parallel` devices on the mesh's `model` axis: run_setup/sharding.py)."""
 
     coordinator_address: str
     num_processes: int
     process_id: int
+    sharding: str = "replicated"
+    tensor_parallel: int = 1
+
+    def __post_init__(self):
+        if self.sharding not in SHARDINGS:
+            raise ConfigError(f"sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}")
+        _check_numbers(self, "", at_least_one=("tensor_parallel",))
+        if self.tensor_parallel != 1 and self.sharding != "fsdp_tp":
+            raise ConfigError(f"tensor_parallel {self.tensor_parallel} needs sharding='fsdp_tp', but sharding is {self.sharding!r} "
+                              "(no model axis): set tensor_parallel=1 or sharding='fsdp_tp'")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the whole
@@ -415,7 +427,7 @@ def _groups(f: dict) -> Settings:
     init = InitSettings.parse(f["init_from"], f["tokenizer"]["from_run"])
     decode = DecodeSettings(**f["decode"])
     model = ModelSettings(f["model"]["name"], own("model"))
-    cluster = ClusterSettings(f["coordinator_address"], f["num_processes"], f["process_id"])
+    cluster = ClusterSettings(f["coordinator_address"], f["num_processes"], f["process_id"], f["sharding"], f["tensor_parallel"])
     return Settings(f["seed"], task, tokenizer, data, model, optimization, evaluation, decode, checkpoints, init, cluster, f)
 
 
@@ -467,6 +479,8 @@ def write_run_config(settings: Settings, workdir: Path) -> None:
 
 
 def single_process(settings: Settings) -> Settings:
-    """`settings` for one process, whatever trained the run (inference)."""
-    fields = {**settings.as_dict(), "coordinator_address": "", "num_processes": -1, "process_id": -1}
+    """`settings` for one process on one device, whatever trained the run and how (inference): its
+    parameters replicated, whatever sharding the run trained with (a checkpoint reshards on restore)."""
+    fields = {**settings.as_dict(), "coordinator_address": "", "num_processes": -1, "process_id": -1,
+              "sharding": "replicated", "tensor_parallel": 1}
     return parse(fields)

@@ -38,7 +38,7 @@ import reporting
 import scores
 from errors import ConfigError, NonFiniteLoss
 from reporting import Reporter
-from run_setup import summary
+from run_setup import sharding, summary
 from run_setup.run import Run, prepare_run
 from run_setup.run_config import check_init, check_resume
 from settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
@@ -153,9 +153,10 @@ def make_train_step(run: Run, tx: optax.GradientTransformation) -> Callable[[Tra
 def compile_train_step(
     run: Run, tx: optax.GradientTransformation, state: TrainState
 ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
-    """The train step jitted over the run's mesh: `state` (shaped like `initial_state`) replicated and
-    donated, the batch sharded along `data`."""
-    state_sharding = jax.tree.map(lambda _: run.replicated, state)
+    """The train step jitted over the run's mesh: `state` (shaped like `initial_state`) donated, in and
+    out with the shardings it has (JAX refuses a donation whose output shardings are left open), the
+    batch sharded along `data`."""
+    state_sharding = jax.tree.map(lambda x: x.sharding, state)
     return jax.jit(
         make_train_step(run, tx),
         in_shardings=(state_sharding, run.batch_sharding),
@@ -166,14 +167,16 @@ def compile_train_step(
 
 def initial_state(run: Run, tx: optax.GradientTransformation) -> TrainState:
     """Step 0: a copy of the run's initial parameters (the step donates its state) and a fresh
-    optimizer state, replicated."""
-    params = jax.tree.map(jnp.copy, run.params)
-    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    optimizer state, sharded as the parameters are (Adam's moments as their parameters, the rest
+    replicated)."""
+    params = jax.device_put(jax.tree.map(jnp.copy, run.params), run.param_shardings)
+    opt_state = jax.jit(tx.init, out_shardings=sharding.optimizer_shardings(tx, params, run.param_shardings, run.replicated))(params)
+    state = {"step": jax.device_put(jnp.zeros((), jnp.int32), run.replicated), "params": params, "opt_state": opt_state}
     model = run.model(run.params)
     model_state = model.initial_model_state() if model.config.has_objective else {}  # e.g. hard attention's baseline
     if model_state:
-        state["model_state"] = model_state
-    return jax.device_put(state, run.replicated)
+        state["model_state"] = jax.device_put(model_state, run.replicated)
+    return state
 
 
 def check_finite(window: list[tuple[int, dict]]) -> None:
@@ -293,6 +296,7 @@ def train(run: Run) -> dict:
         write_run_config(run.settings, run.workdir)
     tx = make_optimizer(optimization)
     state, start_step = initial_state(run, tx), 0
+    logging.info(sharding.describe(run.mesh, run.settings.cluster.sharding, state["params"], state["opt_state"]))
     train_step = compile_train_step(run, tx, state)
     evaluator = evaluation.Evaluator(run)
     train_data, length_report = input_pipeline.train_dataset(

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.layers import Linear
+from models.layers import Linear, logical
 
 Array = jax.Array
 
@@ -348,15 +348,15 @@ class MultiHeadAttention(nnx.Module):
         self.additive_chunk_size, self.dtype = additive_chunk_size, dtype
         width = num_heads * head_dim
 
-        def projection(fan_in: int, fan_out: int, bias: bool = use_bias) -> Linear:
-            return Linear(fan_in, fan_out, use_bias=bias, dtype=dtype, rngs=rngs)
+        def projection(fan_in: int, fan_out: int, bias: bool = use_bias, axes=("embed", "heads")) -> Linear:
+            return Linear(fan_in, fan_out, axes=axes, use_bias=bias, dtype=dtype, rngs=rngs)
 
         self.query = projection(in_features, width)
         # No key bias: it adds q.b to every score of a query, which the softmax ignores, so its
         # gradient is exactly zero and Adam would turn rounding noise into updates.
         self.key = projection(kv_features, width, bias=False)
         self.value = projection(kv_features, width)
-        self.out = projection(width, out_features)
+        self.out = projection(width, out_features, axes=("heads", "embed"))
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
         self.score_weight = nnx.data(self._score_weight(score, rngs))
 
@@ -366,9 +366,9 @@ class MultiHeadAttention(nnx.Module):
         shape = (self.num_heads, self.head_dim)
         if score == "general":
             eye = jnp.broadcast_to(jnp.eye(self.head_dim), shape + (self.head_dim,))
-            return nnx.Param(eye + 0.02 * jax.random.normal(rngs.params(), eye.shape))
+            return nnx.Param(eye + 0.02 * jax.random.normal(rngs.params(), eye.shape), **logical("heads", None, None))
         if score == "additive":
-            return nnx.Param(nnx.initializers.lecun_normal(in_axis=-1, out_axis=-2)(rngs.params(), shape))
+            return nnx.Param(nnx.initializers.lecun_normal(in_axis=-1, out_axis=-2)(rngs.params(), shape), **logical("heads", None))
         return None
 
     def _split_heads(self, x: Array) -> Array:
@@ -487,7 +487,7 @@ class Attention(nnx.Module):
             Linear(key_features, key_out, use_bias=additive, dtype=dtype, rngs=rngs) if score != "dot" else None
         )
         self.v = nnx.data(
-            nnx.Param(nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,))) if additive else None
+            nnx.Param(nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,)), **logical("mlp")) if additive else None
         )
 
     def project_keys(self, keys: Array) -> Array:

@@ -65,7 +65,7 @@ from flax import nnx
 from errors import ConfigError
 from models.attention import Attention, AttentionRole
 from models.interface import ModelConfig
-from models.layers import Linear, shift_right
+from models.layers import Linear, logical, shift_right
 from models.rnn import LSTMCell, LSTMState, time_major
 
 Array = jax.Array
@@ -160,11 +160,11 @@ class Captioner(nnx.Module):
         if config.inputs == "pixels":
             widths = (config.channels + 2 * config.coordinates, *config.conv_widths)
             he = nnx.initializers.kaiming_normal()  # keeps the responses' scale through the ReLUs (He et al. 2015)
-            self.convs = nnx.List(nnx.Conv(a, b, (3, 3), padding="SAME", use_bias=False, kernel_init=he, rngs=rngs)
+            self.convs = nnx.List(nnx.Conv(a, b, (3, 3), padding="SAME", use_bias=False, kernel_init=he, kernel_metadata=logical(None, None, "embed", "mlp"), rngs=rngs)
                                   for a, b in zip(widths, widths[1:]))  # no bias: the centring would cancel it
         else:
             self.convs = nnx.List([])
-        self.embed = nnx.Embed(config.vocab_size, E, embedding_init=nnx.initializers.normal(0.1), rngs=rngs)  # E
+        self.embed = nnx.Embed(config.vocab_size, E, embedding_init=nnx.initializers.normal(0.1), embedding_metadata=logical("vocab", "embed"), rngs=rngs)  # E
         self.init_hidden = Linear(D, N, rngs=rngs)  # f_init_h
         self.init_cell = Linear(D, N, rngs=rngs)  # f_init_c
         self.attention = Attention(N, D, score="additive", attention_dim=config.attention_dim, role=AttentionRole.CROSS, rngs=rngs)  # f_att
@@ -172,7 +172,7 @@ class Captioner(nnx.Module):
         self.lstm = LSTMCell(E + D, N, rngs=rngs)  # T of eq. 1 over [E y_{t-1}; z_t] (and h_{t-1} inside)
         self.output_hidden = Linear(N, E, rngs=rngs)  # L_h
         self.output_context = Linear(D, E, use_bias=False, rngs=rngs)  # L_z
-        self.output = Linear(E, config.vocab_size, rngs=rngs)  # L_o
+        self.output = Linear(E, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)  # L_o
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
     # -- the encoder -------------------------------------------------------------

@@ -15,6 +15,22 @@ from flax import nnx
 Array = jax.Array
 
 
+def logical(*axes: str | None) -> dict:
+    """Flax NNX sharding metadata naming a parameter's axes, one logical name per axis (None: never
+    split). `run_setup/sharding.py` maps the names to mesh axes, one rule table per `sharding` mode:
+
+    - `vocab`: vocabulary rows of embeddings and output projections;
+    - `embed`: the model (or embedding, or recurrent input) width that a layer reads;
+    - `heads`: attention's heads (the flattened `N*H` of the projections, or `N`);
+    - `mlp`: the wide side of a layer (feed-forward hidden, gates, attention dim);
+    - `norm`: LayerNorm scales and biases (small: never split).
+
+    `eager_sharding=False`: the model is built anywhere (tests, the preflight's abstract builds,
+    inference on one device), with no mesh; the run places the parameters itself.
+    """
+    return {"out_sharding": axes, "eager_sharding": False}
+
+
 class Linear(nnx.Linear):
     """`nnx.Linear` applied to the rows of its input flattened to 2-D: `[..., Din] -> [..., Dout]`.
 
@@ -23,7 +39,12 @@ class Linear(nnx.Linear):
     weight gradient contracts two axes (a feed-forward block at 64 x 128 x 256, forward
     + backward: `benchmarks/layouts.py`; what it is worth to the kjv_web_transformer train
     step: docs/performance.md, "What each choice is worth").
+
+    `axes` are the kernel's logical axis names `(in, out)` (see `logical`); the bias has `out`'s.
     """
+
+    def __init__(self, in_features: int, out_features: int, *, axes: tuple[str | None, str | None] = ("embed", "mlp"), **kwargs):
+        super().__init__(in_features, out_features, kernel_metadata=logical(*axes), bias_metadata=logical(axes[1]), **kwargs)
 
     def __call__(self, inputs: Array) -> Array:
         return super().__call__(as_rows(inputs)).reshape(*inputs.shape[:-1], self.out_features)
@@ -53,7 +74,7 @@ class Embed(nnx.Module):
         # Unit-variance rows: with the sqrt(D) scale the inputs have the size of
         # the sinusoidal positions, and as output weights the logits start O(1).
         init = nnx.initializers.normal(stddev=features**-0.5)
-        self.embedding = nnx.Embed(vocab_size, features, embedding_init=init, dtype=dtype, rngs=rngs)
+        self.embedding = nnx.Embed(vocab_size, features, embedding_init=init, dtype=dtype, embedding_metadata=logical("vocab", "embed"), rngs=rngs)
         self.multiplier = math.sqrt(features) if scale else 1.0
 
     def __call__(self, tokens: Array) -> Array:
@@ -89,7 +110,7 @@ class LearnedPositions(nnx.Module):
 
     def __init__(self, max_length: int, features: int, *, dtype=None, rngs: nnx.Rngs):
         init = nnx.initializers.normal(stddev=0.02)
-        self.embedding = nnx.Embed(max_length, features, embedding_init=init, dtype=dtype, rngs=rngs)
+        self.embedding = nnx.Embed(max_length, features, embedding_init=init, dtype=dtype, embedding_metadata=logical(None, "embed"), rngs=rngs)
         self.max_length = max_length
 
     def __call__(self, positions: Array) -> Array:
@@ -104,8 +125,8 @@ class FeedForward(nnx.Module):
     """
 
     def __init__(self, features: int, hidden: int, *, dropout_rate: float = 0.0, dtype=None, rngs: nnx.Rngs):
-        self.inner = Linear(features, hidden, dtype=dtype, rngs=rngs)
-        self.outer = Linear(hidden, features, dtype=dtype, rngs=rngs)
+        self.inner = Linear(features, hidden, axes=("embed", "mlp"), dtype=dtype, rngs=rngs)
+        self.outer = Linear(hidden, features, axes=("mlp", "embed"), dtype=dtype, rngs=rngs)
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
 
     def __call__(self, x: Array, *, deterministic: bool = True) -> Array:
@@ -116,7 +137,8 @@ class FeedForward(nnx.Module):
 
 def layer_norm(features: int, *, dtype=None, rngs: nnx.Rngs) -> nnx.LayerNorm:
     """LayerNorm (Ba et al. 2016) with float32 statistics and parameters."""
-    return nnx.LayerNorm(features, epsilon=1e-6, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+    return nnx.LayerNorm(features, epsilon=1e-6, dtype=dtype, param_dtype=jnp.float32,
+                         scale_metadata=logical("norm"), bias_metadata=logical("norm"), rngs=rngs)  # fmt: skip
 
 
 def shift_right(targets: Array, bos_id: int, segment_ids: Array | None = None) -> Array:

@@ -93,7 +93,7 @@ from flax import nnx
 from errors import ConfigError
 from models.attention import Attention, AttentionRole, AttentionWeights, capturing, masked_softmax
 from models.interface import ModelConfig
-from models.layers import Linear, shift_right
+from models.layers import Linear, logical, shift_right
 from models.rnn import time_major
 
 Array = jax.Array
@@ -314,7 +314,7 @@ class LSTMNCell(nnx.Module):
         self.key_proj = Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)  # W_h
         self.input_attention = Linear(input_dim, attention_dim, rngs=rngs)  # W_x (and the bias inside tanh)
         self.summary_attention = Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)  # W_h~
-        self.v = nnx.Param(nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,)))
+        self.v = nnx.Param(nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,)), **logical("mlp"))
         # W of eq. 10 over [h~_t; x_t] (and the context, in shallow fusion): gates i, f, o, c^
         gate_inputs = hidden_dim + input_dim + (0 if fusion_gate else context_dim)
         self.gates = Linear(gate_inputs, 4 * hidden_dim, rngs=rngs)
@@ -398,8 +398,8 @@ class LSTMN(nnx.Module):
         self.config = config
         E, H, A = config.embed_dim, config.hidden_dim, config.attention_dim
         init = nnx.initializers.normal(stddev=0.1)
-        self.source_embed = nnx.Embed(config.source_vocab_size or config.vocab_size, E, embedding_init=init, rngs=rngs)
-        self.target_embed = nnx.Embed(config.vocab_size, E, embedding_init=init, rngs=rngs)
+        self.source_embed = nnx.Embed(config.source_vocab_size or config.vocab_size, E, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs)
+        self.target_embed = nnx.Embed(config.vocab_size, E, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs)
         self.encoder_cells = nnx.List(
             LSTMNCell(E if l == 0 else H, H, A, role=AttentionRole.SOURCE_SELF, rngs=rngs) for l in range(config.num_encoder_layers)
         )
@@ -413,7 +413,7 @@ class LSTMN(nnx.Module):
         # or W_s h_{t-1} (eq. 13')
         query_dim = E + H if config.query == "eq13" else H
         self.cross_attention = Attention(query_dim, H, score="additive", attention_dim=A, role=AttentionRole.CROSS, rngs=rngs)
-        self.output = Linear(2 * H, config.vocab_size, rngs=rngs)  # over [h_t; gamma~_t]
+        self.output = Linear(2 * H, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)  # over [h_t; gamma~_t]
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
     # -- pieces ----------------------------------------------------------------

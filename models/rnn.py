@@ -36,7 +36,7 @@ from flax import nnx
 from errors import ConfigError
 from models.attention import Attention, AttentionRole
 from models.interface import ModelConfig
-from models.layers import Linear, shift_right
+from models.layers import Linear, logical, shift_right
 
 Array = jax.Array
 CELLS = ("gru", "lstm")
@@ -310,8 +310,8 @@ class RNNEncoderDecoder(nnx.Module):
         self.config = config
         init = nnx.initializers.normal(stddev=0.1)
         source_vocab = config.source_vocab_size or config.vocab_size
-        self.source_embed = nnx.Embed(source_vocab, config.embed_dim, embedding_init=init, rngs=rngs)
-        self.target_embed = nnx.Embed(config.vocab_size, config.embed_dim, embedding_init=init, rngs=rngs)
+        self.source_embed = nnx.Embed(source_vocab, config.embed_dim, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs)
+        self.target_embed = nnx.Embed(config.vocab_size, config.embed_dim, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs)
         self.decoder_cells = cell_stack(
             config.cell, first_decoder_input, config.hidden_dim, config.num_decoder_layers, rngs
         )
@@ -417,7 +417,7 @@ class ContextDecoderModel(RNNEncoderDecoder):
         self.readout_hidden = Linear(hidden, 2 * maxout, rngs=rngs)  # U_o (and the bias)
         self.readout_embedding = Linear(config.embed_dim, 2 * maxout, use_bias=False, rngs=rngs)  # V_o
         self.readout_context = Linear(context_dim, 2 * maxout, use_bias=False, rngs=rngs)  # C_o
-        self.output = Linear(maxout, config.vocab_size, rngs=rngs)  # W_o
+        self.output = Linear(maxout, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)  # W_o
 
     def _context(self, memory: RNNMemory, previous_hidden: Array) -> tuple[Array, Array | None]:
         """`c_i` `[B, Dc]` and the attention weights `[B, S]` (None without attention)."""
@@ -522,7 +522,7 @@ class Luong(RNNEncoderDecoder):
         )  # the h~_{t-1} half of the first layer's input weights
         self.cross_attention = Attention(hidden, hidden, score=config.score, attention_dim=config.attention_dim or None, rngs=rngs)
         self.attentional = Linear(2 * hidden, hidden, use_bias=False, rngs=rngs)  # W_c
-        self.output = Linear(hidden, config.vocab_size, rngs=rngs)  # W_s
+        self.output = Linear(hidden, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)  # W_s
 
     def encode(self, inputs: Array, *, deterministic: bool = True) -> RNNMemory:
         """`inputs [B, S]` -> the top layer's states `h_s [B, S, H]`, their key projection, and the final states."""

@@ -237,7 +237,7 @@ class Transformer(nnx.Module):
         self.encoder_norm = nnx.data(final_norm())
         self.decoder_norm = nnx.data(final_norm())
         self.output = nnx.data(
-            None if config.tie_output else Linear(config.d_model, config.vocab_size, dtype=dtype, rngs=rngs)
+            None if config.tie_output else Linear(config.d_model, config.vocab_size, axes=("embed", "vocab"), dtype=dtype, rngs=rngs)
         )
 
     # -- pieces -------------------------------------------------------------

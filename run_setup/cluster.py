@@ -1,7 +1,7 @@
 """Processes and devices: joining a cluster, the mesh over every device, a device's memory.
 
-Devices: one `Mesh` over every device of every process, batches sharded along
-`data`, parameters replicated.
+Devices: one (`data`, `model`) `Mesh` over every device of every process, batches sharded along
+`data`; where parameters live is `run_setup/sharding.py`'s.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
+from run_setup.sharding import DATA, MODEL, mesh_shape
 from settings import ClusterSettings
 
 
@@ -47,9 +48,16 @@ def detected_cluster() -> str | None:
     return None
 
 
-def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A one-axis mesh (`data`) over `devices` (default: every device of every process)."""
-    return Mesh(np.array(jax.devices() if devices is None else devices), ("data",))
+def make_mesh(devices: Sequence[jax.Device] | None = None, sharding: str = "replicated", tensor_parallel: int = 1) -> Mesh:
+    """The (`data`, `model`) mesh over `devices` (default: every device of every process): `model`
+    has `tensor_parallel` devices under `sharding="fsdp_tp"` (else 1), `data` the rest.
+
+    Raises:
+      ConfigError: `tensor_parallel` does not divide the device count, naming both.
+    """
+    devices = np.array(jax.devices() if devices is None else devices)
+    shape = mesh_shape(devices.size, sharding, tensor_parallel)
+    return Mesh(devices.reshape(shape), (DATA, MODEL))
 
 
 def device_memory_bytes(device: jax.Device) -> int:

@@ -62,11 +62,15 @@ def check_memory(settings: Settings, mesh: Mesh, *, training: bool) -> None:
     count = parameter_count(model.name, fields)
     available = device_memory_bytes(local_device(mesh)) // 2
     copies = 4 if training else 1  # parameters, gradients, Adam's first and second moments (float32)
-    if count * 4 * copies > available:
+    # fsdp and fsdp_tp split the large parameters (nearly all bytes) over every device of the mesh
+    shards = 1 if settings.cluster.sharding == "replicated" else mesh.size
+    per_device = count * 4 * copies // shards
+    if per_device > available:
         sizes = ", ".join(f"model.{k}" for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool) and k not in models.FROM_VOCABULARY)
         raise ConfigError(
-            f"model {model.name} has {count:,} parameters, {count * 4 * copies / 2**30:.1f} GiB with what training keeps "
-            f"of them, more than half of a device's {2 * available / 2**30:.1f} GiB; lower {sizes}"
+            f"model {model.name} has {count:,} parameters, {per_device / 2**30:.1f} GiB per device with what training keeps "
+            f"of them (sharding {settings.cluster.sharding}), more than half of a device's {2 * available / 2**30:.1f} GiB; "
+            f"lower {sizes}{'' if shards > 1 else ', or shard them: sharding=fsdp'}"
         )
     positions = max(rows * target for rows, _, target in microbatch_shapes(settings, mesh))  # one device's microbatch
     logits = positions * vocab * 4 * 3  # logits, softmax and their gradient

@@ -29,7 +29,7 @@ import vocabularies
 from checkpoints import Checkpoints
 from errors import CheckpointError
 from files import WorkdirLock, write_whole
-from run_setup import preflight
+from run_setup import preflight, sharding
 from run_setup.cluster import is_chief, make_mesh, setup_distributed
 from settings import InitSettings, Settings
 from tasks import token_cache
@@ -103,6 +103,26 @@ def build_model(settings: Settings, tokens: vocabularies.Tokenizers) -> nnx.Modu
     return models.create_model(settings.model.name, rngs=rngs, **model_fields(settings, tokens))
 
 
+def create_model(settings: Settings, tokens: vocabularies.Tokenizers, mesh: Mesh) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """`(graphdef, params, rngs)` of the run's model, the parameters placed on `mesh` by the rules of
+    `settings.cluster.sharding` and the RNG state replicated.
+
+    Sharded parameters are created sharded (an initializer jitted with their shardings as its
+    output's: no device ever holds more than its shards); replicated ones as before, built once and
+    copied to every device, so a replicated run is bit for bit what it was.
+    """
+    abstract_model = nnx.eval_shape(lambda: build_model(settings, tokens))  # shapes and the parameters' axis names
+    graphdef, abstract_params, _ = split_model(abstract_model)
+    specs = sharding.partition_specs(abstract_params, mesh, settings.cluster.sharding)
+    param_shardings = sharding.named_shardings(specs, mesh)
+    if sharding.is_replicated(specs):
+        _, params, rngs = split_model(build_model(settings, tokens))
+        return graphdef, jax.device_put(params, param_shardings), rngs
+    create = jax.jit(lambda: split_model(build_model(settings, tokens))[1:], out_shardings=(param_shardings, NamedSharding(mesh, PartitionSpec())))
+    params, rngs = create()
+    return graphdef, params, rngs
+
+
 def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
     """`(graphdef, params, rngs)`; the model must hold nothing else."""
     graphdef, params, rngs, rest = nnx.split(model, nnx.Param, nnx.RngState, ...)
@@ -133,7 +153,7 @@ class Run:
     tokens: vocabularies.Tokenizers
     mesh: Mesh
     graphdef: nnx.GraphDef
-    params: nnx.State  # the initial parameters, replicated over the mesh
+    params: nnx.State  # the initial parameters, placed over the mesh by `settings.cluster.sharding`
     rngs: nnx.State
     checkpoints: Checkpoints
     lock: WorkdirLock | None = None  # held while training (the chief's)
@@ -147,6 +167,11 @@ class Run:
         return NamedSharding(self.mesh, PartitionSpec())
 
     @property
+    def param_shardings(self) -> nnx.State:
+        """Each parameter's sharding, by the rules of `settings.cluster.sharding` (run_setup/sharding.py)."""
+        return jax.tree.map(lambda x: x.sharding, self.params)
+
+    @property
     def batch_sharding(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec("data"))
 
@@ -155,8 +180,9 @@ class Run:
         return merge_model(self.graphdef, params, self.rngs)
 
     def abstract(self, tree: Any) -> Any:
-        """Shapes, dtypes and the replicated sharding of `tree`, for restoring into."""
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated), tree)
+        """Shapes, dtypes and shardings of `tree` (arrays on the run's mesh), for restoring into: a
+        checkpoint saved under another sharding or on other devices is read into these."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
     def global_batch(self, local: dict) -> dict:
         """Process-local numpy rows -> global arrays sharded along `data`."""
@@ -194,7 +220,7 @@ def prepare_run(
     chief first takes the workdir's lock (`run.lock`; the caller releases it), after the settings are
     checked against the devices and before anything in the workdir is read or written."""
     setup_distributed(settings.cluster)
-    mesh = make_mesh(devices)
+    mesh = make_mesh(devices, settings.cluster.sharding, settings.cluster.tensor_parallel)
     preflight.check(settings, mesh, training=training)
     workdir = Path(workdir)
     held = None
@@ -207,7 +233,7 @@ def prepare_run(
             task, tokens = load_task_and_tokenizers(settings, workdir)
         else:
             task, tokens = None, vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer)
-        graphdef, params, rngs = split_model(build_model(settings, tokens))
+        graphdef, params, rngs = create_model(settings, tokens, mesh)
         evaluation = settings.evaluation
         checkpoints = Checkpoints(
             workdir / "checkpoints",
@@ -219,7 +245,6 @@ def prepare_run(
         if held is not None:
             held.release()
         raise
-    params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
     if training and settings.init.run and not checkpoints.steps():  # fine-tuning; a run with checkpoints resumes
         params = initial_params_from(settings.init, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params))
     return Run(settings, workdir, task, tokens, mesh, graphdef, params, rngs, checkpoints, held)

@@ -17,7 +17,7 @@ RUN_IDENTITY = ("seed", "model", "task", "tokenizer", "data")
 EVALUATION_FIELDS = (
     "eval_split", "restore_step", "restore_best", "average_last", "decode", "eval_decode_examples",
     "length_bucket_width", "visualize_examples", "visualize_self_attention", "data_dir", "metrics",
-    "coordinator_address", "num_processes", "process_id",  # how this command runs, not what the run is
+    "coordinator_address", "num_processes", "process_id", "sharding", "tensor_parallel",  # how this command runs, not what the run is
 )  # fmt: skip
 
 
