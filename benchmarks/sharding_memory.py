@@ -1,6 +1,6 @@
 """Parameter and optimizer bytes per device of each `sharding` mode, for the big Transformer.
 
-    python benchmarks/sharding_memory.py [--devices 8] [--tensor_parallel 2] [--vocab_size 37000]
+    python benchmarks/sharding_memory.py [--devices=8] [--tensor_parallel=2] [--vocab_size=37000]
 
 Builds `CONFIG` abstractly (shapes only: no memory, no compilation) on `--devices` forced host
 devices and places its parameters and Adam state as a run would (run_setup/sharding.py), then
@@ -11,32 +11,28 @@ the shared en-de one of the paper is about 37000). The figures: docs/performance
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from absl import flags  # noqa: E402
 
-CONFIG = "configs/wmt14_transformer.py:big"  # FILE.py[:ARG], its get_config(ARG)
+from configs import base  # noqa: E402
+from run_setup import command_line  # noqa: E402
+
 MIB = 2**20
 
-
-def load_config(source: str = CONFIG):
-    """`get_config()` (or `get_config(ARG)`) of the config file `source` = `FILE.py[:ARG]`."""
-    path, _, argument = source.partition(":")
-    module = importlib.import_module(f"configs.{Path(path).stem}")
-    return module.get_config(argument) if argument else module.get_config()
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_integer("devices", 8, "forced host devices", flag_values=FLAGS)
+flags.DEFINE_integer("tensor_parallel", 2, "the model axis of fsdp_tp", flag_values=FLAGS)
+flags.DEFINE_integer("vocab_size", 37000, "the vocabulary (SentencePiece pieces)", flag_values=FLAGS)
+flags.DEFINE_string("config", "configs/wmt14_transformer.py:big", "FILE.py[:ARG]", flag_values=FLAGS)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=8)
-    parser.add_argument("--tensor_parallel", type=int, default=2)
-    parser.add_argument("--vocab_size", type=int, default=37000)
-    parser.add_argument("--config", default=CONFIG)
-    args = parser.parse_args(argv)
+    command_line.parse(FLAGS, argv or sys.argv, __doc__)
+    args = FLAGS
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}".strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -51,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     from run_setup.run import split_model
     from settings import parse
 
-    settings = parse(load_config(args.config))
+    settings = parse(base.load(args.config))
     fields = {**settings.model.fields, "vocab_size": args.vocab_size, "source_vocab_size": args.vocab_size,
               "bos_id": vocabularies.BOS_ID, "pad_id": vocabularies.PAD_ID}  # fmt: skip
     _, abstract_params, _ = split_model(nnx.eval_shape(lambda: models.create_model(settings.model.name, rngs=nnx.Rngs(0), **fields)))

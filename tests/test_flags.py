@@ -80,4 +80,4 @@ def test_every_script_parses_absl_flags():
     argparse_users = [path.name for path in scripts if "argparse" in imported(path)]
     assert not argparse_users
     mains = [path.name for path in scripts if "def main(" in path.read_text()]
-    assert len(mains) == 12 and all("absl" in imported(PROJECT_ROOT / "benchmarks" / name) for name in mains if name not in ("train.py", "sweep.py", "inference.py"))
+    assert {"train.py", "sweep.py", "inference.py"} <= set(mains) and all("absl" in imported(PROJECT_ROOT / "benchmarks" / name) for name in mains if name not in ("train.py", "sweep.py", "inference.py"))
