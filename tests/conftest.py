@@ -41,6 +41,28 @@ import pytest  # noqa: E402
 from settings import parse
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "all_devices: the test's in-process runs use all 8 forced devices (default: one)")
+    config.addinivalue_line("markers", "slow: starts several processes or trains to a result (over ~10 s); scheduled first")
+
+
+def pytest_collection_modifyitems(items):
+    """The `slow` tests first, in their order: pytest-xdist's workers then start on them and end on
+    short tests, instead of one worker finishing a long test alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def one_device_unless_marked(request, monkeypatch):
+    """In-process runs (`prepare_run` without `devices`) train on one of the 8 forced devices unless the
+    test is marked `all_devices`: eight host devices on two cores make a tiny run's step about twice as
+    slow, and only the tests of data parallelism and sharding are about the device count."""
+    if request.node.get_closest_marker("all_devices") is None:
+        from run_setup import cluster, run
+
+        one_device = lambda devices=None, *args, **kwargs: cluster.make_mesh(jax.devices()[:1] if devices is None else devices, *args, **kwargs)  # noqa: E731
+        monkeypatch.setattr(run, "make_mesh", one_device)
+
 
 @pytest.fixture(scope="session")
 def shared_data_dir(tmp_path_factory):

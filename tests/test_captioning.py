@@ -68,6 +68,7 @@ def test_caption_metrics_use_every_reference():
     assert results["bleu_1"] > results["bleu_4"] >= 0.0
 
 
+@pytest.mark.slow
 def test_digit_strips_train_and_evaluate_writes_the_caption_metrics_and_pictures(shared_data_dir, tmp_path):
     final = trainer.train_and_evaluate(parse(captioning_config(shared_data_dir)), tmp_path)
     saved = json.loads((tmp_path / "eval" / "step_4.json").read_text())
@@ -127,6 +128,7 @@ def test_image_captions_reads_a_folder_and_reports_bad_lines(tmp_path):
         load_task("image_captions", str(tmp_path / "tfds"), **{**params, "images": str(tmp_path / "nowhere")})
 
 
+@pytest.mark.slow
 def test_hard_attention_resumes_bit_identical_after_sigkill(shared_data_dir, tmp_path):
     """The sampler's keys come from the step and the moving-average baseline is checkpointed with
     the parameters, so a killed and rerun hard-attention run ends where an uninterrupted one does."""

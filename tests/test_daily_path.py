@@ -102,6 +102,7 @@ def test_resuming_with_a_changed_model_is_refused_before_anything_is_written(fin
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_readme_own_corpus_command(tmp_path):
     """The README's command for one's own corpus, with a tiny model and corpus."""
     corpus = tmp_path / "my"
@@ -218,6 +219,7 @@ def test_inference_api_from_a_copied_run_folder(finished_run, tmp_path):
 # ---------------------------------------------------------------- early stopping and BLEU's tokenizer
 
 
+@pytest.mark.slow
 def test_early_stopping_ends_the_run_and_its_count_survives_a_resume(shared_data_dir, tmp_path):
     # learning rate 0: the dev loss never improves after the first evaluation
     overrides = dict(learning_rate=0.0, schedule="constant", num_train_steps=40, eval_every_steps=5, checkpoint_every_steps=40)

@@ -293,6 +293,7 @@ def test_every_family_and_task_config_builds_its_model(family, task):
         assert model(source_batch()).shape == (3, 5, V)
 
 
+@pytest.mark.slow
 def test_rnnsearch_trains_in_the_trainer_and_draws_its_alignment(shared_data_dir, tmp_path):
     fields = recurrent.model_fields("rnnsearch", "dates")
     fields.update(embed_dim=16, hidden_dim=16, maxout_dim=8, attention_dim=16)

@@ -18,6 +18,8 @@ from run_setup.run import prepare_run
 from settings import parse, write_run_config
 from tiny import tiny_config
 
+pytestmark = pytest.mark.all_devices  # about the device count
+
 MODES = {"replicated": 1, "fsdp": 1, "fsdp_tp": 2}  # mode -> tensor_parallel
 
 

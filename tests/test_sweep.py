@@ -85,6 +85,7 @@ def grid_params(study):
 # ---------------------------------------------------------------- real trials
 
 
+@pytest.mark.slow
 def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     config = write(tmp_path / "tiny_config.py", (
         f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom tiny import tiny_config\n\n"
@@ -129,6 +130,7 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
 # ---------------------------------------------------------------- bookkeeping, with the fake trainer
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_without_repeating_finished_trials(tmp_path):
     path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.15})
     workdir = tmp_path / "sweep"
@@ -173,6 +175,7 @@ def test_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "crash asked for" in (tmp_path / "sweep" / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_lagging_trials_are_pruned(tmp_path):
     qualities = [1.0, 0.9, 0.2, 0.97]
     path = sweep_file(tmp_path, method="grid", space={"quality": ("categorical", qualities)}, objective="dev/score",
@@ -185,6 +188,7 @@ def test_lagging_trials_are_pruned(tmp_path):
     assert all(by_quality[q].state.name == "COMPLETE" for q in (1.0, 0.9, 0.97))
 
 
+@pytest.mark.slow
 def test_random_and_tpe_sweeps_run_their_number_of_trials(tmp_path):
     for method in ("random", "tpe"):
         path = sweep_file(tmp_path, method=method, num_trials=5, objective="dev/score", direction="maximize",
@@ -242,6 +246,7 @@ def postgres_url(tmp_path):
         yield f"postgresql+psycopg2://postgres@/postgres?host={found.socket_dir}&port={found.port}"
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_study_in_postgresql(tmp_path, postgres_url):
     path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.1})
     status, output = run_sweep(tmp_path, path, "--parallel=2", f"--storage={postgres_url}")
@@ -376,6 +381,7 @@ runpy.run_path(FAKE_TRAIN, run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_trials_inherit_their_workers_gpus(tmp_path):
     # stands in for train.py: records the devices the trial was given, then "trains"
     recorder = write(tmp_path / "record_train.py", f"FAKE_TRAIN = {str(FAKE_TRAIN)!r}\n{RECORD_TRAIN}")

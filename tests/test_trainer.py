@@ -93,6 +93,7 @@ def first_step(run, batch):
     return trainer.compile_train_step(run, tx, state)(state, run.global_batch(batch))
 
 
+@pytest.mark.all_devices
 def test_eight_devices_equal_one_device(shared_data_dir, tmp_path):
     assert jax.device_count() == 8
     config = tiny_config(shared_data_dir, batch_size=32)
@@ -196,6 +197,7 @@ def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp
     assert "fell back to the checkpoint at step 10" in caplog.text
 
 
+@pytest.mark.slow
 def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp_path):
     config, workdir, _ = finished_run
     copy = copy_with_a_damaged_checkpoint(workdir, tmp_path, step=20)
