@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 from orbax.checkpoint._src.path import atomicity
-from tiny import tiny_config, xla_flags
+from tiny import tiny_config, two_process_config, xla_flags
 from test_trainer import assert_same_final_state, metric_rows, run_train_py
 
 import checkpoints
@@ -21,6 +23,7 @@ import files
 import trainer
 from errors import CheckpointError
 from run_setup import cluster
+from run_setup import run as run_module
 from run_setup.run import prepare_run
 from settings import parse
 
@@ -109,7 +112,8 @@ def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_ste
 # ---------------------------------------------------------------- several processes
 
 
-def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cluster", sigterm_at: int | None = None) -> list[subprocess.Popen]:
+def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cluster", sigterm_at: int | None = None,
+                  sharding: str = "replicated") -> list[subprocess.Popen]:  # fmt: skip
     """Two processes training together on 2 CPU devices each; `cluster`: joined by a faked SLURM job
     of two tasks (the environment SLURM gives srun's tasks), which JAX detects. With `sigterm_at`
     the second process is sent SIGTERM while that step runs (by itself: the step is then known)."""
@@ -120,9 +124,9 @@ def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cl
         if coordinator == "cluster":
             environment.update(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2", SLURM_PROCID=str(index),
                                SLURM_LOCALID=str(index), JAX_COORDINATOR_PORT=port)  # fmt: skip
-        command = [sys.executable, str(TWO_PROCESS_WORKER), str(index), coordinator.replace("PORT", port), str(workdir), str(data_dir), str(steps)]
-        if sigterm_at is not None and index == 1:
-            command.append(str(sigterm_at))
+        signalled = sigterm_at if sigterm_at is not None and index == 1 else 0
+        command = [sys.executable, str(TWO_PROCESS_WORKER), str(index), coordinator.replace("PORT", port), str(workdir), str(data_dir), str(steps),
+                   str(signalled), sharding]  # fmt: skip
         workers.append(subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return workers
 
@@ -164,3 +168,30 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
     assert strip(metric_rows(cut)) == strip(metric_rows(whole))
     assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=steps), whole, cut, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.all_devices
+def test_two_processes_under_fsdp_train_as_one_process_on_four_devices(shared_data_dir, tmp_path, monkeypatch):
+    """Parameters and Adam moments sharded over the devices of both processes (`fsdp`, data=4):
+    the pair's losses, evaluation and final parameters are those of one process on 4 devices."""
+    steps = 8
+    finished(two_processes(tmp_path / "pair", shared_data_dir, steps, coordinator="127.0.0.1:PORT", sharding="fsdp"))
+    assert "sharding fsdp over (data=4, model=1)" in (tmp_path / "pair" / "log.txt").read_text()
+
+    four_devices = lambda devices=None, *args, **kwargs: cluster.make_mesh(jax.devices()[:4] if devices is None else devices, *args, **kwargs)  # noqa: E731
+    monkeypatch.setattr(run_module, "make_mesh", four_devices)
+    config = two_process_config(shared_data_dir, steps, "fsdp")
+    trainer.train_and_evaluate(parse(config), tmp_path / "one")
+    pair, one = metric_rows(tmp_path / "pair"), metric_rows(tmp_path / "one")
+    assert [(r["step"], r["split"]) for r in pair] == [(r["step"], r["split"]) for r in one]
+    for a, b in zip(pair, one):
+        if "loss" in a:
+            np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5, err_msg=f"step {a['step']} {a['split']}")
+
+    states = []
+    for workdir in (tmp_path / "pair", tmp_path / "one"):
+        run = prepare_run(parse(config), workdir, devices=jax.devices()[:1], with_data=False)
+        states.append(run.checkpoints.restore(run.abstract(trainer.initial_state(run, trainer.make_optimizer(run.settings.optimization))), step=steps)[1])
+    for a, b in zip(jax.tree.leaves(states[0]["params"]), jax.tree.leaves(states[1]["params"]), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)

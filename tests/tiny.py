@@ -22,3 +22,12 @@ def tiny_config(data_dir, **overrides):
         base.set_field(config, dotted_name, value)
     config.lock()
     return config
+
+
+def two_process_config(data_dir, steps: int, sharding: str = "replicated", **overrides):
+    """tests/two_process_worker.py's config: `tiny_config` with a log row every 4 steps, saving and
+    evaluating only at the end; no dropout under a sharded mode (its runs are compared with one
+    process's, to rounding)."""
+    dropout = {} if sharding == "replicated" else {"model.dropout_rate": 0.0}
+    return tiny_config(data_dir, num_train_steps=steps, log_every_steps=4, checkpoint_every_steps=1000, eval_every_steps=1000,
+                       sharding=sharding, **dropout, **overrides)  # fmt: skip

@@ -1,10 +1,11 @@
 """One of two processes training the tiny config together, for tests/test_faults.py.
 
-    python tests/two_process_worker.py PROCESS_ID COORDINATOR WORKDIR DATA_DIR NUM_TRAIN_STEPS [SIGTERM_AT_STEP]
+    python tests/two_process_worker.py PROCESS_ID COORDINATOR WORKDIR DATA_DIR NUM_TRAIN_STEPS SIGTERM_AT_STEP SHARDING
 
 COORDINATOR is `host:port` (the config's coordinator fields), or `cluster` to leave the config's
-empty and let the environment (a faked SLURM job) name the cluster. With SIGTERM_AT_STEP the
+empty and let the environment (a faked SLURM job) name the cluster. With SIGTERM_AT_STEP > 0 the
 process sends itself SIGTERM while that train step runs (a scheduler's preemption notice).
+SHARDING is the config's `sharding` (tiny.two_process_config).
 """
 
 import logging
@@ -20,20 +21,17 @@ import trainer  # noqa: E402
 from fault_worker import signal_at_step  # noqa: E402
 from run_setup.cluster import setup_distributed  # noqa: E402
 from settings import parse  # noqa: E402
-from tiny import tiny_config  # noqa: E402
+from tiny import two_process_config  # noqa: E402
 
 logging.getLogger().setLevel(logging.INFO)  # the trainer's INFO lines (resuming, ...) in log.txt, as train.py logs them
 for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
     logging.getLogger(library).setLevel(logging.WARNING)
-process_id, coordinator, workdir, data_dir, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-if len(sys.argv) > 6:
-    signal_at_step(int(sys.argv[6]), signal.SIGTERM)
-joining = {} if coordinator == "cluster" else {"coordinator_address": coordinator, "num_processes": 2, "process_id": process_id}
-config = tiny_config(
-    data_dir, **joining, num_train_steps=steps, log_every_steps=4, checkpoint_every_steps=1000, eval_every_steps=1000,
-)  # fmt: skip
-settings = parse(config)
+process_id, coordinator, workdir, data_dir, steps, sigterm_at, sharding = sys.argv[1:]
+if int(sigterm_at) > 0:
+    signal_at_step(int(sigterm_at), signal.SIGTERM)
+joining = {} if coordinator == "cluster" else {"coordinator_address": coordinator, "num_processes": 2, "process_id": int(process_id)}
+settings = parse(two_process_config(data_dir, int(steps), sharding, **joining))
 setup_distributed(settings.cluster)
-assert jax.process_count() == 2 and jax.process_index() == process_id, "the two processes did not join"
+assert jax.process_count() == 2 and jax.process_index() == int(process_id), "the two processes did not join"
 print(f"process {jax.process_index()} of {jax.process_count()} on {jax.device_count()} devices", flush=True)
 trainer.train_and_evaluate(settings, workdir)
