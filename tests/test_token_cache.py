@@ -2,6 +2,7 @@
 format, read straight from the shards, tokenized by a pool of processes like in this one."""
 
 import json
+import pickle
 import shutil
 
 import numpy as np
@@ -43,14 +44,20 @@ def fresh(task, split, tokenizers):
     return token_cache.token_ids(task, split, tokenizers)
 
 
-def test_tokenized_once_then_memory_mapped_from_beside_the_built_data(copy_task, char_tokenizers, monkeypatch):
+def test_tokenized_once_then_read_from_beside_the_built_data(copy_task, char_tokenizers, monkeypatch):
     folder = token_cache.cache_folder(token_cache.shard_ranges(copy_task.splits["dev"]), "dev", char_tokenizers)
     made = fresh(copy_task, "dev", char_tokenizers)
     assert json.loads((folder / "format.json").read_text())["version"] == token_cache.FORMAT_VERSION
     monkeypatch.setattr(tk.CharTokenizer, "encode", lambda *args: pytest.fail("tokenized again"))
     read = fresh(copy_task, "dev", char_tokenizers)
     monkeypatch.undo()
-    assert isinstance(read.source, np.memmap) and isinstance(read.target_starts, np.memmap)
+    assert isinstance(read.source, token_cache.IdsFile) and isinstance(read.target_starts, np.memmap)
+    whole = np.fromfile(folder / "source.ids", "<i4")  # the file as numpy reads it
+    np.testing.assert_array_equal(read.source[3:40], whole[3:40])
+    np.testing.assert_array_equal(read.source[len(whole) - 5 :], whole[-5:])  # the file's end
+    assert len(read.source[7:7]) == 0
+    copied = pickle.loads(pickle.dumps(read.source))  # as a data worker process would get it: opened again
+    np.testing.assert_array_equal(copied[0 : len(whole)], whole)
     for ids in (made, read):
         assert_ids_of_every_pair(ids, copy_task, "dev", char_tokenizers)
     other = tk.Tokenizers(*[tk.CharTokenizer("".join(sorted(char_tokenizers.source.chars, reverse=True)))] * 2)
@@ -114,4 +121,4 @@ def test_a_catalog_data_source_is_tokenized_once_beside_its_prepared_data(copy_t
     shutil.rmtree(token_cache.cache_folder(token_cache.shard_ranges(source), "dev", char_tokenizers), ignore_errors=True)
     assert_ids_of_every_pair(fresh(catalog, "dev", char_tokenizers), catalog, "dev", char_tokenizers)
     monkeypatch.setattr(tk.CharTokenizer, "encode", lambda *args: pytest.fail("tokenized again"))
-    assert isinstance(fresh(catalog, "dev", char_tokenizers).source, np.memmap)  # kept: read back by the next run
+    assert isinstance(fresh(catalog, "dev", char_tokenizers).source, token_cache.IdsFile)  # kept: read back by the next run
