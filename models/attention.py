@@ -1,5 +1,10 @@
 """Attention: score functions, masks, and the attention modules.
 
+The score functions are those of Bahdanau et al. (2015), arXiv:1409.0473v7
+(additive), Luong et al. (2015), arXiv:1508.04025v5 (dot, general, concat) and
+Vaswani et al. (2017), arXiv:1706.03762v7 (scaled dot product, multi-head);
+equation and section numbers below refer to these versions.
+
 Axis names, used in every einsum and shape comment of the models package:
 
     B  batch                 T  target / query length    S  source / key length
@@ -158,7 +163,7 @@ def general_scores(query: Array, key: Array, w: Array) -> Array:
 def additive_scores(
     query_proj: Array, key_proj: Array, v: Array, *, query_chunk_size: int = 64
 ) -> Array:
-    """Bahdanau et al. (2014) additive score, eq. (6) / appendix A.1.2.
+    """Bahdanau et al. (2015) additive score, eq. (6) / appendix A.1.2.
 
     `scores[b,n,i,j] = sum_a v[n,a] * tanh(query_proj[b,i,n,a] + key_proj[b,j,n,a])`,
     i.e. `e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)` with the projections
@@ -446,7 +451,7 @@ class MultiHeadAttention(nnx.Module):
 class Attention(nnx.Module):
     """Single-head attention for RNN decoders: one query (the decoder state) per step.
 
-    Scores (Bahdanau et al. 2014 eq. 6; Luong et al. 2015 eq. 8):
+    Scores (Bahdanau et al. 2015 eq. 6; Luong et al. 2015 eq. 8):
 
     - `additive` (Bahdanau) / `concat` (Luong): `v^T tanh(W q + U h_j)`.
     - `dot`: `q^T h_j` (query and key sizes must match).

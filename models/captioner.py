@@ -1,5 +1,6 @@
-"""Show, Attend and Tell (Xu et al. 2015): an LSTM that captions an image while attending over a
-grid of its annotation vectors, with soft (deterministic) or hard (stochastic) attention.
+"""Show, Attend and Tell (Xu et al. 2015, arXiv:1502.03044v3): an LSTM that captions an image
+while attending over a grid of its annotation vectors, with soft (deterministic) or hard
+(stochastic) attention.
 
 The encoder turns an image into `L` annotation vectors `a_1 .. a_L` of size D (section 3.1.1):
 a small CNN here (a pretrained VGG's conv5_4 grid in the paper), or given feature grids

@@ -1,5 +1,6 @@
 """LSTMN: the Long Short-Term Memory-Network of Cheng, Dong and Lapata (2016), "Long
-Short-Term Memory-Networks for Machine Reading", and its encoder-decoder (section 4).
+Short-Term Memory-Networks for Machine Reading", arXiv:1601.06733v7, and its
+encoder-decoder (section 4).
 
 An LSTMN keeps, instead of one state, a hidden tape `H = (h_1 .. h_{t-1})` and a
 memory tape `C = (c_1 .. c_{t-1})`, read at every step by intra-attention

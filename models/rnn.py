@@ -1,14 +1,15 @@
 """Recurrent encoder-decoders: RNNencdec, RNNsearch and Luong attention.
 
 - RNNencdec: Cho et al. (2014), "Learning Phrase Representations using RNN
-  Encoder-Decoder for Statistical Machine Translation": the encoder's summary
-  `c` is the decoder's only view of the source, at every step.
+  Encoder-Decoder for Statistical Machine Translation", arXiv:1406.1078v3: the
+  encoder's summary `c` is the decoder's only view of the source, at every step.
 - RNNsearch: Bahdanau, Cho and Bengio (2015), "Neural Machine Translation by
-  Jointly Learning to Align and Translate": a bidirectional encoder and
-  additive attention over its annotations.
+  Jointly Learning to Align and Translate", arXiv:1409.0473v7: a bidirectional
+  encoder and additive attention over its annotations.
 - Luong: Luong, Pham and Manning (2015), "Effective Approaches to
-  Attention-based Neural Machine Translation": global attention with dot,
-  general or concat scores, the attentional state and input feeding.
+  Attention-based Neural Machine Translation", arXiv:1508.04025v5: global
+  attention with dot, general or concat scores, the attentional state and
+  input feeding.
 
 All three share one teacher-forced pass (`RNNEncoderDecoder.__call__`) and
 one `decode_step`, so the decoder in `decoding.py` serves them unchanged.
@@ -405,7 +406,10 @@ class ContextDecoderModel(RNNEncoderDecoder):
     (`W E y_{i-1} + U s_{i-1} + C c_i`), then the deep output with maxout:
     `t~_i = U_o s_i + V_o E y_{i-1} + C_o c_i`, `t_i = max(t~_{i,2j-1}, t~_{i,2j})`,
     `p(y_i) = softmax(W_o t_i)`. (Eq. 4 conditions the output on `s_i`; the
-    appendix writes `s_{i-1}`. We follow eq. 4, as the authors' GroundHog code does.)
+    appendix writes `s_{i-1}`, and so does the authors' code: GroundHog's
+    experiments/nmt/encdec.py, `Decoder.build_decoder`, reads out from the decoder
+    states shifted one step, the initial state first, i.e. from `s_{i-1}`. We
+    follow eq. 4.)
     """
 
     def __init__(self, config: RNNEncDecConfig, *, context_dim: int, initial_dim: int, rngs: nnx.Rngs):

@@ -1,4 +1,4 @@
-"""The Transformer of Vaswani et al. (2017), "Attention Is All You Need".
+"""The Transformer of Vaswani et al. (2017), "Attention Is All You Need", arXiv:1706.03762v7.
 
 Encoder: N layers of [self-attention, feed-forward]; decoder: N layers of
 [masked self-attention, encoder-decoder attention, feed-forward] (section 3.1).
