@@ -167,12 +167,29 @@ def beam_search_n_best(
 ) -> tuple[Array, Array]:
     """Beam search with the length penalty of Wu et al. (2016); the `num_hypotheses` best per row.
 
-    Every step extends the `K` live beams, keeps the `min(2K, K V)` best candidates,
-    moves those ending in eos to the finished set (score `log P / lp(|Y|)`, kept
-    once final) and keeps the `K` best others live. The search stops when no live
-    beam can beat the N-th best finished one: for `alpha >= 0` a live beam's score
-    can at best become `log P / lp(max_length)`. A beam of one is greedy search: its
-    one hypothesis ends when eos is its best continuation.
+    Every step extends the `K` live beams by every token (`K V` extensions), keeps the
+    `min(2K, K V)` best by log-probability, moves those ending in eos to the finished set
+    (the `K` best finished so far, scored `log P / lp(|Y|)`, kept once final) and keeps the
+    `K` best others live.
+
+    2K candidates, not K. The textbook beam keeps the `K` best of the `K V` extensions,
+    and a hypothesis that ends holds one of those `K` places: a step whose `K` best
+    include `j` that end goes on with `K - j` live hypotheses, one whose `K` best all
+    end stops the search, and the live extensions ranked just below the finished ones
+    are dropped although they may lead to a better-scoring hypothesis (finished
+    hypotheses crowd out live ones). Each live beam has one eos extension, so at most
+    `K` of the `2K` best end: the `K` best that do not end stay live (when `K` tokens
+    other than eos are allowed), every step goes on with `K` live beams, and a
+    hypothesis that ends ranked `K+1..2K` still enters the finished set. This is
+    tensor2tensor's practice (tensor2tensor/utils/beam_search.py, `grow_topk`:
+    `top_k(..., k=beam_size * 2)`), kept for every model family.
+    `test_two_k_candidates_keep_a_finished_hypothesis_from_crowding_out_a_live_one`
+    (tests/test_decoding.py) works a case where the textbook beam returns a worse
+    hypothesis and this one the best of all.
+
+    The search stops when no live beam can beat the N-th best finished one: for
+    `alpha >= 0` a live beam's score can at best become `log P / lp(max_length)`. A beam
+    of one is greedy search: its one hypothesis ends when eos is its best continuation.
 
     Returns:
       `(tokens [B, N, length], scores [B, N])`, best first; a row with fewer than N finished
@@ -209,7 +226,7 @@ def beam_search_n_best(
         log_probs = next_token_log_probs(logits, b.step, row_limits).reshape(batch, beams, -1)  # [B, K, V]
         vocab = log_probs.shape[-1]
         candidates = (b.live_log_probs[:, :, None] + log_probs).reshape(batch, beams * vocab)
-        top_scores, top_index = jax.lax.top_k(candidates, min(2 * beams, beams * vocab))  # [B, C]
+        top_scores, top_index = jax.lax.top_k(candidates, min(2 * beams, beams * vocab))  # [B, C]; at most K end (docstring)
         origin, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
         valid = top_scores > NEVER / 2  # neither an empty slot's extension nor a token never allowed
         sequences = jnp.take_along_axis(b.live_tokens, origin[:, :, None], axis=1)  # [B, C, L]

@@ -105,6 +105,104 @@ def test_beam_search_is_exhaustive_search_when_wide_enough_and_pays_for_the_forc
     assert capped_best >= 5  # the cap is reached by the best hypothesis often enough to matter
 
 
+class PrefixModel:
+    """A hand-built model whose next-token distribution depends on the whole prefix (a table per
+    prefix of word tokens a, b; a prefix not in the table gets `DEFAULT`). The state is the
+    prefix's node in the tree of prefixes; any other token (eos, pad) leads to a sink node."""
+
+    TABLE = {(): {EOS_ID: 0.30, A: 0.41, B: 0.29}, (A,): {EOS_ID: 0.10, A: 0.50, B: 0.40}, (B,): {EOS_ID: 0.99, A: 0.005, B: 0.005}}
+    DEFAULT = {EOS_ID: 0.5, A: 0.25, B: 0.25}
+
+    def __init__(self, depth: int, vocab: int = 5):
+        self.prefixes = [(), *(words for n in range(1, depth + 1) for words in itertools.product((A, B), repeat=n))]
+        node = {prefix: index + 1 for index, prefix in enumerate(self.prefixes)}  # 0: before bos
+        sink = len(self.prefixes) + 1
+        children = np.full((sink + 1, vocab), sink)
+        children[0, BOS_ID] = node[()]
+        logits = np.full((sink + 1, vocab), -30.0)
+        for prefix in self.prefixes:
+            children[node[prefix], [A, B]] = [node.get((*prefix, word), sink) for word in (A, B)]
+            for token, log_p in self.log_probs(prefix).items():
+                logits[node[prefix], token] = log_p
+        self.children, self.logits = jnp.asarray(children, jnp.int32), jnp.asarray(logits, jnp.float32)
+
+    def log_probs(self, prefix: tuple[int, ...]) -> dict[int, float]:
+        return {token: math.log(p) for token, p in self.TABLE.get(prefix, self.DEFAULT).items()}
+
+    def encode(self, inputs):
+        return inputs
+
+    def init_decode_state(self, memory, batch_size, max_len):
+        return jnp.zeros((batch_size,), jnp.int32)
+
+    def decode_step(self, memory, token, state):
+        state = self.children[state, token]
+        return self.logits[state], state
+
+
+def textbook_beam(model: PrefixModel, cap: int, alpha: float, beam_size: int, candidates: int) -> tuple[float, tuple[int, ...]]:
+    """Beam search in plain Python over `model.log_probs`, keeping the `candidates` best extensions
+    per step: those that end are finished (scored `log P / lp(|Y|)`), the `beam_size` best others go
+    on. `candidates = beam_size` is the textbook beam (a hypothesis that ends holds a place);
+    `2 * beam_size` is `decoding.beam_search`'s. Runs to the cap (for alpha >= 0 the bound by
+    which `decoding` stops earlier changes no best). Returns the best `(score, tokens)`."""
+    live, finished = [(0.0, ())], []
+    for step in range(cap):
+        extensions = []
+        for log_p, prefix in live:
+            for token, gained in model.log_probs(prefix).items():
+                if step + 1 < cap or token == EOS_ID:  # at the cap only eos, at its real log-probability
+                    extensions.append((log_p + gained, (*prefix, token)))
+        best = sorted(extensions, reverse=True)[:candidates]
+        finished += [(log_p / ((5 + step + 1) / 6) ** alpha, tokens) for log_p, tokens in best if tokens[-1] == EOS_ID]
+        live = [(log_p, tokens) for log_p, tokens in best if tokens[-1] != EOS_ID][:beam_size]
+    return max(finished)
+
+
+def prefix_model_exhaustive(model: PrefixModel, cap: int, alpha: float) -> list[tuple[float, tuple[int, ...]]]:
+    """Every hypothesis of word tokens ending in eos within `cap` tokens, scored `log P / lp(|Y|)`, best first."""
+    scored = []
+    for length in range(1, cap + 1):
+        for words in itertools.product((A, B), repeat=length - 1):
+            sequence = (*words, EOS_ID)
+            log_p = sum(model.log_probs(sequence[:i])[token] for i, token in enumerate(sequence))
+            scored.append((log_p / ((5 + length) / 6) ** alpha, sequence))
+    return sorted(scored, reverse=True)
+
+
+def test_two_k_candidates_keep_a_finished_hypothesis_from_crowding_out_a_live_one():
+    """K = 2, alpha = 1 (lp(1) = 1, lp(2) = 7/6, lp(3) = 4/3), cap 3 tokens, PrefixModel's table.
+
+    Step 1, from bos: a 0.41, eos 0.30, b 0.29.
+      textbook (2 candidates): a and eos; eos is finished, log 0.30 / 1 = -1.204, and b, third, is
+        dropped: only a goes on.
+      2K (4 candidates): a, eos, b; eos is finished, a and b go on.
+    Step 2:
+      textbook, a's extensions: a a 0.205, a b 0.164 (a eos 0.041 is third, dropped). Step 3 ends them
+        at the cap (eos 0.5): a a eos log 0.1025 / (4/3) = -1.708, a b eos log 0.082 / (4/3) = -1.876.
+        Best: eos, -1.204.
+      2K, a's and b's extensions: b eos 0.29 * 0.99 = 0.2871, a a 0.205, a b 0.164, a eos 0.041.
+        b eos is finished, log 0.2871 / (7/6) = -1.070, above eos's -1.204; no live hypothesis can beat
+        it (a a: log 0.205 / lp(3) = -1.189 at best), so the search stops. Best: b eos, -1.070.
+    Exhaustively, b eos is the best of the 7 hypotheses: the finished eos crowded out the live b that
+    leads to it. (With alpha = 0 b's continuations could not beat eos, which outranked b; the length
+    penalty lets the longer hypothesis win.)"""
+    cap, alpha, beam_size = 3, 1.0, 2
+    model = PrefixModel(depth=cap - 1)
+    every = prefix_model_exhaustive(model, cap, alpha)
+    assert every[0][1] == (B, EOS_ID) and every[0][0] == pytest.approx(math.log(0.29 * 0.99) / (7 / 6))
+
+    tokens, scores = decoding.beam_search(model, jnp.ones((1, 3), jnp.int32), jnp.array([cap]), cap, beam_size=beam_size, alpha=alpha)
+    row = np.asarray(tokens[0])
+    assert tuple(int(t) for t in row[: int(np.argmax(row == EOS_ID)) + 1]) == every[0][1]
+    assert float(scores[0]) == pytest.approx(every[0][0], rel=1e-5)
+    # the plain-Python beam with 2K candidates is decoding's; with K, the textbook beam, it finds eos alone
+    assert textbook_beam(model, cap, alpha, beam_size, candidates=2 * beam_size)[1] == every[0][1]
+    textbook_score, textbook_tokens = textbook_beam(model, cap, alpha, beam_size, candidates=beam_size)
+    assert textbook_tokens == (EOS_ID,)
+    assert textbook_score == pytest.approx(math.log(0.30)) and textbook_score < every[0][0] - 0.1
+
+
 def test_scores_are_teacher_forced_log_probabilities_over_the_length_penalty():
     model = RandomMarkovModel(3)
     inputs = jnp.ones((1, 3), jnp.int32)
