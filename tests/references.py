@@ -43,3 +43,12 @@ def np_numerical_gradient(function, weights, step=1e-6):
             shifted[name][index] = value[index] - step
             gradient[name][index] = (above - function(shifted)) / (2 * step)
     return gradient
+
+
+def np_layer_norm(x, scale, bias, epsilon=1e-6):
+    """float64 LayerNorm (Ba et al. 2016) over the last axis, the variance in two passes,
+    `E[(x - E[x])^2]`, so that no large mean cancels."""
+    x = np.asarray(x, np.float64)
+    mean = x.mean(-1, keepdims=True)
+    variance = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(variance + epsilon) * np.asarray(scale, np.float64) + np.asarray(bias, np.float64)
