@@ -254,7 +254,10 @@ class IdsFile:
         if step != 1:
             raise IndexError("IdsFile reads contiguous slices only")
         count = max(0, stop - start)
-        return np.frombuffer(os.pread(self.descriptor, 4 * count, 4 * start), "<i4")
+        data = os.pread(self.descriptor, 4 * count, 4 * start)
+        if len(data) != 4 * count:  # the file shrank under the run
+            raise DataError(f"{self.path} ends before value {stop}: {rebuild_fix(self.path.parent)}")
+        return np.frombuffer(data, "<i4")
 
     def __reduce__(self):  # a process it is sent to opens the file again
         return IdsFile, (self.path, self.size)

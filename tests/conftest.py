@@ -43,25 +43,26 @@ from settings import parse
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "all_devices: the test's in-process runs use all 8 forced devices (default: one)")
-    config.addinivalue_line("markers", "slow: starts several processes or trains to a result (over ~10 s); scheduled first")
+    config.addinivalue_line("markers", "slow: starts several processes or trains to a result (over ~10 s); -m 'not slow' leaves them out")
 
 
-def pytest_collection_modifyitems(items):
-    """The `slow` tests first, in their order: pytest-xdist's workers then start on them and end on
-    short tests, instead of one worker finishing a long test alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+def one_device_mesh(devices=None, *args, **kwargs):
+    """`run_setup.cluster.make_mesh` over the first device where it would take them all."""
+    from run_setup import cluster
+
+    return cluster.make_mesh(jax.devices()[:1] if devices is None else devices, *args, **kwargs)
 
 
 @pytest.fixture(autouse=True)
 def one_device_unless_marked(request, monkeypatch):
     """In-process runs (`prepare_run` without `devices`) train on one of the 8 forced devices unless the
     test is marked `all_devices`: eight host devices on two cores make a tiny run's step about twice as
-    slow, and only the tests of data parallelism and sharding are about the device count."""
+    slow, and only the tests of data parallelism and sharding are about the device count. (Fixtures of a
+    wider scope are set up before this one: `finished_run` applies the same patch itself.)"""
     if request.node.get_closest_marker("all_devices") is None:
-        from run_setup import cluster, run
+        from run_setup import run
 
-        one_device = lambda devices=None, *args, **kwargs: cluster.make_mesh(jax.devices()[:1] if devices is None else devices, *args, **kwargs)  # noqa: E731
-        monkeypatch.setattr(run, "make_mesh", one_device)
+        monkeypatch.setattr(run, "make_mesh", one_device_mesh)
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +76,11 @@ def finished_run(shared_data_dir, tmp_path_factory):
     `(config, workdir, final eval results)`. Tests that change the folder work on a copy."""
     import trainer
 
+    from run_setup import run
+
     workdir = tmp_path_factory.mktemp("finished")
     config = tiny_config(shared_data_dir, visualize_examples=3)
-    final = trainer.train_and_evaluate(parse(config), workdir)
+    with pytest.MonkeyPatch.context() as patch:  # one device, as the tests that use it evaluate it
+        patch.setattr(run, "make_mesh", one_device_mesh)
+        final = trainer.train_and_evaluate(parse(config), workdir)
     return config, workdir, final

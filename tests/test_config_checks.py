@@ -79,6 +79,7 @@ def checked(name: str, text: str):
     return config
 
 
+@pytest.mark.all_devices  # `checked` refuses on 8 devices; the run must see the same 8
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(override=overrides())
 def test_fuzzed_overrides_are_refused_by_name_before_the_workdir_exists_or_build(override, tmp_path):

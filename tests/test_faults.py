@@ -40,7 +40,8 @@ def flip_a_bit(path: Path) -> None:
 
 
 def largest_file(folder: Path) -> Path:
-    return max((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    """The largest data file of an Orbax folder (not its `_METADATA`-like JSON, which a flipped bit makes unreadable)."""
+    return max((p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("_")), key=lambda p: p.stat().st_size)
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -174,24 +175,35 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_
 @pytest.mark.all_devices
 def test_two_processes_under_fsdp_train_as_one_process_on_four_devices(shared_data_dir, tmp_path, monkeypatch):
     """Parameters and Adam moments sharded over the devices of both processes (`fsdp`, data=4):
-    the pair's losses, evaluation and final parameters are those of one process on 4 devices."""
+    the pair's logged metrics (training and evaluation) and final state are those of one process
+    on 4 devices."""
     steps = 8
     finished(two_processes(tmp_path / "pair", shared_data_dir, steps, coordinator="127.0.0.1:PORT", sharding="fsdp"))
     assert "sharding fsdp over (data=4, model=1)" in (tmp_path / "pair" / "log.txt").read_text()
+    meshes = []
 
-    four_devices = lambda devices=None, *args, **kwargs: cluster.make_mesh(jax.devices()[:4] if devices is None else devices, *args, **kwargs)  # noqa: E731
+    def four_devices(devices=None, *args, **kwargs):
+        meshes.append(cluster.make_mesh(jax.devices()[:4] if devices is None else devices, *args, **kwargs))
+        return meshes[-1]
+
     monkeypatch.setattr(run_module, "make_mesh", four_devices)
     config = two_process_config(shared_data_dir, steps, "fsdp")
     trainer.train_and_evaluate(parse(config), tmp_path / "one")
+    assert [dict(mesh.shape) for mesh in meshes] == [{"data": 4, "model": 1}]
+
     pair, one = metric_rows(tmp_path / "pair"), metric_rows(tmp_path / "one")
     assert [(r["step"], r["split"]) for r in pair] == [(r["step"], r["split"]) for r in one]
+    assert sum("loss" in r for r in pair) >= 4  # two training rows, dev and test
     for a, b in zip(pair, one):
-        if "loss" in a:
-            np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5, err_msg=f"step {a['step']} {a['split']}")
+        assert a.keys() == b.keys()
+        for name in a.keys() - {"step", "split", *TIMING}:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=f"{name} at step {a['step']} {a['split']}")
 
     states = []
     for workdir in (tmp_path / "pair", tmp_path / "one"):
         run = prepare_run(parse(config), workdir, devices=jax.devices()[:1], with_data=False)
         states.append(run.checkpoints.restore(run.abstract(trainer.initial_state(run, trainer.make_optimizer(run.settings.optimization))), step=steps)[1])
-    for a, b in zip(jax.tree.leaves(states[0]["params"]), jax.tree.leaves(states[1]["params"]), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
+        run.checkpoints.close()
+    for part in ("params", "opt_state"):
+        for a, b in zip(jax.tree.leaves(states[0][part]), jax.tree.leaves(states[1][part]), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7, err_msg=part)
