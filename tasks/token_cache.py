@@ -53,9 +53,9 @@ class TokenIds:
     """A text split's token ids (no eos), flat: example i's source is `source[source_starts[i]:source_starts[i + 1]]`,
     its target likewise. The ids may be `IdsFile`s, the starts memory-mapped files."""
 
-    source: np.ndarray
+    source: np.ndarray | IdsFile
     source_starts: np.ndarray
-    target: np.ndarray
+    target: np.ndarray | IdsFile
     target_starts: np.ndarray
 
     @classmethod
@@ -243,8 +243,9 @@ class IdsFile:
         self.path, self.size = Path(path), size
         self.descriptor = os.open(self.path, os.O_RDONLY)
         weakref.finalize(self, os.close, self.descriptor)
-        if os.fstat(self.descriptor).st_size != 4 * size:
-            raise ValueError(f"{self.path} holds {os.fstat(self.descriptor).st_size // 4} values, not {size}")
+        held = os.fstat(self.descriptor).st_size // 4
+        if held * 4 != 4 * size:
+            raise ValueError(f"{self.path} holds {held} values, not {size}")
 
     def __len__(self) -> int:
         return self.size

@@ -21,7 +21,7 @@ os.environ.update(
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )
-from tiny import tiny_config, xla_flags  # noqa: E402,F401  (re-exported for the tests)
+from tiny import first_devices_mesh, tiny_config, xla_flags  # noqa: E402,F401  (re-exported for the tests)
 
 if xla_flags(8) not in os.environ.get("XLA_FLAGS", ""):  # xdist's workers inherit it from the controller
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
@@ -46,13 +46,6 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: starts several processes or trains to a result (over ~10 s); -m 'not slow' leaves them out")
 
 
-def one_device_mesh(devices=None, *args, **kwargs):
-    """`run_setup.cluster.make_mesh` over the first device where it would take them all."""
-    from run_setup import cluster
-
-    return cluster.make_mesh(jax.devices()[:1] if devices is None else devices, *args, **kwargs)
-
-
 @pytest.fixture(autouse=True)
 def one_device_unless_marked(request, monkeypatch):
     """In-process runs (`prepare_run` without `devices`) train on one of the 8 forced devices unless the
@@ -62,7 +55,7 @@ def one_device_unless_marked(request, monkeypatch):
     if request.node.get_closest_marker("all_devices") is None:
         from run_setup import run
 
-        monkeypatch.setattr(run, "make_mesh", one_device_mesh)
+        monkeypatch.setattr(run, "make_mesh", first_devices_mesh(1))
 
 
 @pytest.fixture(scope="session")
@@ -81,6 +74,6 @@ def finished_run(shared_data_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("finished")
     config = tiny_config(shared_data_dir, visualize_examples=3)
     with pytest.MonkeyPatch.context() as patch:  # one device, as the tests that use it evaluate it
-        patch.setattr(run, "make_mesh", one_device_mesh)
+        patch.setattr(run, "make_mesh", first_devices_mesh(1))
         final = trainer.train_and_evaluate(parse(config), workdir)
     return config, workdir, final

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 from orbax.checkpoint._src.path import atomicity
-from tiny import tiny_config, two_process_config, xla_flags
-from test_trainer import assert_same_final_state, metric_rows, run_train_py
+from tiny import first_devices_mesh, tiny_config, two_process_config, xla_flags
+from test_trainer import assert_same_final_state, final_state, metric_rows, run_train_py
 
 import checkpoints
 import files
@@ -182,8 +182,8 @@ def test_two_processes_under_fsdp_train_as_one_process_on_four_devices(shared_da
     assert "sharding fsdp over (data=4, model=1)" in (tmp_path / "pair" / "log.txt").read_text()
     meshes = []
 
-    def four_devices(devices=None, *args, **kwargs):
-        meshes.append(cluster.make_mesh(jax.devices()[:4] if devices is None else devices, *args, **kwargs))
+    def four_devices(*args, **kwargs):
+        meshes.append(first_devices_mesh(4)(*args, **kwargs))
         return meshes[-1]
 
     monkeypatch.setattr(run_module, "make_mesh", four_devices)
@@ -199,11 +199,7 @@ def test_two_processes_under_fsdp_train_as_one_process_on_four_devices(shared_da
         for name in a.keys() - {"step", "split", *TIMING}:
             np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=f"{name} at step {a['step']} {a['split']}")
 
-    states = []
-    for workdir in (tmp_path / "pair", tmp_path / "one"):
-        run = prepare_run(parse(config), workdir, devices=jax.devices()[:1], with_data=False)
-        states.append(run.checkpoints.restore(run.abstract(trainer.initial_state(run, trainer.make_optimizer(run.settings.optimization))), step=steps)[1])
-        run.checkpoints.close()
+    states = [final_state(config, tmp_path / workdir, steps) for workdir in ("pair", "one")]
     for part in ("params", "opt_state"):
         for a, b in zip(jax.tree.leaves(states[0][part]), jax.tree.leaves(states[1][part]), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7, err_msg=part)

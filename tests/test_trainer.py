@@ -280,12 +280,17 @@ def sigkill_and_rerun(tmp_path, data_dir, flags, *, kill_after: int, checkpoint:
     return tmp_path / "whole", tmp_path / "cut"
 
 
+def final_state(config, workdir, step):
+    """The training state saved in `workdir` at `step`, restored onto one device."""
+    run = prepare_run(parse(config), workdir, devices=jax.devices()[:1], with_data=False)
+    try:
+        return run.checkpoints.restore(run.abstract(trainer.initial_state(run, trainer.make_optimizer(run.settings.optimization))), step=step)[1]
+    finally:
+        run.checkpoints.close()
+
+
 def assert_same_final_state(config, whole_dir, cut_dir, step):
-    whole = prepare_run(parse(config), whole_dir, devices=jax.devices()[:1])
-    cut = prepare_run(parse(config), cut_dir, devices=jax.devices()[:1])
-    abstract = whole.abstract(trainer.initial_state(whole, trainer.make_optimizer(config)))
-    _, whole_state = whole.checkpoints.restore(abstract, step=step)
-    _, cut_state = cut.checkpoints.restore(abstract, step=step)
+    whole_state, cut_state = final_state(config, whole_dir, step), final_state(config, cut_dir, step)
     for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(cut_state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit-identical
     return whole_state

@@ -24,6 +24,20 @@ def tiny_config(data_dir, **overrides):
     return config
 
 
+def first_devices_mesh(count: int):
+    """A stand-in for `run_setup.run.make_mesh` that takes the first `count` devices where the real
+    one takes them all (`devices=None`)."""
+
+    def make_mesh(devices=None, *args, **kwargs):
+        import jax
+
+        from run_setup import cluster
+
+        return cluster.make_mesh(jax.devices()[:count] if devices is None else devices, *args, **kwargs)
+
+    return make_mesh
+
+
 def two_process_config(data_dir, steps: int, sharding: str = "replicated", **overrides):
     """tests/two_process_worker.py's config: `tiny_config` with a log row every 4 steps, saving and
     evaluating only at the end; no dropout under a sharded mode (its runs are compared with one
