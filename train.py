@@ -19,22 +19,27 @@ and `--stderrthreshold` work.
 
 from __future__ import annotations
 
-import logging
-import sys
-import time
-from pathlib import Path
+if __name__ == "__main__":  # first: glibc reads its tunables at process start, before any thread exists
+    import allocator
 
-import jax
-from absl import app, flags
+    allocator.restart_with_huge_pages()
 
-import allocator
-import evaluation
-import inference
-import settings
-import trainer
-from run_setup import command_line, run_config
-from configs import base
-from errors import ConfigError, UserError
+import logging  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import allocator  # noqa: E402
+import evaluation  # noqa: E402
+import inference  # noqa: E402
+import settings  # noqa: E402
+import trainer  # noqa: E402
+from run_setup import command_line, run_config  # noqa: E402
+from configs import base  # noqa: E402
+from errors import ConfigError, UserError  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.py"
@@ -101,7 +106,7 @@ def run_mode(run_settings: settings.Settings, workdir: Path):
 
 def set_up_process() -> None:
     """What every training process sets before JAX's backend starts (the benchmarks too)."""
-    allocator.keep_freed_memory()
+    allocator.set_up()
     if not jax.config.jax_compilation_cache_dir:  # the next run loads its programs instead of compiling them
         jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE))
         jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)  # the least recently used go

@@ -134,4 +134,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import allocator
+
+    allocator.restart_with_huge_pages()  # as train.py runs (the imports above are paid twice)
     main()
