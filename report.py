@@ -214,7 +214,7 @@ def write_curves(rows: Sequence[Mapping], path: Path) -> None:
         axis.grid(alpha=0.3)
         if len(by_split) > 1:
             axis.legend(fontsize=7)
-    write_whole(path, lambda temporary: figure.savefig(temporary, dpi=90, format="png"))
+    write_whole(path, lambda temporary: figure.savefig(temporary, dpi=visualize.PICTURE_DPI, format="png"))
 
 
 # ----------------------------------------------------------------------------- SVG charts (no library)

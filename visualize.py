@@ -20,15 +20,20 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from matplotlib import image as mpl_image
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from models.attention import AttentionRole
 
 
+PICTURE_DPI = 90  # pictures and curves.png
+
+
 def new_figure(**figure_args) -> Figure:
-    """A matplotlib Figure drawn by the Agg canvas (files and pixels; no display, no pyplot state)."""
-    figure = Figure(**figure_args)
+    """A matplotlib Figure drawn by the Agg canvas (files and pixels; no display, no pyplot state), at
+    `PICTURE_DPI` unless `dpi` is given."""
+    figure = Figure(**{"dpi": PICTURE_DPI, **figure_args})
     FigureCanvasAgg(figure)
     return figure
 
@@ -56,10 +61,14 @@ def heatmaps(weights: np.ndarray, key_tokens: Sequence[str], query_tokens: Seque
     return figure
 
 
-def figure_pixels(figure: Figure) -> np.ndarray:
-    """RGB `[H, W, 3]` uint8 of a figure (for TensorBoard)."""
+def save_picture(figure: Figure, path: Path) -> np.ndarray:
+    """Draws `figure` once, at its dpi (`new_figure`'s `PICTURE_DPI`), writes the drawing to `path`
+    as PNG and returns its RGB pixels `[H, W, 3]` uint8 (for TensorBoard). One draw for both: text
+    layout is most of a picture's cost, and `savefig` then a second draw for the pixels paid it twice."""
     figure.canvas.draw()
-    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
+    rgba = np.asarray(figure.canvas.buffer_rgba())
+    mpl_image.imsave(path, rgba, format="png")
+    return rgba[..., :3].copy()
 
 
 def axis_tokens(role: AttentionRole, source: Sequence[str], output: Sequence[str]) -> tuple[Sequence[str], Sequence[str]]:
@@ -121,8 +130,7 @@ def draw_example(
         key_tokens, query_tokens = axis_tokens(roles[module], source_tokens, output_tokens)
         figure = heatmaps(np.asarray(value), key_tokens, query_tokens, f"{name}: {module}")
         stem = file_stem(name, module)
-        figure.savefig(directory / f"{stem}.png", dpi=90)
-        pictures[stem] = figure_pixels(figure)
+        pictures[stem] = save_picture(figure, directory / f"{stem}.png")
     save_weights(directory / f"{name}.npz", weights, roles, source_tokens, output_tokens, extras)
     return pictures
 
@@ -168,7 +176,7 @@ def draw_image_attention(
     figure.suptitle(name, fontsize=10)
     figure.tight_layout()
     stem = f"{name}_caption"
-    figure.savefig(directory / f"{stem}.png", dpi=90)
+    pixels = save_picture(figure, directory / f"{stem}.png")
     np.savez(directory / f"{name}.npz", image=image, weights=np.asarray(weights), words=np.array(list(words)), grid=np.array(grid),
              **dict(extras or {}))  # fmt: skip
-    return {stem: figure_pixels(figure)}
+    return {stem: pixels}

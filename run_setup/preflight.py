@@ -3,6 +3,8 @@ batch splits over the devices, and whether the model and its batches fit in a de
 
 from __future__ import annotations
 
+import functools
+
 import jax
 from flax import nnx
 from jax.sharding import Mesh
@@ -90,8 +92,7 @@ def parameter_count(name: str, fields: dict) -> int:
     building dozens of layers even abstractly takes seconds each."""
 
     def count(**depths) -> int:
-        abstract = nnx.eval_shape(lambda: models.create_model(name, rngs=nnx.Rngs(0), **{**fields, **depths}))
-        return sum(leaf.size for leaf in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+        return abstract_parameter_count(name, hashable({**fields, **depths}))
 
     stacks = {k: v for k, v in fields.items() if k.startswith("num_") and k.endswith("layers") and v > 1}
     shallow = {k: 1 for k in stacks}
@@ -103,3 +104,18 @@ def parameter_count(name: str, fields: dict) -> int:
         depth = max(stacks.values())
         total = shallowest + (depth - 1) * (count(**{k: 2 for k in stacks}) - shallowest)
     return total
+
+
+@functools.cache
+def abstract_parameter_count(name: str, fields: tuple) -> int:
+    """The parameters of model `name` built abstractly with `fields` (`hashable`'s items): a pure
+    function of its arguments, kept for the process, since every run set up in it (a resume, an
+    evaluation, the Python API) checks its model again and tracing the build is most of the check."""
+    abstract = nnx.eval_shape(lambda: models.create_model(name, rngs=nnx.Rngs(0), **dict(fields)))
+    return sum(leaf.size for leaf in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def hashable(fields: dict) -> tuple:
+    """`fields` as sorted `(name, value)` items, lists made tuples (a cache key; a model's sequence
+    fields take either)."""
+    return tuple(sorted((key, tuple(value) if isinstance(value, list) else value) for key, value in fields.items()))
