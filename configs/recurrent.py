@@ -71,6 +71,9 @@ def get_config(family: str, task: str, **model_overrides):
     config.model = base.model(family, **{**model_fields(family, task), **model_overrides})
     config.data.batching = "bucket"  # the recurrent models read one example per row
     config.visualize_self_attention = family == "lstmn"  # its intra-attention, as the paper's figure 1 draws it
-    config.grad_clip_norm = 1.0  # Bahdanau et al. section 4.2 clip the gradient norm at 1
+    config.grad_clip_norm = 1.0  # Bahdanau et al. appendix B.2 clip the gradient norm at 1
+    # None of Cho, Bahdanau, Luong or Cheng et al. smooth the labels; base.py's 0.1 is the
+    # Transformer's (Vaswani et al. section 5.4).
+    config.label_smoothing = 0.0
     config.schedule = "cosine"
     return config

@@ -124,7 +124,7 @@ def combine_masks(*masks: Array | None) -> Array | None:
 
 
 def dot_scores(query: Array, key: Array) -> Array:
-    """Luong et al. (2015) "dot" score, eq. (8): `score(h_t, h_s) = h_t^T h_s`.
+    """Luong et al. (2015) "dot" score, section 3.1: `score(h_t, h_s) = h_t^T h_s`.
 
     Args:
       query: `[B, T, N, H]`.  key: `[B, S, N, H]`.
@@ -147,7 +147,7 @@ def heads_major(x: Array) -> Array:
 
 
 def general_scores(query: Array, key: Array, w: Array) -> Array:
-    """Luong et al. (2015) "general" score, eq. (8): `score = h_t^T W_a h_s`.
+    """Luong et al. (2015) "general" score, section 3.1: `score = h_t^T W_a h_s`.
 
     Args:
       query: `[B, T, N, H]`.  key: `[B, S, N, K]`.  w: `[N, H, K]`, one W_a per head.
@@ -163,7 +163,7 @@ def general_scores(query: Array, key: Array, w: Array) -> Array:
 def additive_scores(
     query_proj: Array, key_proj: Array, v: Array, *, query_chunk_size: int = 64
 ) -> Array:
-    """Bahdanau et al. (2015) additive score, eq. (6) / appendix A.1.2.
+    """Bahdanau et al. (2015) additive score, `a(s_{i-1}, h_j)` of section 3.1 / appendix A.1.2.
 
     `scores[b,n,i,j] = sum_a v[n,a] * tanh(query_proj[b,i,n,a] + key_proj[b,j,n,a])`,
     i.e. `e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)` with the projections
@@ -315,9 +315,9 @@ class MultiHeadAttention(nnx.Module):
     (Vaswani et al. 2017, section 3.2.2). The score per head is one of:
 
     - `scaled_dot`: `q.k / sqrt(H)` (Vaswani eq. 1); fused kernel when weights are not captured.
-    - `dot`: `q.k` (Luong eq. 8).
-    - `general`: `q^T W_n k` (Luong eq. 8), a `[H, H]` matrix per head.
-    - `additive`: `v_n^T tanh(q + k)` (Bahdanau eq. 6), where the query and key
+    - `dot`: `q.k` (Luong section 3.1).
+    - `general`: `q^T W_n k` (Luong section 3.1), a `[H, H]` matrix per head.
+    - `additive`: `v_n^T tanh(q + k)` (Bahdanau appendix A.1.2), where the query and key
       projections play the roles of `W_a` and `U_a`.
 
     Full sequences go through `__call__`; incremental decoding through
@@ -451,7 +451,7 @@ class MultiHeadAttention(nnx.Module):
 class Attention(nnx.Module):
     """Single-head attention for RNN decoders: one query (the decoder state) per step.
 
-    Scores (Bahdanau et al. 2015 eq. 6; Luong et al. 2015 eq. 8):
+    Scores (Bahdanau et al. 2015 appendix A.1.2; Luong et al. 2015 section 3.1):
 
     - `additive` (Bahdanau) / `concat` (Luong): `v^T tanh(W q + U h_j)`.
     - `dot`: `q^T h_j` (query and key sizes must match).

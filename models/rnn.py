@@ -41,7 +41,7 @@ from models.layers import Linear, logical, shift_right
 
 Array = jax.Array
 CELLS = ("gru", "lstm")
-LUONG_SCORES = ("dot", "general", "concat")  # Luong et al. eq. 8
+LUONG_SCORES = ("dot", "general", "concat")  # Luong et al. section 3.1's content-based scores
 
 
 # --------------------------------------------------------------------------
@@ -50,8 +50,9 @@ LUONG_SCORES = ("dot", "general", "concat")  # Luong et al. eq. 8
 
 @dataclasses.dataclass(frozen=True)
 class RNNConfig(ModelConfig):
-    """What every recurrent family has; defaults are Bahdanau et al. section 4.2. (The capabilities
-    of models/interface.py are its defaults: token sources, no limit on length, no attention.)"""
+    """What every recurrent family has; defaults are Bahdanau et al. section 4.2 and appendix
+    A.2.3. (The capabilities of models/interface.py are its defaults: token sources, no limit on
+    length, no attention.)"""
 
     vocab_size: int  # target vocabulary
     source_vocab_size: int | None = None  # None: same as vocab_size
@@ -76,13 +77,13 @@ class RNNConfig(ModelConfig):
 
 @dataclasses.dataclass(frozen=True)
 class RNNEncDecConfig(RNNConfig):
-    maxout_dim: int = 500  # l, the maxout units of the deep output (Bahdanau appendix A.2.2)
+    maxout_dim: int = 500  # l, the maxout units of the deep output (Bahdanau appendix A.2.2; 500 in A.2.3)
 
 
 @dataclasses.dataclass(frozen=True)
 class RNNSearchConfig(RNNEncDecConfig):
     roles = frozenset({AttentionRole.CROSS})  # the additive attention over the annotations
-    attention_dim: int = 1000  # n', the alignment model's hidden size (appendix A.2.2)
+    attention_dim: int = 1000  # n', the alignment model's hidden size (appendix A.2.2; 1000 in A.2.3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,7 @@ class LuongConfig(RNNConfig):
     num_encoder_layers: int = 4
     num_decoder_layers: int = 4
     dropout_rate: float = 0.2
-    score: str = "general"  # "dot", "general" or "concat" (eq. 8)
+    score: str = "general"  # "dot", "general" or "concat" (section 3.1)
     attention_dim: int = 0  # concat's hidden size; 0: hidden_dim
     input_feeding: bool = True  # section 3.3
 
@@ -433,13 +434,14 @@ class ContextDecoderModel(RNNEncoderDecoder):
         return RNNDecodeState(tuple(cell.start(h) for cell, h in zip(self.decoder_cells, starts)), None)
 
     def _step(self, memory, projected, state, masks):
-        """Step i of the decoder (Bahdanau et al. appendix A.2.2; Cho et al. eq. 8 for RNNencdec):
+        """Step i of the decoder (Bahdanau et al. appendix A.2.2; RNNencdec with `c_i` fixed to the summary):
 
         1. the context `c_i` from `s_{i-1}`: the fixed summary `c`, or attention `e_ij =
-           v^T tanh(W s_{i-1} + U h_j)`, `alpha_ij = softmax_j(e_ij)`, `c_i = sum_j alpha_ij h_j` (eqs. 5-7);
+           v^T tanh(W s_{i-1} + U h_j)` (appendix A.1.2), `alpha_ij = softmax_j(e_ij)` (eq. 6), `c_i = sum_j
+           alpha_ij h_j` (eq. 5);
         2. `s_i = f(s_{i-1}, y_{i-1}, c_i)`: every gate of the first cell reads `W E y_{i-1}`
            (already in `projected`) `+ C c_i`; layers above read the layer below;
-        3. the readout features `(s_i, c_i)` for the deep output (`_readout`, eq. A.2.2's `t~_i`).
+        3. the readout features `(s_i, c_i)` for the deep output (`_readout`, appendix A.2.2's `t~_i`).
         """
         context, weights = self._context(memory, self._top_hidden(state.layers))  # 1. c_i from s_{i-1}
         layers = self._stack_step(projected + self.context_proj(context), state.layers, masks)  # 2. s_i
@@ -456,8 +458,9 @@ class ContextDecoderModel(RNNEncoderDecoder):
 
 
 class RNNEncDec(ContextDecoderModel):
-    """Cho et al. (2014) section 2.2: the summary `c = tanh(V h_N)` of a forward encoder is the
-    context at every decoder step, and `s_0 = tanh(V' c)`. No attention: the fixed-length bottleneck."""
+    """Cho et al. (2014) section 2.2 and appendix A: the summary `c = tanh(V h_N)` of a forward
+    encoder is the context at every decoder step, and `s_0 = tanh(V' c)`. No attention: the
+    fixed-length bottleneck."""
 
     def __init__(self, config: RNNEncDecConfig, *, rngs: nnx.Rngs):
         super().__init__(config, context_dim=config.hidden_dim, initial_dim=config.hidden_dim, rngs=rngs)
@@ -478,8 +481,8 @@ class RNNEncDec(ContextDecoderModel):
 class RNNSearch(ContextDecoderModel):
     """Bahdanau et al. (2015): bidirectional encoder and additive attention.
 
-    Annotations `h_j = [forward h_j; backward h_j]` (section 3.2); alignment
-    `e_ij = v^T tanh(W s_{i-1} + U h_j)` (eq. 6), `alpha = softmax(e)` (eq. 7),
+    Annotations `h_j = [forward h_j; backward h_j]` (section 3.2, eq. 7); alignment
+    `e_ij = v^T tanh(W s_{i-1} + U h_j)` (appendix A.1.2), `alpha = softmax(e)` (eq. 6),
     `c_i = sum_j alpha_ij h_j` (eq. 5); `s_0 = tanh(W_s backward h_1)` (appendix A.2.2).
     """
 
@@ -511,7 +514,7 @@ class Luong(RNNEncoderDecoder):
 
     The decoder starts from the encoder's final states. Each step: `h_t` from
     the stack (whose first layer reads `[E y_{t-1}; h~_{t-1}]` with input
-    feeding, section 3.3), scores `score(h_t, h_s)` (eq. 8: dot, general,
+    feeding, section 3.3), scores `score(h_t, h_s)` (section 3.1: dot, general,
     concat), `a_t = softmax` (eq. 7), `c_t = sum_s a_ts h_s`, the attentional
     state `h~_t = tanh(W_c [c_t; h_t])` (eq. 5) and `p(y_t) = softmax(W_s h~_t)` (eq. 6).
     """
@@ -543,7 +546,7 @@ class Luong(RNNEncoderDecoder):
 
         1. input feeding: the first layer reads `[E y_{t-1}; h~_{t-1}]` (section 3.3);
         2. `h_t` from the stacked cells;
-        3. scores `score(h_t, h_s)` (eq. 8), `a_t = softmax` (eq. 7), `c_t = sum_s a_ts h_s`;
+        3. scores `score(h_t, h_s)` (section 3.1), `a_t = softmax` (eq. 7), `c_t = sum_s a_ts h_s`;
         4. the attentional state `h~_t = tanh(W_c [c_t; h_t])` (eq. 5), read out by `_readout` (eq. 6).
         """
         if state.feed is not None:

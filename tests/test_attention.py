@@ -333,7 +333,7 @@ def test_single_head_attention_matches_numpy_and_ignores_padding(score):
     context, weights = module(query, module.project_keys(keys), keys, mask)
 
     q64, k64 = np.float64(query), np.float64(keys)
-    if score in ("additive", "concat"):  # e_j = v^T tanh(W q + U h_j)   (Bahdanau eq. 6)
+    if score in ("additive", "concat"):  # e_j = v^T tanh(W q + U h_j)   (Bahdanau appendix A.1.2)
         wq = q64 @ np.float64(module.query_proj.kernel[...])
         uh = k64 @ np.float64(module.key_proj.kernel[...]) + np.float64(module.key_proj.bias[...])
         scores = np.tanh(wq[:, None, :] + uh) @ np.float64(module.v[...])

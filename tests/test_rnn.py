@@ -69,11 +69,11 @@ def test_rnnsearch_decoder_step_is_bahdanau_appendix_a():
     )
     logits, state = model.decode_step(memory, jnp.asarray(previous_token), RNNDecodeState((jnp.float32(previous_state),), None))
 
-    attention = model.cross_attention  # e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)  (eq. 6, A.1.2)
+    attention = model.cross_attention  # e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)  (A.1.2)
     W_a_s = previous_state @ f64(attention.query_proj.kernel)  # [B, A]
     U_a_h = annotations @ f64(attention.key_proj.kernel) + f64(attention.key_proj.bias)  # [B, S, A]
     e = np.tanh(W_a_s[:, None, :] + U_a_h) @ f64(attention.v)
-    alpha = np_masked_softmax(e, mask)  # eq. 7
+    alpha = np_masked_softmax(e, mask)  # eq. 6
     c = np.einsum("bj,bjd->bd", alpha, annotations)  # eq. 5
     cell = model.decoder_cells[0]
     embedded = f64(model.target_embed.embedding)[previous_token]  # E y_{i-1}
@@ -162,7 +162,7 @@ def test_rnnencdec_is_cho_et_al_section_2_2():
     previous_token = np.array([1, 5, 9])
     logits, state = model.decode_step(memory, jnp.asarray(previous_token), state)
     embedded = f64(model.target_embed.embedding)[previous_token]
-    C_z, C_r, C = columns(model.context_proj.kernel, 3)  # the summary in every gate (Cho et al. eq. 8)
+    C_z, C_r, C = columns(model.context_proj.kernel, 3)  # the summary in every gate (Bahdanau A.2.2 with c_i fixed)
     cell = model.decoder_cells[0]
     W_z, W_r, W = columns(cell.input_proj.kernel, 3)
     b_z, b_r, b = np.split(f64(cell.input_proj.bias), 3)
@@ -198,7 +198,7 @@ def test_luong_decoder_step_with_input_feeding(score):
     i, f, o, g = np.split(inputs @ W + h @ f64(cell.hidden_proj.kernel) + f64(cell.input_proj.bias), 4, axis=-1)
     c_t = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
     h_t = sigmoid(o) * np.tanh(c_t)
-    attention = model.cross_attention  # eq. 8
+    attention = model.cross_attention  # section 3.1's scores
     if score == "dot":
         scores = np.einsum("bh,bsh->bs", h_t, source_states)
     elif score == "general":  # h_t^T W_a h_s
