@@ -33,9 +33,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import sacrebleu
 
-import metrics
-import visualize
 from files import write_whole
+
+# `metrics` (JAX) and `visualize` (matplotlib) are imported by the functions of the run's page that
+# use them, not here: a sweep's processes write the sweep's page (`write_sweep`) without either.
 
 ATTENTION_BUDGET_BYTES = 7 * 2**20  # deflated, before base64 (x 4/3): the page stays under ~10 MB
 ROLE_LABELS = {"cross": "cross", "source_self": "source self", "target_self": "target self", "grid": "grid over the image"}
@@ -109,6 +110,9 @@ def read_examples(workdir: Path) -> tuple[list[dict], str]:
 def read_attention_example(path: Path) -> dict:
     """One drawn example's `.npz` as the page shows it: tokens, modules `{name, role, weights [N, Tq, Tk]}`,
     and where the task knows them the gold alignment spans or the boxes, with the example's accuracy."""
+    import metrics
+    import visualize
+
     with np.load(path) as saved:
         data = {key: saved[key] for key in saved.files}
     example: dict[str, Any] = {"name": path.stem}
@@ -190,6 +194,8 @@ def write_curves(rows: Sequence[Mapping], path: Path) -> None:
     """`curves.png`: one panel per metric, a line per split (for a glance from a terminal session).
     Drawn once, with margins fixed in inches and about four ticks an axis: `tight_layout` would
     draw the figure twice, which doubled the cost of every evaluation's picture."""
+    import visualize
+
     series = curve_series(rows)
     if not series:
         return

@@ -39,14 +39,18 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-import models
-import tasks
 from errors import ConfigError, DataError, UserError
+
+# `models` (Flax, JAX) and `tasks` (TFDS) are imported by the functions that read a family's
+# fields, not here: sweep.py and its workers load configs and start trials without either (1.3 s
+# of every such process's start), unless a config builds its task or model from them.
 
 
 def task(name: str, **params) -> ml_collections.ConfigDict:
     """`config.task`: the task name (see `tasks.TASKS`, or a TFDS catalog name) and every parameter
     of its dataclass, with `params` replacing their defaults."""
+    import tasks
+
     return ml_collections.ConfigDict({"name": name, **_replaced(tasks.parameters_of(name), params, f"task {name}")})
 
 
@@ -54,6 +58,8 @@ def model(name: str, **fields) -> ml_collections.ConfigDict:
     """`config.model`: the model family's name (see `models.MODELS`) and every field of its
     dataclass, with `fields` replacing their defaults. Vocabulary sizes and special ids come from
     the vocabulary, not from here."""
+    import models
+
     return ml_collections.ConfigDict({"name": name, **_replaced(models.fields_of(name), fields, f"model {name}")})
 
 
@@ -240,6 +246,8 @@ def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     families = {name: saved.pop(name) for name in ("task", "model") if name in saved}
     completed.update(saved)
     if "model" in families:  # a field whose default changed meaning reads, where absent, as it did before
+        import models
+
         families["model"] = {**models.fields_before(families["model"]["name"]), **families["model"]}
     for name, fields in families.items():  # a task's or model's fields as saved, not merged with others'
         completed[name] = ml_collections.ConfigDict(fields)

@@ -16,8 +16,6 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 import files
-import scores
-import tasks
 from configs import base
 from errors import ConfigError
 
@@ -107,6 +105,9 @@ def objective_direction(path: str | Path, config, metric: str, given: str | None
     writes. A config that is not attend's (another `--train_script`) states it, or minimizes."""
     if not base.has_field(config, "task.name"):
         return given or "minimize"
+    import scores  # JAX, through metrics.py: only for attend's own configs (see configs/base.py)
+    import tasks
+
     task_metric, alignment, boxes = tasks.scoring_of(config.task.name)
     try:
         score = scores.check_best_metric(metric, task_metric, alignment=alignment, boxes=boxes, field="objective")
