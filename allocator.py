@@ -10,6 +10,8 @@ minor faults and 0.75 s of kernel time per 2.8 s step). Two ways out:
   2.35+, read at process start) backs malloc's mappings with 2 MiB transparent
   huge pages: the block is still mapped afresh every step, but in 700 faults, and
   freed memory goes back to the system, so the process holds one step's buffers.
+  A user's own `glibc.malloc.hugetlb` setting in `GLIBC_TUNABLES` is kept (`=0`
+  opts out); the choice made is logged at start-up ("malloc: ...").
 - `keep_freed_memory` (where the tunable cannot be had): one arena, no mapping and
   no trimming, so freed memory stays in the heap for the next step. As fast, but
   the heap fragments: a few small allocations between steps land in the freed
@@ -26,6 +28,7 @@ import ctypes.util
 import logging
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -34,35 +37,59 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 M_ARENA_MAX = -8
 
-HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb"
+RESTARTED = "ATTEND_RESTARTED_FOR_HUGE_PAGES"  # set on the restart: a process restarts once at most
 TRANSPARENT_HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # e.g. "always [madvise] never"
+PROCESS_STATUS = Path("/proc/self/status")  # "THP_enabled: 0" where prctl turned them off for the process
 
 
 def huge_pages_available() -> bool:
-    """Linux, glibc 2.35 or later (the tunable), and transparent huge pages on `always` or `madvise`."""
+    """Linux, glibc 2.35 or later (the tunable), transparent huge pages on `always` or `madvise`, and
+    not turned off for this process."""
+    if not sys.platform.startswith("linux"):
+        return False
     library, version = platform.libc_ver()
-    if not sys.platform.startswith("linux") or library != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 35):
-        return False
     try:
-        mode = TRANSPARENT_HUGE_PAGES.read_text()
-    except OSError:
+        if library != "glibc" or tuple(int(part) for part in version.split(".")[:2]) < (2, 35):
+            return False
+        mode, status = TRANSPARENT_HUGE_PAGES.read_text(), PROCESS_STATUS.read_text()
+    except (OSError, ValueError):
         return False
-    return "[always]" in mode or "[madvise]" in mode
+    return ("[always]" in mode or "[madvise]" in mode) and not re.search(r"^THP_enabled:\s*0\s*$", status, re.MULTILINE)
+
+
+def tunable_value(name: str) -> str | None:
+    """The value `GLIBC_TUNABLES` gives `name` (its last entry wins, as in glibc), or None."""
+    values = [entry.split("=", 1)[1] for entry in os.environ.get("GLIBC_TUNABLES", "").split(":") if entry.startswith(name + "=")]
+    return values[-1] if values else None
 
 
 def huge_pages_in_effect() -> bool:
-    """Whether this process started with the tunable (glibc reads it only then)."""
-    return HUGE_PAGES_TUNABLE in os.environ.get("GLIBC_TUNABLES", "").split(":") and huge_pages_available()
+    """Whether this process started with the tunable at 1 (glibc reads it only at the start)."""
+    return tunable_value(HUGE_PAGES_TUNABLE) == "1" and huge_pages_available()
 
 
-def restart_with_huge_pages() -> None:
-    """Runs this program again in this process (`exec`: same pid, arguments and environment) with the
-    huge-pages tunable added to `GLIBC_TUNABLES`; returns at once where it is in effect already or
-    unavailable. Call it first thing in a program's `__main__`, before imports start threads."""
-    if huge_pages_in_effect() or not huge_pages_available():
+def restart_with_huge_pages(script: str) -> None:
+    """Runs this program again in this process (`exec`: same pid, arguments and environment) with
+    `glibc.malloc.hugetlb=1` added to `GLIBC_TUNABLES`, once. Returns at once where huge pages are
+    unavailable, where the user set the tunable (`glibc.malloc.hugetlb=0` opts out), after a restart,
+    or where the program is not `script` run as a file (`python - < train.py`, `runpy`, a notebook:
+    a restart would not run it again). Call it first thing in `script`'s `__main__`."""
+    started_as_script = sys.argv[0] not in ("", "-", "-c") and Path(sys.argv[0]).resolve() == Path(script).resolve()
+    if not started_as_script or RESTARTED in os.environ or tunable_value(HUGE_PAGES_TUNABLE) is not None or not huge_pages_available():
         return
-    os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES"), HUGE_PAGES_TUNABLE]))
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    before = os.environ.get("GLIBC_TUNABLES")
+    os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, [before, f"{HUGE_PAGES_TUNABLE}=1"]))
+    os.environ[RESTARTED] = "1"
+    try:
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    except OSError as error:  # no interpreter to run again: go on without huge pages
+        os.environ.pop(RESTARTED)
+        if before is None:
+            os.environ.pop("GLIBC_TUNABLES")
+        else:
+            os.environ["GLIBC_TUNABLES"] = before
+        logging.warning("could not restart on huge pages (%s): freed memory is kept instead", error)
 
 
 def set_up() -> str:

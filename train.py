@@ -22,7 +22,7 @@ from __future__ import annotations
 if __name__ == "__main__":  # first: glibc reads its tunables at process start, before any thread exists
     import allocator
 
-    allocator.restart_with_huge_pages()
+    allocator.restart_with_huge_pages(__file__)
 
 import logging  # noqa: E402
 import sys  # noqa: E402
@@ -106,7 +106,7 @@ def run_mode(run_settings: settings.Settings, workdir: Path):
 
 def set_up_process() -> None:
     """What every training process sets before JAX's backend starts (the benchmarks too)."""
-    allocator.set_up()
+    logging.info("malloc: %s (allocator.py)", allocator.set_up())
     if not jax.config.jax_compilation_cache_dir:  # the next run loads its programs instead of compiling them
         jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE))
         jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)  # the least recently used go

@@ -67,7 +67,7 @@ def save_picture(figure: Figure, path: Path) -> np.ndarray:
     layout is most of a picture's cost, and `savefig` then a second draw for the pixels paid it twice."""
     figure.canvas.draw()
     rgba = np.asarray(figure.canvas.buffer_rgba())
-    mpl_image.imsave(path, rgba, format="png")
+    mpl_image.imsave(path, rgba, format="png", dpi=figure.dpi)
     return rgba[..., :3].copy()
 
 

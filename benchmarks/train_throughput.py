@@ -267,5 +267,5 @@ def main() -> None:
 if __name__ == "__main__":
     import allocator
 
-    allocator.restart_with_huge_pages()  # as train.py runs (the imports above are paid twice)
+    allocator.restart_with_huge_pages(__file__)  # as train.py runs (the imports above are paid twice)
     main()

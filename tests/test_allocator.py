@@ -10,65 +10,117 @@ import pytest
 import allocator
 
 ROOT = Path(__file__).resolve().parents[1]
-# Prints its pid, tunables and arguments at each start, then what allocator.set_up chose.
+# Prints its pid, tunables, arguments and an interpreter option at each start, then what allocator.set_up chose.
 PROBE = f"""
 import os, sys
 sys.path.insert(0, {str(ROOT)!r})
 import allocator
-print("start", os.getpid(), os.environ.get("GLIBC_TUNABLES"), sys.argv[1:], flush=True)
-allocator.restart_with_huge_pages()
+print("start", os.getpid(), os.environ.get("GLIBC_TUNABLES"), sys.flags.utf8_mode, sys.argv[1:], flush=True)
+allocator.restart_with_huge_pages(__file__)
 print("set up:", allocator.set_up(), flush=True)
 """
+ARGUMENTS = ["--flag=1", "two words"]
+
+
+def run_probe(tmp_path, tunables: str) -> tuple[list[list[str]], str]:
+    """The probe run as `python -X utf8 probe.py ARGUMENTS`: its start lines, split, and its last line."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    environment = {k: v for k, v in os.environ.items() if k != allocator.RESTARTED} | {"GLIBC_TUNABLES": tunables}
+    result = subprocess.run([sys.executable, "-X", "utf8", str(probe), *ARGUMENTS], env=environment, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    starts = [line.split(" ", 4) for line in result.stdout.splitlines() if line.startswith("start")]
+    return starts, result.stdout.splitlines()[-1]
 
 
 @pytest.mark.parametrize(
-    "libc, mode, expected",
+    "libc, mode, status, expected",
     [
-        (("glibc", "2.36"), "always [madvise] never\n", True),
-        (("glibc", "2.35"), "[always] madvise never\n", True),
-        (("glibc", "2.36"), "always madvise [never]\n", False),  # huge pages off in the kernel
-        (("glibc", "2.31"), "always [madvise] never\n", False),  # no hugetlb tunable before 2.35
-        (("", ""), "always [madvise] never\n", False),  # musl and others
-        (("glibc", "2.36"), None, False),  # no such file: not Linux's THP
+        (("glibc", "2.36"), "always [madvise] never\n", "THP_enabled:\t1\n", True),
+        (("glibc", "2.35"), "[always] madvise never\n", "Name:\tpython\n", True),  # kernels before 6.0 have no THP_enabled line
+        (("glibc", "2.36"), "always madvise [never]\n", "THP_enabled:\t1\n", False),  # huge pages off in the kernel
+        (("glibc", "2.36"), "always [madvise] never\n", "THP_enabled:\t0\n", False),  # off for this process (prctl)
+        (("glibc", "2.31"), "always [madvise] never\n", "THP_enabled:\t1\n", False),  # no hugetlb tunable before 2.35
+        (("glibc", "2.x"), "always [madvise] never\n", "THP_enabled:\t1\n", False),  # a version it cannot read
+        (("", ""), "always [madvise] never\n", "THP_enabled:\t1\n", False),  # musl and others
+        (("glibc", "2.36"), None, "THP_enabled:\t1\n", False),  # no such file: not Linux's THP
     ],
 )
-def test_huge_pages_are_available_with_glibc_2_35_and_the_kernel_on_always_or_madvise(libc, mode, expected, tmp_path, monkeypatch):
-    enabled = tmp_path / "enabled"
+def test_huge_pages_are_available_with_glibc_2_35_and_the_kernel_on_always_or_madvise(libc, mode, status, expected, tmp_path, monkeypatch):
+    enabled, process = tmp_path / "enabled", tmp_path / "status"
     if mode is not None:
         enabled.write_text(mode)
+    process.write_text(status)
     monkeypatch.setattr(allocator, "TRANSPARENT_HUGE_PAGES", enabled)
+    monkeypatch.setattr(allocator, "PROCESS_STATUS", process)
     monkeypatch.setattr(allocator.platform, "libc_ver", lambda: libc)
     monkeypatch.setattr(allocator.sys, "platform", "linux")
     assert allocator.huge_pages_available() is expected
 
 
-def test_a_process_restarts_once_on_huge_pages_with_its_pid_arguments_and_other_tunables(tmp_path):
-    probe = tmp_path / "probe.py"
-    probe.write_text(PROBE)
-    environment = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"}
-    result = subprocess.run([sys.executable, str(probe), "--flag=1", "two words"], env=environment, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    starts = [line.split(" ", 3) for line in result.stdout.splitlines() if line.startswith("start")]
-    arguments = "['--flag=1', 'two words']"
-    if allocator.huge_pages_available():  # this machine (glibc 2.36, THP on madvise): one restart, then huge pages
-        assert [start[2:] for start in starts] == [
-            ["glibc.malloc.tcache_count=7", arguments],
-            ["glibc.malloc.tcache_count=7:glibc.malloc.hugetlb=1", arguments],
-        ]
-        assert starts[0][1] == starts[1][1]  # exec: the same process
-        assert result.stdout.splitlines()[-1] == "set up: huge pages"
-    else:  # no restart; freed memory is kept instead
-        assert [start[2:] for start in starts] == [["glibc.malloc.tcache_count=7", arguments]]
-        assert result.stdout.splitlines()[-1] in ("set up: freed memory kept", "set up: malloc's defaults")
+def test_the_last_entry_of_a_tunable_wins(monkeypatch):
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.malloc.tcache_count=7:glibc.malloc.hugetlb=0")
+    assert allocator.tunable_value("glibc.malloc.hugetlb") == "0"
+    assert allocator.tunable_value("glibc.malloc.tcache_count") == "7"
+    assert allocator.tunable_value("glibc.malloc.mmap_max") is None
+
+
+@pytest.mark.skipif(not allocator.huge_pages_available(), reason="the restart needs glibc 2.35+ and transparent huge pages")
+def test_a_process_restarts_once_on_huge_pages_with_its_pid_arguments_options_and_other_tunables(tmp_path):
+    starts, last = run_probe(tmp_path, "glibc.malloc.tcache_count=7")
+    arguments = repr(ARGUMENTS)
+    assert [start[2:] for start in starts] == [
+        ["glibc.malloc.tcache_count=7", "1", arguments],
+        ["glibc.malloc.tcache_count=7:glibc.malloc.hugetlb=1", "1", arguments],  # `-X utf8` kept
+    ]
+    assert starts[0][1] == starts[1][1]  # exec: the same process
+    assert last == "set up: huge pages"
+
+
+def test_a_users_own_hugetlb_setting_is_kept_and_nothing_restarts(tmp_path):
+    starts, last = run_probe(tmp_path, "glibc.malloc.hugetlb=0")  # the opt-out
+    assert [start[2:] for start in starts] == [["glibc.malloc.hugetlb=0", "1", repr(ARGUMENTS)]]
+    assert last == "set up: freed memory kept"
+
+
+def test_nothing_restarts_after_a_restart_or_for_a_program_not_run_as_the_script(tmp_path, monkeypatch):
+    monkeypatch.setattr(allocator.os, "execv", lambda *args: pytest.fail(f"restarted: {args}"))
+    monkeypatch.setattr(allocator, "huge_pages_available", lambda: True)
+    monkeypatch.setenv("GLIBC_TUNABLES", "")
+    script = tmp_path / "train.py"
+    monkeypatch.setattr(allocator.sys, "argv", [str(script)])
+    monkeypatch.setenv(allocator.RESTARTED, "1")
+    allocator.restart_with_huge_pages(str(script))  # restarted once already (a lost tunable would loop)
+    monkeypatch.delenv(allocator.RESTARTED)
+    for argv0 in ("-", "-c", str(tmp_path / "other.py")):  # stdin, a command, runpy from another script
+        monkeypatch.setattr(allocator.sys, "argv", [argv0])
+        allocator.restart_with_huge_pages(str(script))
+    assert os.environ["GLIBC_TUNABLES"] == ""
 
 
 def test_without_huge_pages_nothing_restarts_and_freed_memory_is_kept(tmp_path, monkeypatch):
-    enabled = tmp_path / "enabled"
-    enabled.write_text("always madvise [never]\n")
-    monkeypatch.setattr(allocator, "TRANSPARENT_HUGE_PAGES", enabled)
+    monkeypatch.setattr(allocator, "huge_pages_available", lambda: False)
     monkeypatch.setattr(allocator.os, "execv", lambda *args: pytest.fail(f"restarted: {args}"))
+    monkeypatch.setattr(allocator.sys, "argv", [str(ROOT / "train.py")])
     monkeypatch.setenv("GLIBC_TUNABLES", "")
-    allocator.restart_with_huge_pages()  # returns: the kernel has huge pages off
+    allocator.restart_with_huge_pages(str(ROOT / "train.py"))
     assert os.environ["GLIBC_TUNABLES"] == ""
-    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: True)  # mallopt itself is left alone in the test process
-    assert allocator.set_up() == "freed memory kept"
+    kept = []
+    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: kept.append(True) or True)  # mallopt itself is left alone here
+    assert allocator.set_up() == "freed memory kept" and kept == [True]
+    monkeypatch.setattr(allocator, "huge_pages_available", lambda: True)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    assert allocator.set_up() == "huge pages" and kept == [True]  # huge pages: malloc left at its defaults
+
+
+def test_a_failed_restart_puts_the_environment_back(tmp_path, monkeypatch):
+    def no_interpreter(*args):
+        raise FileNotFoundError(2, "No such file or directory", args[0])
+
+    monkeypatch.setattr(allocator, "huge_pages_available", lambda: True)
+    monkeypatch.setattr(allocator.os, "execv", no_interpreter)
+    monkeypatch.setattr(allocator.sys, "argv", [str(ROOT / "train.py")])
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=7")
+    monkeypatch.delenv(allocator.RESTARTED, raising=False)
+    allocator.restart_with_huge_pages(str(ROOT / "train.py"))
+    assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=7" and allocator.RESTARTED not in os.environ
