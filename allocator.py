@@ -11,7 +11,7 @@ minor faults and 0.75 s of kernel time per 2.8 s step). Two ways out:
   huge pages: the block is still mapped afresh every step, but in 700 faults, and
   freed memory goes back to the system, so the process holds one step's buffers.
   A user's own `glibc.malloc.hugetlb` setting in `GLIBC_TUNABLES` is kept (`=0`
-  opts out); the choice made is logged at start-up ("malloc: ...").
+  opts out).
 - `keep_freed_memory` (where the tunable cannot be had): one arena, no mapping and
   no trimming, so freed memory stays in the heap for the next step. As fast, but
   the heap fragments: a few small allocations between steps land in the freed
