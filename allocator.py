@@ -92,12 +92,18 @@ def restart_with_huge_pages(script: str) -> None:
         logging.warning("could not restart on huge pages (%s): freed memory is kept instead", error)
 
 
+chosen = "malloc's defaults"  # what `set_up` chose for this process (malloc is the process's): the start-up summary shows it
+
+
 def set_up() -> str:
     """Before JAX starts its threads: nothing where huge pages are in effect, else `keep_freed_memory`.
-    Returns which ("huge pages", "freed memory kept" or "malloc's defaults")."""
+    Returns which ("huge pages", "freed memory kept" or "malloc's defaults"), kept in `chosen`."""
+    global chosen
     if huge_pages_in_effect():
-        return "huge pages"
-    return "freed memory kept" if keep_freed_memory() else "malloc's defaults"
+        chosen = "huge pages"
+    else:
+        chosen = "freed memory kept" if keep_freed_memory() else "malloc's defaults"
+    return chosen
 
 
 def keep_freed_memory() -> bool:

@@ -106,7 +106,7 @@ def run_mode(run_settings: settings.Settings, workdir: Path):
 
 def set_up_process() -> None:
     """What every training process sets before JAX's backend starts (the benchmarks too)."""
-    allocator.set_up()  # not logged: a bad flag's error stays the only line on stderr
+    allocator.set_up()  # shown in the start-up summary (a bad flag's error stays the only line on stderr)
     if not jax.config.jax_compilation_cache_dir:  # the next run loads its programs instead of compiling them
         jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE))
         jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)  # the least recently used go

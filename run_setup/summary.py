@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 import jax
 import numpy as np
 
+import allocator
 from settings import PipelineSettings
 
 OUTPUTS = (  # what a training run writes into its workdir, and what each is
@@ -48,6 +49,7 @@ class Facts:
     vocabulary_folder: str
     workdir: str
     outputs: Sequence[tuple[str, str]] = OUTPUTS
+    malloc: str = "malloc's defaults"  # allocator.chosen
 
 
 def epoch_estimate(lengths: np.ndarray, data: PipelineSettings) -> tuple[float, tuple[float, float]]:
@@ -85,7 +87,8 @@ def format_summary(facts: Facts) -> str:
     epochs = (facts.num_train_steps - facts.start_step) / facts.steps_per_epoch if facts.steps_per_epoch else math.inf
     steps = f"{facts.num_train_steps:,}" + (f" (from step {facts.start_step:,})" if facts.start_step else "")
     lines = [
-        ("devices", f"{facts.backend}: {', '.join(facts.devices)}; {facts.processes} process{'es' if facts.processes > 1 else ''}"),
+        ("devices", f"{facts.backend}: {', '.join(facts.devices)}; {facts.processes} process{'es' if facts.processes > 1 else ''}; "
+                    f"malloc: {facts.malloc}"),
         ("parameters", f"{total:,} ({by_module})"),
         ("data", splits),
         ("batch", f"{facts.batch_rows:,} rows, about {_tokens(*facts.batch_tokens)} a step"),
@@ -126,6 +129,7 @@ def describe(run, start_step: int) -> Facts:
     tokens, tokenizer = run.tokens, settings.tokenizer
     sizes = f"{tokens.source.vocab_size:,}" + ("" if tokens.source is tokens.target else f" / {tokens.target.vocab_size:,}")
     return Facts(
+        malloc=allocator.chosen,
         backend=jax.default_backend(),
         devices=device_kinds(list(run.mesh.devices.flat)),
         processes=jax.process_count(),

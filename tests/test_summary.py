@@ -30,14 +30,14 @@ FACTS = summary.Facts(
     backend="cpu", devices=["8 x cpu"], processes=2, parameters={"encoder": 1200, "decoder": 3400},
     splits={"train": (4, 22, 17), "dev": (3, None, None)}, batch_rows=2, batch_tokens=(11.0, 8.5), steps_per_epoch=2.0,
     num_train_steps=10, start_step=4, vocabulary="char, 40 ids, shared", vocabulary_folder="runs/x/tokenizer",
-    workdir="runs/x", outputs=(("config.json", "the resolved config"),),
+    workdir="runs/x", outputs=(("config.json", "the resolved config"),), malloc="huge pages",
 )  # fmt: skip
 
 
 def test_the_summary_of_a_hand_made_run():
     assert summary.format_summary(FACTS) == "\n".join([
         "start-up summary",
-        "devices:     cpu: 8 x cpu; 2 processes",
+        "devices:     cpu: 8 x cpu; 2 processes; malloc: huge pages",
         "parameters:  4,600 (decoder 3,400, encoder 1,200)",
         "data:        train 4 examples, 22 source + 17 target tokens; dev 3 examples",
         "batch:       2 rows, about 11 source + 8 target tokens a step",  # 8.5 rounds to even
@@ -48,7 +48,7 @@ def test_the_summary_of_a_hand_made_run():
     ])  # fmt: skip
     image_like = dataclasses.replace(FACTS, splits={"train": (4, None, 17)}, batch_tokens=(None, 8.5), processes=1)
     assert "train 4 examples, 17 target tokens\n" in summary.format_summary(image_like)
-    assert "8 target tokens a step" in summary.format_summary(image_like) and "1 process;" not in summary.format_summary(image_like)
+    assert "8 target tokens a step" in summary.format_summary(image_like) and "cpu: 8 x cpu; 1 process; malloc" in summary.format_summary(image_like)
 
 
 def test_the_estimate_to_the_end():
