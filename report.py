@@ -334,15 +334,23 @@ def attention_payloads(examples: Sequence[dict], budget: int = ATTENTION_BUDGET_
 # ----------------------------------------------------------------------------- the page
 
 
-def write(workdir: str | Path) -> Path:
-    """Writes `workdir/report.html` and `workdir/curves.png` (each whole or not at all); returns the page's path."""
+def write(workdir: str | Path, *, curves: bool = True) -> Path:
+    """Writes `workdir/report.html` and, with `curves`, `workdir/curves.png` (each whole or not at
+    all); returns the page's path."""
     workdir = Path(workdir)
     folder = read_run(workdir)
     page = run_page(folder)
     path = workdir / "report.html"
     write_whole(path, lambda temporary: temporary.write_text(page, encoding="utf-8"))
-    write_curves(folder.rows, workdir / "curves.png")
+    if curves:
+        write_curves(folder.rows, workdir / "curves.png")
     return path
+
+
+def draw_curves(workdir: str | Path) -> None:
+    """`workdir/curves.png` from its metrics.jsonl, alone (the page untouched)."""
+    rows, _ = read_metrics(Path(workdir) / "metrics.jsonl")
+    write_curves(rows, Path(workdir) / "curves.png")
 
 
 def run_page(folder: RunFolder) -> str:

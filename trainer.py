@@ -226,9 +226,10 @@ def unfinished_window(workdir: Path, start_step: int) -> list[tuple[int, dict]]:
 
 
 def evaluate_during_training(
-    evaluator: evaluation.Evaluator, params: nnx.State, step: int, splits: Sequence[str], reporter: Reporter
+    evaluator: evaluation.Evaluator, params: nnx.State, step: int, splits: Sequence[str], reporter: Reporter, curves: CurvesPicture
 ) -> dict[str, dict]:
-    """`splits` evaluated (on `eval_decode_examples` decoded examples), with pictures of dev examples."""
+    """`splits` evaluated (on `eval_decode_examples` decoded examples), with pictures of dev examples;
+    report.html rewritten, and curves.png when `curves` says it is due."""
     run = evaluator.run
     settings = run.settings.evaluation
     results = {}
@@ -241,8 +242,38 @@ def evaluate_during_training(
         if split == "dev" and settings.visualize_examples:
             evaluation.draw_attention(evaluator, params, "dev", step, reporter)
     if run.is_chief:
-        report.write(run.workdir)  # report.html and curves.png, as of this evaluation
+        due = curves.due(final=step == run.settings.optimization.num_train_steps)
+        report.write(run.workdir, curves=due)  # report.html as of this evaluation, and curves.png when due
+        if due:
+            curves.drawn(step)
     return results
+
+
+CURVES_EVERY_SECONDS = 300.0
+
+
+class CurvesPicture:
+    """When training redraws `curves.png`: at an evaluation once `CURVES_EVERY_SECONDS` have passed
+    since the run started or last drew it, at the last step's, and when the run ends otherwise
+    (stopped early or by a signal). report.html follows every evaluation; the picture, for a glance
+    from a terminal, takes about as long to draw as a small model's evaluation
+    (benchmarks/report_page.py's `curves s`)."""
+
+    def __init__(self, workdir: Path, enabled: bool):
+        self.workdir, self.enabled = workdir, enabled
+        self.drawn_at, self.drawn_step = time.monotonic(), None
+
+    def due(self, final: bool = False) -> bool:
+        return final or time.monotonic() - self.drawn_at >= CURVES_EVERY_SECONDS
+
+    def drawn(self, step: int) -> None:
+        self.drawn_at, self.drawn_step = time.monotonic(), step
+
+    def finish(self, step: int) -> None:
+        """Draws the picture unless it is as of `step`, the run's last."""
+        if self.enabled and self.drawn_step != step:
+            report.draw_curves(self.workdir)
+            self.drawn(step)
 
 
 class EarlyStopping:
@@ -321,6 +352,7 @@ def train(run: Run) -> dict:
     final: dict = {}
     window: list[tuple[int, Any]] = unfinished_window(run.workdir, start_step)
     window_start = time.time()
+    curves, step = CurvesPicture(run.workdir, enabled=run.is_chief), start_step
     try:
         several = jax.process_count() > 1  # then SIGTERM is JAX's preemption notice, which the processes agree on
         with StopSignals(message="saving a checkpoint, then stopping", signals=() if several else SIGNALS) as stop:
@@ -345,13 +377,13 @@ def train(run: Run) -> dict:
                     window, window_start = [], time.time()
                 eval_metrics, stop_early = None, False
                 if evaluate_now:
-                    final = evaluate_during_training(evaluator, state["params"], step, ("dev", "test") if last else ("dev",), reporter)
+                    final = evaluate_during_training(evaluator, state["params"], step, ("dev", "test") if last else ("dev",), reporter, curves)
                     eval_metrics = {k: v for k, v in final["dev"].items() if isinstance(v, float)}
                     stop_early = early_stopping.update(step, final["dev"]) and not last
                     if stop_early:
                         logging.info("early stopping at step %d: dev %s has not improved for %d evaluations (best %.4g at step %d)",
                                      step, evaluation_settings.best_metric, early_stopping.waited, early_stopping.best, early_stopping.best_step)  # fmt: skip
-                        final.update(evaluate_during_training(evaluator, state["params"], step, ("test",), reporter))
+                        final.update(evaluate_during_training(evaluator, state["params"], step, ("test",), reporter, curves))
                 if save_now or stop.requested or stop_early:  # a signal may have come during this step's eval
                     run.checkpoints.save(step, state, data_iterator, metrics=eval_metrics)
                 if stop.requested or stop_early:
@@ -363,6 +395,7 @@ def train(run: Run) -> dict:
         finally:  # also after a failed save
             data_iterator.close()  # stops the prefetch threads now, not at interpreter exit
             reporter.close()
+    curves.finish(step)
     if run.is_chief:
         print_outputs(run.workdir)
     return final

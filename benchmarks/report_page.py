@@ -8,14 +8,16 @@ module's weights in the `.npz` as evaluation writes them (visualize.save_weights
 heads * tokens^2 numbers per example (cross, source self, target self). The weights are softmaxes
 of Gaussian logits (scale `--logit_scale`: the larger, the more peaked the heads and the better
 their uint8 bytes compress; random logits compress worse than a trained model's structured heads),
-plus a metrics.jsonl and decoded examples. Then writes
-report.html (report.write) and opens it from disk in headless Chromium (Debian's, via Playwright)
-`--repeats` times: the time until the page has loaded, and until the first example's explorer
-has inflated its weights and drawn (the page opens it at once). Prints the medians.
+plus a metrics.jsonl (a training run's metrics, each a panel of curves.png) and decoded examples. Then writes
+report.html (report.write), draws curves.png (report.draw_curves: what training redraws at most
+every `trainer.CURVES_EVERY_SECONDS`), and opens the page from disk in headless Chromium (Debian's,
+via Playwright) `--repeats` times: the time until the page has loaded, and until the first
+example's explorer has inflated its weights and drawn (the page opens it at once). Prints the medians.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
@@ -66,8 +68,11 @@ def build_run(workdir: Path) -> None:
     for example in range(FLAGS.examples):
         weights = {m: softmax_weights(rng, n, t, t, FLAGS.logit_scale, r is AttentionRole.TARGET_SELF) for m, r in roles.items()}
         visualize.save_weights(folder / f"example_{example}.npz", weights, roles, words, words)
-    rows = [f'{{"step": {s}, "split": "train", "loss": {5 / s ** 0.3:.4f}, "learning_rate": 0.001}}' for s in range(100, 1001, 100)]
-    (workdir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    train = ("loss", "nll", "token_accuracy", "grad_norm", "update_norm", "param_norm", "learning_rate", "tokens_per_second", "steps_per_second")
+    dev = ("loss", "perplexity", "token_accuracy", "bleu", "chrf", "exact_match")  # a training run's rows: one panel each in curves.png
+    rows = [{"step": s, "split": "train", **{m: float(rng.random()) for m in train}} for s in range(100, 1001, 100)]
+    rows += [{"step": s, "split": "dev", **{m: float(rng.random()) for m in dev}} for s in range(200, 1001, 200)]
+    (workdir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (workdir / "predictions").mkdir()
     lines = ["source\treference\thypothesis"] + [f"s {i}\tthe reference {i}\tthe hypothesis {i % 7}" for i in range(FLAGS.examples)]
     (workdir / "predictions" / "step_1000_dev.tsv").write_text("\n".join(lines) + "\n")
@@ -104,15 +109,18 @@ def main(argv: list[str]) -> None:
         workdir.mkdir()
         build_run(workdir)
         start = time.perf_counter()
-        path = report.write(workdir)
+        path = report.write(workdir, curves=False)
         written = time.perf_counter() - start
+        start = time.perf_counter()
+        report.draw_curves(workdir)
+        curves = time.perf_counter() - start
         described, _, keep = report.attention_payloads(report.read_run(workdir).attention)
         numbers = sum(int(np.prod(m["shape"])) for e in described for m in e["modules"])
         times = open_times(path)
-        print(f"| examples | tokens | layers x heads | weights | kept per row | page MB | write s | load s | first explorer s |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print(f"| examples | tokens | layers x heads | weights | kept per row | page MB | write s | curves s | load s | first explorer s |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         print(f"| {FLAGS.examples} | {FLAGS.tokens} | {FLAGS.layers} x {FLAGS.heads} | {numbers / 1e6:.1f}M | {keep or 'all'} "
-              f"| {path.stat().st_size / 2**20:.2f} | {written:.1f} | {statistics.median(t[0] for t in times):.2f} "
+              f"| {path.stat().st_size / 2**20:.2f} | {written:.1f} | {curves:.2f} | {statistics.median(t[0] for t in times):.2f} "
               f"| {statistics.median(t[1] for t in times):.2f} |")  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """The sweep's results: a row per counted trial, best first; results.md, results.csv and report.html
-(rewritten as each trial ends); the objective plotted against each swept field."""
+(rewritten as each trial ends); the objective plotted against each swept field (drawn when the
+sweep ends: report.html charts it as each trial ends)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ def result_rows(study: optuna.Study, sweep: Sweep) -> list[dict]:
     return rows
 
 
-def write_results(study: optuna.Study, sweep: Sweep, args) -> Path:
+def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = True) -> Path:
+    """results.csv, results.md and report.html, and with `picture` objective_by_field.png; returns
+    results.md's path."""
     workdir = Path(args.workdir)
     rows = result_rows(study, sweep)
     columns = list(dict.fromkeys(k for row in rows for k in row))
@@ -62,7 +65,8 @@ def write_results(study: optuna.Study, sweep: Sweep, args) -> Path:
     for row in rows:
         lines.append("| " + " | ".join(format_cell(row.get(c)) for c in shown) + " |")
     (workdir / "results.md").write_text("\n".join(lines) + "\n")
-    plot_objective(rows, sweep, workdir / "objective_by_field.png")
+    if picture:  # matplotlib (and JAX, imported by visualize) only in the process that ends the sweep
+        plot_objective(rows, sweep, workdir / "objective_by_field.png")
     report.write_sweep(workdir, rows, sweep.objective, sweep.space)
     return workdir / "results.md"
 

@@ -160,7 +160,7 @@ def work_until_done(args, sweep: Sweep, stop: StopSignals) -> None:
             study.tell(trial, state=TrialState.FAIL)
             continue
         run_trial(study, trial, args, sweep, stop)
-        write_results(study, sweep, args)  # the sweep's page and tables as of this trial, not only at the end
+        write_results(study, sweep, args, picture=False)  # the sweep's page and tables as of this trial; the picture at the end
 
 
 def recover_dead_trials(study: optuna.Study) -> None:

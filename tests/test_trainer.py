@@ -307,6 +307,27 @@ def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
     saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(saved) == 1 and 10 <= saved[0] < 100000
     assert "SIGTERM" in output
+    assert (tmp_path / "curves.png").exists()  # drawn as the run stopped: no evaluation was the last one or 5 minutes in
+
+
+def test_curves_png_is_drawn_once_its_interval_has_passed_and_when_the_run_ends(tmp_path, monkeypatch):
+    clock, drawn = [1000.0], []
+    monkeypatch.setattr(trainer.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(trainer.report, "draw_curves", drawn.append)
+    curves = trainer.CurvesPicture(tmp_path, enabled=True)
+    assert not curves.due() and curves.due(final=True)
+    clock[0] += trainer.CURVES_EVERY_SECONDS - 1
+    assert not curves.due()
+    clock[0] += 1
+    assert curves.due()
+    curves.drawn(10)
+    assert not curves.due()
+    curves.finish(10)  # the picture is as of the run's last step already
+    assert drawn == []
+    curves.finish(12)
+    assert drawn == [tmp_path] and not curves.due()
+    trainer.CurvesPicture(tmp_path, enabled=False).finish(13)  # another process than the chief draws nothing
+    assert drawn == [tmp_path]
 
 
 
