@@ -42,6 +42,9 @@ from settings import parse
 
 
 def pytest_configure(config):
+    import allocator
+
+    allocator.collect_garbage_less_often()  # as train.py's processes do: the tests trace hundreds of programs
     config.addinivalue_line("markers", "all_devices: the test's in-process runs use all 8 forced devices (default: one)")
     config.addinivalue_line("markers", "slow: starts several processes or trains to a result (over ~10 s); -m 'not slow' leaves them out")
 

@@ -124,3 +124,24 @@ def test_a_failed_restart_puts_the_environment_back(tmp_path, monkeypatch):
     monkeypatch.delenv(allocator.RESTARTED, raising=False)
     allocator.restart_with_huge_pages(str(ROOT / "train.py"))
     assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=7" and allocator.RESTARTED not in os.environ
+
+
+def test_the_garbage_collector_spares_what_exists_and_still_collects_new_cycles():
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    old = Node()
+    old.self = old  # a cycle alive before: frozen, never scanned
+    frozen_before = gc.get_freeze_count()
+    allocator.collect_garbage_less_often()
+    assert gc.get_threshold() == allocator.GC_THRESHOLDS and gc.get_freeze_count() > frozen_before
+    assert not any(o is old for o in gc.get_objects())  # the frozen generation is out of the collector's reach
+    new = Node()
+    new.self = new
+    alive = weakref.ref(new)
+    del new
+    gc.collect()
+    assert alive() is None  # a cycle made afterwards is collected

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
+import allocator  # noqa: E402
 import trainer  # noqa: E402
 from fault_worker import signal_at_step  # noqa: E402
 from run_setup.cluster import setup_distributed  # noqa: E402
@@ -26,6 +27,7 @@ from tiny import two_process_config  # noqa: E402
 logging.getLogger().setLevel(logging.INFO)  # the trainer's INFO lines (resuming, ...) in log.txt, as train.py logs them
 for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
     logging.getLogger(library).setLevel(logging.WARNING)
+allocator.collect_garbage_less_often()  # as train.py's set-up does
 process_id, coordinator, workdir, data_dir, steps, sigterm_at, sharding = sys.argv[1:]
 if int(sigterm_at) > 0:
     signal_at_step(int(sigterm_at), signal.SIGTERM)
