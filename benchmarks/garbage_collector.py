@@ -3,8 +3,8 @@
 
     python benchmarks/garbage_collector.py [--runs 6]
 
-Trains the tests' tiny Transformer (tests/tiny.py: 20 steps, two evaluations, one
-device) `--runs` times in one process, alternating the collector's settings run by
+Trains configs/default.py's Transformer shrunk to seconds (`small_config`: 20 steps of 16
+examples, two evaluations, one device) `--runs` times in one process, alternating the collector's settings run by
 run: each run traces and lowers its programs again (the compiled ones come from the
 in-memory cache after the first), as a test suite or a sweep of runs in one process
 does. Prints, per setting, the median seconds of a run and of the collector's
@@ -24,22 +24,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-from tiny import first_devices_mesh, tiny_config, xla_flags  # noqa: E402
-
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = xla_flags(1)
 
 from absl import app, flags  # noqa: E402
 
 import allocator  # noqa: E402
 import trainer  # noqa: E402
-from run_setup import run as run_module  # noqa: E402
+from configs import base, default  # noqa: E402
 from settings import parse  # noqa: E402
 
 flags.DEFINE_integer("runs", 6, "tiny runs, alternating the two settings")
 FLAGS = flags.FLAGS
 DEFAULTS = (700, 10, 10)
+
+
+def small_config(data_dir: Path):
+    config = default.get_config()
+    config.data_dir = str(data_dir)
+    overrides = {"task.train_size": 600, "task.dev_size": 24, "task.test_size": 24, "model.d_model": 16, "model.num_heads": 2,
+                 "model.d_ff": 32, "model.num_encoder_layers": 1, "model.num_decoder_layers": 1, "batch_size": 16,
+                 "num_train_steps": 20, "eval_every_steps": 10, "checkpoint_every_steps": 10, "warmup_steps": 5, "visualize_examples": 0}  # fmt: skip
+    for name, value in overrides.items():
+        base.set_field(config, name, value)
+    return config
 
 
 class CollectorClock:
@@ -61,7 +68,6 @@ def main(argv: list[str]) -> None:
     del argv
     for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
         logging.getLogger(library).setLevel(logging.WARNING)
-    run_module.make_mesh = first_devices_mesh(1)
     clock = CollectorClock()
     measured = {"defaults": [], "tuned": []}
     with tempfile.TemporaryDirectory() as temporary:
@@ -76,7 +82,7 @@ def main(argv: list[str]) -> None:
                 gc.set_threshold(*DEFAULTS)
             clock.seconds, clock.full = 0.0, 0
             start = time.perf_counter()
-            trainer.train_and_evaluate(parse(tiny_config(data_dir)), Path(temporary) / f"run_{number}")
+            trainer.train_and_evaluate(parse(small_config(data_dir)), Path(temporary) / f"run_{number}")
             if number:
                 measured[setting].append((time.perf_counter() - start, clock.seconds, clock.full))
     print("| collector | thresholds | run s | collector s | full collections |")

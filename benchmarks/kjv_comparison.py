@@ -1,0 +1,180 @@
+"""The families on real text for the same wall time: Transformer, RNNsearch and LSTMN (shallow and
+deep fusion) trained on the shipped kjv_web corpus, scored on its test split with beam 4.
+
+    python benchmarks/kjv_comparison.py --workdir=runs/kjv_comparison              # 30 minutes each
+    python benchmarks/kjv_comparison.py --workdir=runs/kjv_comparison --minutes=30 --tune_minutes=2
+
+Each column starts from its kjv_web config (configs/kjv_web_transformer.py, rnnsearch_kjv_web.py,
+lstmn_kjv_web.py, the last with `fusion="deep"` for `lstmn_deep`) and goes through three stages:
+
+1. **Its learning rate.** Short runs at the config's rate times 1/2, 1 and 2 (then doubled or
+   halved again, up to 5 rates, while the best is at an edge), each as many steps as
+   `--tune_minutes` allow at the family's speed (measured first by a 40-step probe, after
+   compilation); the rate whose run ends with the lowest dev loss is kept.
+2. **The budget.** One run of `--minutes` worth of steps at the speed the tuning runs measured
+   (the median of their logged steps/s, compilation left out): every family trains for the same
+   wall time, however fast its step. All runs share one schedule rule: linear warmup over the
+   first tenth of the steps, then cosine decay to 0 at the last (each family's own schedule was
+   set for runs many times longer); everything else is the config's.
+3. **The test split**, decoded whole with beam 4 after one batch has compiled the search: BLEU
+   and chrF (sacrebleu), and sentences per second.
+
+Prints a markdown table. Stages already done are read back, not rerun (`WORKDIR/<column>/plan.json`
+holds a column's rate and steps; a run folder with checkpoints resumes from them), so the
+benchmark can be stopped and started again. The steps are fixed once measured: a machine busier
+during the long run than during the probe trains the same steps more slowly, and the table's
+`train min` says how long they took. The figures measured with it: README ("A fair comparison on
+real text") and docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from absl import flags  # noqa: E402
+
+import evaluation  # noqa: E402
+import reporting  # noqa: E402
+import trainer  # noqa: E402
+from run_setup import command_line  # noqa: E402
+from run_setup.run import prepare_run  # noqa: E402
+from settings import parse  # noqa: E402
+
+COLUMNS = {  # column: (config module, model fields over the config's)
+    "transformer": ("kjv_web_transformer", {}),
+    "rnnsearch": ("rnnsearch_kjv_web", {}),
+    "lstmn_shallow": ("lstmn_kjv_web", {"fusion": "shallow"}),
+    "lstmn_deep": ("lstmn_kjv_web", {"fusion": "deep", "inter_query": "eq13"}),
+}
+RATE_FACTORS = (0.5, 1.0, 2.0)
+MAX_RATES = 5  # the grid grows by doubling (or halving) while its best rate is at an edge
+BEAM = 4
+
+FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+flags.DEFINE_string("workdir", "runs/kjv_comparison", "", flag_values=FLAGS)
+flags.DEFINE_float("minutes", 30.0, "training wall time of each column's run", flag_values=FLAGS)
+flags.DEFINE_float("tune_minutes", 2.0, "training wall time of each learning-rate trial", flag_values=FLAGS)
+flags.DEFINE_string("columns", ",".join(COLUMNS), f"comma-separated, of: {', '.join(COLUMNS)}", flag_values=FLAGS)
+flags.DEFINE_string("data_dir", "data/tfds", "", flag_values=FLAGS)
+
+
+def column_config(column: str, learning_rate: float | None, steps: int, data_dir: str):
+    """The column's config with `steps` under the shared schedule rule, its rate (the config's when
+    None), evaluating and checkpointing only at the end (and every tenth, to resume)."""
+    module, fields = COLUMNS[column]
+    config = importlib.import_module(f"configs.{module}").get_config()
+    config.model.update(fields)
+    config.data_dir = data_dir
+    if learning_rate is not None:
+        config.learning_rate = learning_rate
+    config.num_train_steps = steps
+    config.warmup_steps = max(1, steps // 10)
+    config.schedule = "cosine"
+    config.log_every_steps = max(1, min(50, steps // 20))
+    config.eval_every_steps = steps
+    config.checkpoint_every_steps = max(1, steps // 10)
+    config.eval_decode_examples = 32  # the dev loss picks the rate; the test split is decoded whole below
+    config.visualize_examples = 0
+    config.decode.beam_size = BEAM
+    config.lock()
+    return config
+
+
+def train(config, workdir: Path) -> dict:
+    """Trains (unless finished): `{"dev_loss", "steps_per_second", "train_seconds"}` from the run's rows."""
+    finished = workdir / "eval" / f"step_{config.num_train_steps}.json"
+    if not finished.exists():
+        trainer.train_and_evaluate(parse(config), workdir)
+    rows = reporting.read_jsonl(workdir)
+    train_rows = [r for r in rows if r["split"] == "train"]
+    timed = train_rows[1:] or train_rows  # the first row's window holds the compilation
+    seconds = sum(steps / row["steps_per_second"] for row, steps in zip(train_rows, window_steps(train_rows)))  # compilation included
+    return {
+        "dev_loss": json.loads(finished.read_text())["dev"]["loss"],
+        "steps_per_second": statistics.median(r["steps_per_second"] for r in timed),
+        "train_seconds": seconds,
+    }
+
+
+def window_steps(train_rows: list[dict]) -> list[int]:
+    """The steps each logged row covers (rows are written every `log_every_steps` and at the end)."""
+    steps = [r["step"] for r in train_rows]
+    return [b - a for a, b in zip([0, *steps], steps)]
+
+
+def plan(column: str, args) -> dict:
+    """The column's rate and steps (`plan.json`): tuned and measured once, then read back."""
+    path = Path(args.workdir) / column / "plan.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    base_rate = column_config(column, None, 1, args.data_dir).learning_rate
+    probe = column_config(column, base_rate, 40, args.data_dir)  # the speed that sizes the tuning runs
+    speed = train(probe, Path(args.workdir) / column / "probe")["steps_per_second"]
+    tune_steps = max(20, round(args.tune_minutes * 60 * speed))
+    trials = {}
+
+    def try_rate(rate: float) -> None:
+        trials[rate] = train(column_config(column, rate, tune_steps, args.data_dir), Path(args.workdir) / column / f"tune_{rate:g}")
+
+    for factor in RATE_FACTORS:
+        try_rate(base_rate * factor)
+    best = min(trials, key=lambda rate: trials[rate]["dev_loss"])
+    while best in (min(trials), max(trials)) and len(trials) < MAX_RATES:  # the best at an edge: one more step out
+        try_rate(best * 2 if best == max(trials) else best / 2)
+        best = min(trials, key=lambda rate: trials[rate]["dev_loss"])
+    speed = statistics.median(trial["steps_per_second"] for trial in trials.values())
+    result = {"learning_rate": best, "steps": max(20, round(args.minutes * 60 * speed)), "steps_per_second": speed,
+              "tune_steps": tune_steps, "dev_loss_by_rate": {f"{rate:g}": trial["dev_loss"] for rate, trial in trials.items()}}  # fmt: skip
+    path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def test_scores(config, workdir: Path) -> dict:
+    """BLEU, chrF and sentences/s of the whole test split with beam 4 (`test.json`, read back once written)."""
+    path = workdir / "test.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    run = prepare_run(parse(config), workdir, training=False)
+    _, params = run.restore_params()
+    run.checkpoints.close()
+    evaluator = evaluation.Evaluator(run)
+    evaluation.evaluate_split(evaluator, params, "test", max_decoded=1)  # compiles the search on one batch
+    start = time.perf_counter()
+    results, decoded = evaluation.evaluate_split(evaluator, params, "test")
+    seconds = time.perf_counter() - start
+    scores = {"bleu": results["bleu"], "chrf": results["chrf"], "sentences": len(decoded), "sentences_per_second": len(decoded) / seconds}
+    path.write_text(json.dumps(scores, indent=2))
+    return scores
+
+
+def main() -> None:
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    args = FLAGS
+    columns = args.columns.split(",")
+    unknown = [c for c in columns if c not in COLUMNS]
+    if unknown:
+        raise SystemExit(f"--columns: unknown {', '.join(unknown)}; valid: {', '.join(COLUMNS)}")
+    rows = []
+    for column in columns:
+        chosen = plan(column, args)
+        config = column_config(column, chosen["learning_rate"], chosen["steps"], args.data_dir)
+        workdir = Path(args.workdir) / column / "final"
+        trained = train(config, workdir)
+        rows.append((column, chosen, trained, test_scores(config, workdir)))
+    print(f"kjv_web, {args.minutes:g} minutes of training each (steps fixed from the measured speed); "
+          f"test split ({rows[0][3]['sentences'] if rows else 0} verses), beam {BEAM}")  # fmt: skip
+    print("| model | learning rate (tuned) | steps | train min | dev loss | test BLEU | test chrF | decode sentences/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for column, chosen, trained, scores in rows:
+        print(f"| {column} | {chosen['learning_rate']:g} | {chosen['steps']:,} | {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} "
+              f"| {scores['bleu']:.2f} | {scores['chrf']:.2f} | {scores['sentences_per_second']:.1f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
