@@ -50,7 +50,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -113,8 +112,11 @@ def launch_workers(argv: list[str], environments: list[dict[str, str]], study: o
 
     done_before = finished_trials(study)  # a resumed sweep: what earlier runs finished
     with StopSignals(on_signal=forward), progress.phase("sweep", total=max(num_trials - done_before, 0), unit="trials") as shown:
-        while any(worker.poll() is None for worker in workers):
-            time.sleep(POLL_SECONDS)
+        while running := [worker for worker in workers if worker.poll() is None]:
+            try:  # a progress line every POLL_SECONDS, and the sweep ends as soon as its last worker does
+                running[0].wait(timeout=POLL_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
             shown.advance(max(finished_trials(study, done_before + shown.done) - done_before - shown.done, 0))
         shown.advance(max(finished_trials(study, done_before + shown.done) - done_before - shown.done, 0))
     return max(worker.wait() for worker in workers)
