@@ -66,7 +66,9 @@ flags.DEFINE_string("data_dir", "data/tfds", "", flag_values=FLAGS)
 
 def column_config(column: str, learning_rate: float | None, steps: int, data_dir: str):
     """The column's config with `steps` under the shared schedule rule, its rate (the config's when
-    None), evaluating and checkpointing only at the end (and every tenth, to resume)."""
+    None), evaluating and checkpointing only at the end (and every tenth, to resume). Every column
+    asks for the same vocabulary: the first run trains it, the others take it from the shelf
+    beside the built data."""
     module, fields = COLUMNS[column]
     config = importlib.import_module(f"configs.{module}").get_config()
     config.model.update(fields)
