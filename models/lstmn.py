@@ -63,8 +63,10 @@ Choices where the paper leaves room, and why:
   reads `h~_1 = h_m`, `c~_1 = c_m` and the gradient reaches the encoder's last state through
   the decoder's tapes. That code has one layer each; here decoder layer l starts with the
   final state of encoder layer l (the layer counts must then be equal). The paper's variant
-  is the default: it is what the paper specifies, and it keeps existing runs' tapes as they
-  were. Pictures and recorded weights leave the first slots out, so that they stay aligned
+  is the default: it is what the paper specifies, with Bahdanau's query it copies long
+  sources better than the seeded tapes under the same budget (README, the length
+  experiment: 1.0 against 0.94 at 30-39 symbols, 0.91 against 0.08 at 80-89), and it keeps
+  existing runs' tapes as they were. Pictures and recorded weights leave the first slots out, so that they stay aligned
   with the tokens.
 - The inter-attention reads the top encoder layer's tapes, and the context or the
   fused memory enters the first decoder layer (the one whose `x_t` is the previous
