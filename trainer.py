@@ -242,10 +242,11 @@ def evaluate_during_training(
         if split == "dev" and settings.visualize_examples:
             evaluation.draw_attention(evaluator, params, "dev", step, reporter)
     if run.is_chief:
-        due = curves.due(final=step == run.settings.optimization.num_train_steps)
+        final = step == run.settings.optimization.num_train_steps and "test" in splits  # nothing is written after it
+        due = curves.due(final)
         report.write(run.workdir, curves=due)  # report.html as of this evaluation, and curves.png when due
         if due:
-            curves.drawn(step)
+            curves.drawn(final)
     return results
 
 
@@ -255,25 +256,25 @@ CURVES_EVERY_SECONDS = 300.0
 class CurvesPicture:
     """When training redraws `curves.png`: at an evaluation once `CURVES_EVERY_SECONDS` have passed
     since the run started or last drew it, at the last step's, and when the run ends otherwise
-    (stopped early or by a signal). report.html follows every evaluation; the picture, for a glance
-    from a terminal, takes about as long to draw as a small model's evaluation
+    (stopped early, by a signal or by an error). report.html follows every evaluation; the picture,
+    for a glance from a terminal, takes about as long to draw as a small model's evaluation
     (benchmarks/report_page.py's `curves s`)."""
 
     def __init__(self, workdir: Path, enabled: bool):
         self.workdir, self.enabled = workdir, enabled
-        self.drawn_at, self.drawn_step = time.monotonic(), None
+        self.drawn_at, self.final = time.monotonic(), False
 
     def due(self, final: bool = False) -> bool:
         return final or time.monotonic() - self.drawn_at >= CURVES_EVERY_SECONDS
 
-    def drawn(self, step: int) -> None:
-        self.drawn_at, self.drawn_step = time.monotonic(), step
+    def drawn(self, final: bool = False) -> None:
+        self.drawn_at, self.final = time.monotonic(), final
 
-    def finish(self, step: int) -> None:
-        """Draws the picture unless it is as of `step`, the run's last."""
-        if self.enabled and self.drawn_step != step:
+    def finish(self) -> None:
+        """Draws the picture unless the run's last evaluation did (after which nothing is written)."""
+        if self.enabled and not self.final:
             report.draw_curves(self.workdir)
-            self.drawn(step)
+            self.drawn(final=True)
 
 
 class EarlyStopping:
@@ -352,7 +353,7 @@ def train(run: Run) -> dict:
     final: dict = {}
     window: list[tuple[int, Any]] = unfinished_window(run.workdir, start_step)
     window_start = time.time()
-    curves, step = CurvesPicture(run.workdir, enabled=run.is_chief), start_step
+    curves = CurvesPicture(run.workdir, enabled=run.is_chief)
     try:
         several = jax.process_count() > 1  # then SIGTERM is JAX's preemption notice, which the processes agree on
         with StopSignals(message="saving a checkpoint, then stopping", signals=() if several else SIGNALS) as stop:
@@ -395,7 +396,7 @@ def train(run: Run) -> dict:
         finally:  # also after a failed save
             data_iterator.close()  # stops the prefetch threads now, not at interpreter exit
             reporter.close()
-    curves.finish(step)
+            curves.finish()  # also after an error (a diverged loss): the picture of every row written
     if run.is_chief:
         print_outputs(run.workdir)
     return final

@@ -320,13 +320,17 @@ def test_curves_png_is_drawn_once_its_interval_has_passed_and_when_the_run_ends(
     assert not curves.due()
     clock[0] += 1
     assert curves.due()
-    curves.drawn(10)
+    curves.drawn()  # at an evaluation before the last: rows follow it
     assert not curves.due()
-    curves.finish(10)  # the picture is as of the run's last step already
-    assert drawn == []
-    curves.finish(12)
-    assert drawn == [tmp_path] and not curves.due()
-    trainer.CurvesPicture(tmp_path, enabled=False).finish(13)  # another process than the chief draws nothing
+    curves.finish()  # the run stopped (early, by a signal or an error): drawn again
+    assert drawn == [tmp_path]
+    curves.finish()
+    assert drawn == [tmp_path]  # nothing written since
+    last = trainer.CurvesPicture(tmp_path, enabled=True)
+    last.drawn(final=True)  # the last step's evaluation drew it
+    last.finish()
+    assert drawn == [tmp_path]
+    trainer.CurvesPicture(tmp_path, enabled=False).finish()  # another process than the chief draws nothing
     assert drawn == [tmp_path]
 
 
@@ -372,8 +376,10 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_di
         shared_data_dir, learning_rate=1e30, schedule="constant", num_train_steps=60,
         checkpoint_every_steps=5, eval_every_steps=1000,
     )  # fmt: skip
+    drawn_before = (tmp_path / "curves.png").stat().st_mtime_ns
     with pytest.raises(NonFiniteLoss, match=r"loss is (nan|inf) at step 1[1-5]"):
         trainer.train_and_evaluate(parse(exploding), tmp_path)
+    assert (tmp_path / "curves.png").stat().st_mtime_ns > drawn_before  # drawn again as the error ended the run
     run = prepare_run(parse(exploding), tmp_path)
     assert run.checkpoints.steps() == [10]
     _, params = run.restore_params()
