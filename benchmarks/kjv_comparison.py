@@ -16,21 +16,27 @@ lstmn_kjv_web.py, the last with `fusion="deep"` for `lstmn_deep`) and goes throu
    wall time, however fast its step. All runs share one schedule rule: linear warmup over the
    first tenth of the steps, then cosine decay to 0 at the last (each family's own schedule was
    set for runs many times longer); everything else is the config's.
-3. **The test split**, decoded whole with beam 4 after one batch has compiled the search: BLEU
-   and chrF (sacrebleu), and sentences per second.
+3. **The test split**, evaluated whole with beam 4 (a first call, decoding one example, compiles
+   the programs): BLEU and chrF (sacrebleu), and sentences per second of the timed call (its
+   teacher-forced loss pass included, a small part beside the search).
+
+A tuning run whose loss stops being finite counts as the worst rate (`diverged.json` in its folder).
+Every run is set up as train.py's processes are (huge pages, the allocator, the compilation cache).
 
 Prints a markdown table. Stages already done are read back, not rerun (`WORKDIR/<column>/plan.json`
-holds a column's rate and steps; a run folder with checkpoints resumes from them), so the
-benchmark can be stopped and started again. The steps are fixed once measured: a machine busier
-during the long run than during the probe trains the same steps more slowly, and the table's
-`train min` says how long they took. The figures measured with it: README ("A fair comparison on
-real text") and docs/performance.md.
+holds a column's rate and steps, and the minutes they were planned for: a rerun with other
+`--minutes` or `--tune_minutes` stops, naming the file to delete; a run folder with checkpoints
+resumes from them), so the benchmark can be stopped and started again. The steps are fixed once
+measured: a machine busier during the long run than during the probe trains the same steps more
+slowly, and the table's `train min` (the logged rows' steps over their speed, compilation included)
+says how long they took.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import math
 import statistics
 import sys
 import time
@@ -41,7 +47,9 @@ from absl import flags  # noqa: E402
 
 import evaluation  # noqa: E402
 import reporting  # noqa: E402
+import train as train_py  # noqa: E402
 import trainer  # noqa: E402
+from errors import NonFiniteLoss  # noqa: E402
 from run_setup import command_line  # noqa: E402
 from run_setup.run import prepare_run  # noqa: E402
 from settings import parse  # noqa: E402
@@ -54,6 +62,7 @@ COLUMNS = {  # column: (config module, model fields over the config's)
 }
 RATE_FACTORS = (0.5, 1.0, 2.0)
 MAX_RATES = 5  # the grid grows by doubling (or halving) while its best rate is at an edge
+SHORT_RUN = 200  # steps: a probe or tuning run below it checkpoints only at its end
 BEAM = 4
 
 FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
@@ -80,7 +89,9 @@ def column_config(column: str, learning_rate: float | None, steps: int, data_dir
     config.schedule = "cosine"
     config.log_every_steps = max(1, min(50, steps // 20))
     config.eval_every_steps = steps
-    config.checkpoint_every_steps = max(1, steps // 10)
+    # the budget's run every tenth (it resumes); the short probe and tuning runs at their end only,
+    # so that no save falls in the rows that measure their speed
+    config.checkpoint_every_steps = max(1, steps // 10) if steps >= SHORT_RUN else steps
     config.eval_decode_examples = 32  # the dev loss picks the rate; the test split is decoded whole below
     config.visualize_examples = 0
     config.decode.beam_size = BEAM
@@ -90,16 +101,19 @@ def column_config(column: str, learning_rate: float | None, steps: int, data_dir
 
 def train(config, workdir: Path) -> dict:
     """Trains (unless finished): `{"dev_loss", "steps_per_second", "train_seconds"}` from the run's rows."""
-    finished = workdir / "eval" / f"step_{config.num_train_steps}.json"
-    if not finished.exists():
-        trainer.train_and_evaluate(parse(config), workdir)
+    finished, diverged = workdir / "eval" / f"step_{config.num_train_steps}.json", workdir / "diverged.json"
+    if not finished.exists() and not diverged.exists():
+        try:
+            trainer.train_and_evaluate(parse(config), workdir)
+        except NonFiniteLoss as error:  # a rate too large: the worst, and not retried on a rerun
+            diverged.write_text(json.dumps({"error": str(error)}))
     rows = reporting.read_jsonl(workdir)
     train_rows = [r for r in rows if r["split"] == "train"]
     timed = train_rows[1:] or train_rows  # the first row's window holds the compilation
     seconds = sum(steps / row["steps_per_second"] for row, steps in zip(train_rows, window_steps(train_rows)))  # compilation included
     return {
-        "dev_loss": json.loads(finished.read_text())["dev"]["loss"],
-        "steps_per_second": statistics.median(r["steps_per_second"] for r in timed),
+        "dev_loss": math.inf if diverged.exists() else json.loads(finished.read_text())["dev"]["loss"],
+        "steps_per_second": statistics.median(r["steps_per_second"] for r in timed) if timed else math.nan,
         "train_seconds": seconds,
     }
 
@@ -114,7 +128,11 @@ def plan(column: str, args) -> dict:
     """The column's rate and steps (`plan.json`): tuned and measured once, then read back."""
     path = Path(args.workdir) / column / "plan.json"
     if path.exists():
-        return json.loads(path.read_text())
+        planned = json.loads(path.read_text())
+        if (planned["minutes"], planned["tune_minutes"]) != (args.minutes, args.tune_minutes):
+            raise SystemExit(f"{path} was planned for --minutes={planned['minutes']:g} --tune_minutes={planned['tune_minutes']:g}: "
+                             "rerun with those, or delete the column's folder to plan again")  # fmt: skip
+        return planned
     base_rate = column_config(column, None, 1, args.data_dir).learning_rate
     probe = column_config(column, base_rate, 40, args.data_dir)  # the speed that sizes the tuning runs
     speed = train(probe, Path(args.workdir) / column / "probe")["steps_per_second"]
@@ -130,9 +148,11 @@ def plan(column: str, args) -> dict:
     while best in (min(trials), max(trials)) and len(trials) < MAX_RATES:  # the best at an edge: one more step out
         try_rate(best * 2 if best == max(trials) else best / 2)
         best = min(trials, key=lambda rate: trials[rate]["dev_loss"])
-    speed = statistics.median(trial["steps_per_second"] for trial in trials.values())
+    speed = statistics.median(trial["steps_per_second"] for trial in trials.values() if math.isfinite(trial["steps_per_second"]))
     result = {"learning_rate": best, "steps": max(20, round(args.minutes * 60 * speed)), "steps_per_second": speed,
-              "tune_steps": tune_steps, "dev_loss_by_rate": {f"{rate:g}": trial["dev_loss"] for rate, trial in trials.items()}}  # fmt: skip
+              "minutes": args.minutes, "tune_minutes": args.tune_minutes, "tune_steps": tune_steps,
+              "best_at_edge": best in (min(trials), max(trials)),  # the grid stopped at MAX_RATES
+              "dev_loss_by_rate": {f"{rate:g}": trial["dev_loss"] for rate, trial in trials.items()}}  # fmt: skip
     path.write_text(json.dumps(result, indent=2))
     return result
 
@@ -146,7 +166,7 @@ def test_scores(config, workdir: Path) -> dict:
     _, params = run.restore_params()
     run.checkpoints.close()
     evaluator = evaluation.Evaluator(run)
-    evaluation.evaluate_split(evaluator, params, "test", max_decoded=1)  # compiles the search on one batch
+    evaluation.evaluate_split(evaluator, params, "test", max_decoded=1)  # compiles the loss pass and the search
     start = time.perf_counter()
     results, decoded = evaluation.evaluate_split(evaluator, params, "test")
     seconds = time.perf_counter() - start
@@ -157,6 +177,7 @@ def test_scores(config, workdir: Path) -> dict:
 
 def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
+    train_py.set_up_process()  # as train.py's runs: the allocator, the collector and the compilation cache
     args = FLAGS
     columns = args.columns.split(",")
     unknown = [c for c in columns if c not in COLUMNS]
@@ -174,9 +195,12 @@ def main() -> None:
     print("| model | learning rate (tuned) | steps | train min | dev loss | test BLEU | test chrF | decode sentences/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for column, chosen, trained, scores in rows:
-        print(f"| {column} | {chosen['learning_rate']:g} | {chosen['steps']:,} | {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} "
+        print(f"| {column} | {chosen['learning_rate']:g}{' (the grid edge)' if chosen['best_at_edge'] else ''} | {chosen['steps']:,} | {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} "
               f"| {scores['bleu']:.2f} | {scores['chrf']:.2f} | {scores['sentences_per_second']:.1f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
+    import allocator
+
+    allocator.restart_with_huge_pages(__file__)  # as train.py runs (the imports above are paid twice)
     main()
