@@ -105,7 +105,7 @@ def collect_garbage_less_often() -> None:
     raises its thresholds to `GC_THRESHOLDS`. Tracing a model allocates millions of short-lived
     objects, and at Python's defaults a full collection, which walks every long-lived object (JAX's
     caches among them), ran every few traces: 8% of the time of tests that trace and compile many
-    small programs (docs/performance.md, "Python's garbage collector"). Cycles are still collected,
+    small programs (docs/performance.md, "The test suite"). Cycles are still collected,
     after 50,000 net allocations instead of 700."""
     gc.collect()
     gc.freeze()
