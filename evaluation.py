@@ -59,7 +59,7 @@ class Evaluator:
             return metrics.token_sums(run.model(params)(batch, deterministic=True), batch["targets"])
 
         def decode(params, inputs, key) -> tuple[jax.Array, jax.Array]:
-            return decoding.decode(run.model(params), inputs, length=self.output_length, key=key, **search_options)
+            return decoding.decode(run.searching_model(params), inputs, length=self.output_length, key=key, **search_options)
 
         def attention(params, batch) -> dict:
             return capture_attention(run.model(params), batch)

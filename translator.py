@@ -55,7 +55,7 @@ class Translator:
 
             @jax.jit
             def search(params, inputs, key):
-                return decoding.decode(run.model(params), inputs, length=length, key=key, **options)
+                return decoding.decode(run.searching_model(params), inputs, length=length, key=key, **options)
 
             self._searches[settings] = search
         return self._searches[settings]

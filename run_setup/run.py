@@ -179,6 +179,13 @@ class Run:
         """The model with `params` (inside a traced function: see `merge_model`)."""
         return merge_model(self.graphdef, params, self.rngs)
 
+    def searching_model(self, params: nnx.State) -> nnx.Module:
+        """The model for a search, inside a traced function: `params` gathered whole along `data`
+        (fsdp's shards; tensor parallel's stay split). A search's loop uses every weight at every
+        step, and one gather per batch replaces one per weight and step; the whole weights live
+        while the batch decodes. A replicated run's parameters are unchanged."""
+        return self.model(jax.lax.with_sharding_constraint(params, sharding.without_data_axis(self.param_shardings)))
+
     def abstract(self, tree: Any) -> Any:
         """Shapes, dtypes and shardings of `tree` (arrays on the run's mesh), for restoring into: a
         checkpoint saved under another sharding or on other devices is read into these."""

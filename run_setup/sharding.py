@@ -90,6 +90,17 @@ def named_shardings(specs: Any, mesh: Mesh) -> Any:
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
+def without_data_axis(shardings: Any) -> Any:
+    """`shardings` (a tree of `NamedSharding`s) with the `data` axis dropped from every spec: fsdp's
+    shards whole, tensor parallel's `model` split kept."""
+
+    def drop(axis):
+        kept = tuple(name for name in ((axis,) if isinstance(axis, str) else axis or ()) if name != DATA)
+        return kept[0] if len(kept) == 1 else kept or None
+
+    return jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(*map(drop, s.spec))), shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+
+
 def optimizer_shardings(tx: optax.GradientTransformation, params: Any, param_shardings: Any, replicated: NamedSharding) -> Any:
     """The shardings of `tx.init(params)`: each parameter-shaped leaf (Adam's moments) that of its
     parameter, everything else (step counts) replicated."""

@@ -9,11 +9,13 @@ import jax
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import input_pipeline
 import trainer
 from errors import ConfigError
+from run_setup import sharding
 from run_setup.run import prepare_run
 from settings import parse, write_run_config
 from tiny import tiny_config
@@ -117,6 +119,14 @@ def test_parameters_and_their_adam_moments_sit_where_the_table_says(trained, mod
     assert kernel.addressable_shards[0].data.shape == ((16 // 8, 32) if mode == "fsdp" else (16 // 4, 32 // 2))
     replicated = trained["replicated"][1]
     assert all(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves((replicated["params"], replicated["opt_state"])))
+
+
+def test_a_search_gathers_the_data_axis_and_keeps_the_model_axis(trained):
+    run, _, _ = trained["fsdp_tp"]
+    specs = [P("data", "model"), P("model", "data"), P(("data", "model"), None), P(("model", "data")), P(None), P()]
+    shardings = sharding.without_data_axis([NamedSharding(run.mesh, spec) for spec in specs])
+    assert [s.spec for s in shardings] == [P(None, "model"), P("model", None), P("model", None), P("model"), P(None), P()]
+    assert all(s.mesh == run.mesh for s in shardings)
 
 
 def gathered(tree):
