@@ -221,10 +221,10 @@ def test_gradients_match_finite_differences():
         mask[0, 0, 1, 2:] = False
         w = np.random.default_rng(8).normal(size=(2, 3, 3))
         vv = np.random.default_rng(9).normal(size=(2, 3))
-        check_grads(lambda q, k, v: attention.scaled_dot_product_attention(q, k, v, mask)[0], (q, k, v), order=2)
-        check_grads(attention.dot_scores, (q, k), order=2)
-        check_grads(attention.general_scores, (q, k, w), order=2)
-        check_grads(lambda q, k, v: attention.additive_scores(q, k, v, query_chunk_size=2), (q, k, vv), order=2)
+        check_grads(jax.jit(lambda q, k, v: attention.scaled_dot_product_attention(q, k, v, mask)[0]), (q, k, v), order=2)
+        check_grads(jax.jit(attention.dot_scores), (q, k), order=2)
+        check_grads(jax.jit(attention.general_scores), (q, k, w), order=2)
+        check_grads(jax.jit(lambda q, k, v: attention.additive_scores(q, k, v, query_chunk_size=2)), (q, k, vv), order=2)
 
 
 def test_rank_errors_name_the_argument():

@@ -372,11 +372,11 @@ def test_gradient_through_the_tapes_matches_finite_differences(seed):
         logits = nnx.merge(graphdef, params, rest)(batch)
         return jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(batch["targets"], V))
 
-    grads = jax.grad(loss)(params)
+    grads = jax.jit(jax.grad(loss))(params)
     assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
     with jax.enable_x64():
         params64 = jax.tree.map(lambda p: p.astype(jnp.float64), params)
-        check_grads(loss, (params64,), order=1, modes=["rev"], atol=1e-4, rtol=1e-4)
+        check_grads(jax.jit(loss), (params64,), order=1, modes=["rev"], atol=1e-4, rtol=1e-4)
 
 
 def test_tape_scan_gradient_equals_autodiff_through_a_scan_that_carries_the_tapes():
