@@ -17,6 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from tiny import xla_flags
 
 import sweeps.study
 import sweeps.trial
@@ -52,7 +53,8 @@ def run_sweep(tmp_path, sweep_path, *extra, config=None, workdir=None, train_scr
         sys.executable, str(PROJECT_ROOT / "sweep.py"), f"--config={config}", f"--sweep={sweep_path}",
         f"--workdir={workdir or tmp_path / 'sweep'}", f"--train_script={train_script}", *extra,
     ]  # fmt: skip
-    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    environment = env if env is not None else {**os.environ, "XLA_FLAGS": xla_flags(1)}  # trials on one device, as run_train_py's runs
+    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
     if not wait:
         return process
     output = process.communicate(timeout=600)[0]
