@@ -46,6 +46,7 @@ def pytest_configure(config):
 
     allocator.collect_garbage_less_often()  # as train.py's processes do: the tests trace hundreds of programs
     config.addinivalue_line("markers", "all_devices: the test's in-process runs use all 8 forced devices (default: one)")
+    config.addinivalue_line("markers", "curves: the test's in-process runs draw curves.png (default: not)")
     config.addinivalue_line("markers", "slow: starts several processes or trains to a result (over ~10 s); -m 'not slow' leaves them out")
 
 
@@ -59,6 +60,18 @@ def one_device_unless_marked(request, monkeypatch):
         from run_setup import run
 
         monkeypatch.setattr(run, "make_mesh", first_devices_mesh(1))
+
+
+@pytest.fixture(autouse=True)
+def no_curves_unless_marked(request, monkeypatch):
+    """In-process runs draw no `curves.png` unless the test is marked `curves`: drawing it is about
+    a third of a tiny run's final evaluation, and only the tests of the picture look at it. The page
+    (`report.html`) is still written, and runs in subprocesses (train.py, sweeps, the two-process
+    tests) draw it as users' runs do. (`finished_run`, set up before this, draws it.)"""
+    if request.node.get_closest_marker("curves") is None:
+        import report
+
+        monkeypatch.setattr(report, "write_curves", lambda rows, path: None)
 
 
 @pytest.fixture(scope="session")

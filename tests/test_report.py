@@ -24,6 +24,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 # ----------------------------------------------------------------------------- reading and writing, no browser
 
 
+@pytest.mark.curves
 def test_damaged_metrics_lines_are_skipped_and_counted(tmp_path):
     good = {"step": 5, "split": "train", "loss": 2.5, "learning_rate": 1e-3}
     lines = [json.dumps(good), '{"step": 10, "split": "tr', "[1, 2]", "", json.dumps({"step": 10, "split": "dev", "loss": 2.0})]
@@ -36,6 +37,7 @@ def test_damaged_metrics_lines_are_skipped_and_counted(tmp_path):
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.curves
 def test_a_run_with_nothing_written_yet_has_a_page(tmp_path):
     page = report.write(tmp_path).read_text()
     assert "No evaluation yet" in page and "No metrics logged yet" in page

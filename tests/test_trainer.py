@@ -370,6 +370,7 @@ def test_bad_config_fails_with_a_message_naming_it(shared_data_dir, tmp_path, fl
     assert "Traceback" not in output
 
 
+@pytest.mark.curves
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_dir, tmp_path):
     trainer.train_and_evaluate(parse(tiny_config(shared_data_dir, num_train_steps=10)), tmp_path)
     exploding = tiny_config(
