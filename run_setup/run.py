@@ -30,9 +30,12 @@ from checkpoints import Checkpoints
 from errors import CheckpointError
 from files import WorkdirLock, write_whole
 from run_setup import preflight, sharding
-from run_setup.cluster import is_chief, make_mesh, setup_distributed
+from run_setup.cluster import device_memory_bytes, is_chief, local_device, make_mesh, setup_distributed
 from settings import InitSettings, Settings
 from tasks import token_cache
+
+SEARCH_GATHER_SHARE = 0.25  # of a device's memory: the most that a search's whole parameters may take (Run.search_shardings)
+
 
 # ----------------------------------------------------------------------------- data and vocabulary
 
@@ -179,12 +182,21 @@ class Run:
         """The model with `params` (inside a traced function: see `merge_model`)."""
         return merge_model(self.graphdef, params, self.rngs)
 
+    @property
+    def search_shardings(self) -> nnx.State:
+        """Where a search holds the parameters: whole along `data` (fsdp's shards gathered; tensor
+        parallel's `model` splits kept), since a search's loop uses every weight at every step and
+        one gather per batch then replaces one per weight and step (benchmarks/fsdp_decoding.py).
+        The whole parameters live beside the run's own shards while a batch decodes: where they
+        would take more than `SEARCH_GATHER_SHARE` of a device's memory, they stay as they lie."""
+        whole = sharding.without_data_axis(self.param_shardings)
+        needed = sharding.bytes_per_device(sharding.placed(self.params, whole))
+        return whole if needed <= SEARCH_GATHER_SHARE * device_memory_bytes(local_device(self.mesh)) else self.param_shardings
+
     def searching_model(self, params: nnx.State) -> nnx.Module:
-        """The model for a search, inside a traced function: `params` gathered whole along `data`
-        (fsdp's shards; tensor parallel's stay split). A search's loop uses every weight at every
-        step, and one gather per batch replaces one per weight and step; the whole weights live
-        while the batch decodes. A replicated run's parameters are unchanged."""
-        return self.model(jax.lax.with_sharding_constraint(params, sharding.without_data_axis(self.param_shardings)))
+        """The model for a search, inside a traced function: `params` placed as `search_shardings`
+        says (a replicated run's are unchanged)."""
+        return self.model(jax.lax.with_sharding_constraint(params, self.search_shardings))
 
     def abstract(self, tree: Any) -> Any:
         """Shapes, dtypes and shardings of `tree` (arrays on the run's mesh), for restoring into: a

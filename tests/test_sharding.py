@@ -9,12 +9,14 @@ import jax
 import numpy as np
 import optax
 import pytest
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import input_pipeline
 import trainer
 from errors import ConfigError
+from evaluation import Evaluator
+from run_setup import run as run_module
 from run_setup import sharding
 from run_setup.run import prepare_run
 from settings import parse, write_run_config
@@ -121,12 +123,29 @@ def test_parameters_and_their_adam_moments_sit_where_the_table_says(trained, mod
     assert all(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves((replicated["params"], replicated["opt_state"])))
 
 
-def test_a_search_gathers_the_data_axis_and_keeps_the_model_axis(trained):
-    run, _, _ = trained["fsdp_tp"]
+def test_a_search_gathers_the_data_axis_and_keeps_the_model_axis():
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     specs = [P("data", "model"), P("model", "data"), P(("data", "model"), None), P(("model", "data")), P(None), P()]
-    shardings = sharding.without_data_axis([NamedSharding(run.mesh, spec) for spec in specs])
+    shardings = sharding.without_data_axis([NamedSharding(mesh, spec) for spec in specs])
     assert [s.spec for s in shardings] == [P(None, "model"), P("model", None), P("model", None), P("model"), P(None), P()]
-    assert all(s.mesh == run.mesh for s in shardings)
+    assert all(s.mesh == mesh for s in shardings)
+
+
+def test_a_search_under_fsdp_decodes_what_a_replicated_one_does_and_gathers_only_what_fits(trained, monkeypatch):
+    """The same parameters, replicated or sharded by fsdp (gathered whole for the search): the same
+    hypotheses. Where the whole parameters would not fit in a quarter of a device, they stay sharded."""
+    replicated, fsdp = trained["replicated"][0], trained["fsdp"][0]
+    params = {"replicated": replicated.params, "fsdp": jax.device_put(replicated.params, fsdp.param_shardings)}
+    assert not any(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(params["fsdp"]) if leaf.ndim == 2)
+    batch = next(Evaluator(replicated).batches("dev"))[0]
+    outputs = {mode: Evaluator(run).decode(params[mode], batch["inputs"], jax.random.key(0)) for mode, run in (("replicated", replicated), ("fsdp", fsdp))}
+    np.testing.assert_array_equal(np.asarray(outputs["fsdp"][0]), np.asarray(outputs["replicated"][0]))
+    np.testing.assert_allclose(np.asarray(outputs["fsdp"][1]), np.asarray(outputs["replicated"][1]), rtol=1e-5)
+
+    assert all(s.is_fully_replicated for s in jax.tree.leaves(fsdp.search_shardings))  # fsdp on (data 8): whole
+    whole = sharding.bytes_per_device(replicated.params)  # every parameter whole
+    monkeypatch.setattr(run_module, "device_memory_bytes", lambda device: 2 * whole)  # a quarter of it holds half of them
+    assert jax.tree.leaves(fsdp.search_shardings) == jax.tree.leaves(fsdp.param_shardings)
 
 
 def gathered(tree):
