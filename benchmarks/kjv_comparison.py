@@ -107,6 +107,8 @@ def train(config, workdir: Path) -> dict:
             trainer.train_and_evaluate(parse(config), workdir)
         except NonFiniteLoss as error:  # a rate too large: the worst, and not retried on a rerun
             diverged.write_text(json.dumps({"error": str(error)}))
+        if not finished.exists() and not diverged.exists():  # stopped by a signal, its checkpoint saved
+            sys.exit(f"stopped before the end of {workdir}: the same command resumes it")
     rows = reporting.read_jsonl(workdir)
     train_rows = [r for r in rows if r["split"] == "train"]
     timed = train_rows[1:] or train_rows  # the first row's window holds the compilation
