@@ -60,17 +60,24 @@ def make_mesh(devices: Sequence[jax.Device] | None = None, sharding: str = "repl
     return Mesh(devices.reshape(shape), (DATA, MODEL))
 
 
-def device_memory_bytes(device: jax.Device) -> int:
-    """The memory a device may use: its allocator's limit (accelerators), else the host's RAM."""
+def device_memory_bytes(mesh: Mesh) -> int:
+    """The memory one device of `mesh` may use: each process asks one of its own devices (only
+    those answer), and every process gets the smallest answer, so that decisions taken from it
+    (preflight's stops, `Run.search_shardings`) are the same in every process even where hosts
+    differ. A collective with several processes: every process must call it."""
+    local = _local_memory_bytes(next(d for d in mesh.devices.flat if d.process_index == jax.process_index()))
+    if jax.process_count() == 1:
+        return local
+    mebibytes = multihost_utils.process_allgather(np.int32(min(local >> 20, 2**31 - 1)))  # int32: JAX's default width
+    return int(np.min(mebibytes)) << 20
+
+
+def _local_memory_bytes(device: jax.Device) -> int:
+    """A device's allocator limit (accelerators), else the host's RAM."""
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def local_device(mesh: Mesh) -> jax.Device:
-    """A device of `mesh` that this process holds (only those answer `memory_stats`)."""
-    return next(device for device in mesh.devices.flat if device.process_index == jax.process_index())
 
 
 def gathered(array) -> np.ndarray:

@@ -12,26 +12,28 @@ from jax.sharding import Mesh
 import models
 import vocabularies
 from errors import ConfigError
-from run_setup.cluster import device_memory_bytes, local_device
+from run_setup.cluster import device_memory_bytes
 from settings import Settings
 
 CHARACTER_VOCABULARY_GUESS = 256  # a character vocabulary's size before it is made: a few hundred at most
 
 
-def check(settings: Settings, mesh: Mesh, *, training: bool = True) -> None:
-    """The checks that need the devices (the training memory only for `training`)."""
+def check(settings: Settings, mesh: Mesh, memory: int | None = None, *, training: bool = True) -> None:
+    """The checks that need the devices (the training memory only for `training`); `memory` is one
+    device's (`cluster.device_memory_bytes`, asked here if not given)."""
+    memory = device_memory_bytes(mesh) if memory is None else memory
     hyperparameters = settings.model.hyperparameters
     if training:  # LSTMN: the training step holds the tapes and their cotangents (0 bytes for the others)
         rows, longest = max(((rows, max(lengths)) for rows, *lengths in microbatch_shapes(settings, mesh)),
                             key=lambda shape: hyperparameters.tape_bytes(*shape))  # fmt: skip
-        needed, available = hyperparameters.tape_bytes(rows, longest), device_memory_bytes(local_device(mesh))
+        needed, available = hyperparameters.tape_bytes(rows, longest), memory
         if needed and needed > available // 2:
             raise ConfigError(
                 f"the LSTMN tapes of {rows} rows of up to {longest} tokens need about {needed / 2**30:.1f} GiB per "
                 f"device in training, more than half of the {available / 2**30:.1f} GiB there; lower batch_size, "
                 "data.max_source_length / data.max_target_length, model.hidden_dim or model.attention_dim"
             )
-    check_memory(settings, mesh, training=training)
+    check_memory(settings, mesh, memory, training=training)
     batch_size, accumulate = settings.optimization.batch_size, settings.optimization.grad_accum_steps
     if batch_size % (mesh.size * accumulate):
         raise ConfigError(
@@ -53,7 +55,7 @@ def microbatch_shapes(settings: Settings, mesh: Mesh) -> list[tuple[int, int, in
     ]
 
 
-def check_memory(settings: Settings, mesh: Mesh, *, training: bool) -> None:
+def check_memory(settings: Settings, mesh: Mesh, memory: int, *, training: bool) -> None:
     """Huge sizes stop here, named, instead of in an allocation: the parameters (in training with
     their gradients and Adam's two moments) and one device's output logits must each fit in half
     of a device's memory. The model is built abstractly (no memory) with a vocabulary of
@@ -62,7 +64,7 @@ def check_memory(settings: Settings, mesh: Mesh, *, training: bool) -> None:
     vocab = CHARACTER_VOCABULARY_GUESS if tokenizer.kind == "char" else tokenizer.vocab_size
     fields = {**model.fields, "vocab_size": vocab, "source_vocab_size": vocab, "bos_id": vocabularies.BOS_ID, "pad_id": vocabularies.PAD_ID}
     count = parameter_count(model.name, fields)
-    available = device_memory_bytes(local_device(mesh)) // 2
+    available = memory // 2
     copies = 4 if training else 1  # parameters, gradients, Adam's first and second moments (float32)
     # fsdp and fsdp_tp split the large parameters (nearly all bytes) over every device of the mesh
     shards = 1 if settings.cluster.sharding == "replicated" else mesh.size

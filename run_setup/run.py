@@ -30,7 +30,7 @@ from checkpoints import Checkpoints
 from errors import CheckpointError
 from files import WorkdirLock, write_whole
 from run_setup import preflight, sharding
-from run_setup.cluster import device_memory_bytes, is_chief, local_device, make_mesh, setup_distributed
+from run_setup.cluster import device_memory_bytes, is_chief, make_mesh, setup_distributed
 from settings import InitSettings, Settings
 from tasks import token_cache
 
@@ -159,6 +159,7 @@ class Run:
     params: nnx.State  # the initial parameters, placed over the mesh by `settings.cluster.sharding`
     rngs: nnx.State
     checkpoints: Checkpoints
+    device_memory: int  # bytes one device may use, the same in every process (cluster.device_memory_bytes)
     lock: WorkdirLock | None = None  # held while training (the chief's)
 
     @property
@@ -191,7 +192,7 @@ class Run:
         would take more than `SEARCH_GATHER_SHARE` of a device's memory, they stay as they lie."""
         whole = sharding.without_data_axis(self.param_shardings)
         needed = sharding.bytes_per_device(sharding.placed(self.params, whole))
-        return whole if needed <= SEARCH_GATHER_SHARE * device_memory_bytes(local_device(self.mesh)) else self.param_shardings
+        return whole if needed <= SEARCH_GATHER_SHARE * self.device_memory else self.param_shardings
 
     def searching_model(self, params: nnx.State) -> nnx.Module:
         """The model for a search, inside a traced function: `params` placed as `search_shardings`
@@ -240,7 +241,8 @@ def prepare_run(
     checked against the devices and before anything in the workdir is read or written."""
     setup_distributed(settings.cluster)
     mesh = make_mesh(devices, settings.cluster.sharding, settings.cluster.tensor_parallel)
-    preflight.check(settings, mesh, training=training)
+    memory = device_memory_bytes(mesh)
+    preflight.check(settings, mesh, memory, training=training)
     workdir = Path(workdir)
     held = None
     if lock and is_chief():
@@ -266,4 +268,4 @@ def prepare_run(
         raise
     if training and settings.init.run and not checkpoints.steps():  # fine-tuning; a run with checkpoints resumes
         params = initial_params_from(settings.init, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params))
-    return Run(settings, workdir, task, tokens, mesh, graphdef, params, rngs, checkpoints, held)
+    return Run(settings, workdir, task, tokens, mesh, graphdef, params, rngs, checkpoints, memory, held)

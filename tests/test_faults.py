@@ -151,6 +151,25 @@ def test_a_faked_slurm_job_of_two_tasks_is_detected_and_a_one_task_job_is_not(mo
     assert cluster.detected_cluster() == "slurm"
 
 
+def test_every_process_decides_from_the_smallest_device_memory_of_all(monkeypatch):
+    """Preflight's stops and a search's gather follow one device's memory: each process asks its
+    own devices, and all take the smallest answer (hosts may differ), so that none decides alone."""
+    mesh = cluster.make_mesh(jax.devices()[:1])
+    own = cluster.device_memory_bytes(mesh)
+    assert own > 0
+    smaller = (own >> 20) // 3 << 20  # another host's, in whole MiB as they travel
+    asked = []
+
+    def allgather(value):
+        asked.append(int(value))
+        return np.array([int(value), smaller >> 20])
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(cluster.multihost_utils, "process_allgather", allgather)
+    assert cluster.device_memory_bytes(mesh) == smaller
+    assert asked == [own >> 20]
+
+
 @pytest.mark.slow
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_resumed_run_equals_a_whole_one(shared_data_dir, tmp_path):
     steps, sigterm_at = 32, 9  # JAX agrees on a step some steps later; between two log rows (every 4), the resumed run completes the cut one

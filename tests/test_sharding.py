@@ -5,6 +5,8 @@ says, and a checkpoint moves between modes and device counts exactly.
 Tiny Transformer (d_model 16, d_ff 32, 2 heads), float32, no dropout: three steps per mode.
 """
 
+import dataclasses
+
 import jax
 import numpy as np
 import optax
@@ -16,7 +18,6 @@ import input_pipeline
 import trainer
 from errors import ConfigError
 from evaluation import Evaluator
-from run_setup import run as run_module
 from run_setup import sharding
 from run_setup.run import prepare_run
 from settings import parse, write_run_config
@@ -131,7 +132,7 @@ def test_a_search_gathers_the_data_axis_and_keeps_the_model_axis():
     assert all(s.mesh == mesh for s in shardings)
 
 
-def test_a_search_under_fsdp_decodes_what_a_replicated_one_does_and_gathers_only_what_fits(trained, monkeypatch):
+def test_a_search_under_fsdp_decodes_what_a_replicated_one_does_and_gathers_only_what_fits(trained):
     """The same parameters, replicated or sharded by fsdp (gathered whole for the search): the same
     hypotheses. Where the whole parameters would not fit in a quarter of a device, they stay sharded."""
     replicated, fsdp = trained["replicated"][0], trained["fsdp"][0]
@@ -144,8 +145,8 @@ def test_a_search_under_fsdp_decodes_what_a_replicated_one_does_and_gathers_only
 
     assert all(s.is_fully_replicated for s in jax.tree.leaves(fsdp.search_shardings))  # fsdp on (data 8): whole
     whole = sharding.bytes_per_device(replicated.params)  # every parameter whole
-    monkeypatch.setattr(run_module, "device_memory_bytes", lambda device: 2 * whole)  # a quarter of it holds half of them
-    assert jax.tree.leaves(fsdp.search_shardings) == jax.tree.leaves(fsdp.param_shardings)
+    small = dataclasses.replace(fsdp, device_memory=2 * whole)  # a quarter of it holds half of them
+    assert jax.tree.leaves(small.search_shardings) == jax.tree.leaves(fsdp.param_shardings)
 
 
 def gathered(tree):
