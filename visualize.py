@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
-from matplotlib import image as mpl_image
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from models.attention import AttentionRole
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# matplotlib is imported by the first picture drawn, not with this module: it is over a fifth of a
+# training process's imports (`python -X importtime train.py --help`), and most processes that import
+# this module draw nothing (a run's other processes, a run stopped before its first evaluation).
 
 
 PICTURE_DPI = 90  # pictures and curves.png
@@ -33,6 +37,9 @@ PICTURE_DPI = 90  # pictures and curves.png
 def new_figure(**figure_args) -> Figure:
     """A matplotlib Figure drawn by the Agg canvas (files and pixels; no display, no pyplot state), at
     `PICTURE_DPI` unless `dpi` is given."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     figure = Figure(**{"dpi": PICTURE_DPI, **figure_args})
     FigureCanvasAgg(figure)
     return figure
@@ -65,6 +72,8 @@ def save_picture(figure: Figure, path: Path) -> np.ndarray:
     """Draws `figure` once, at its dpi (`new_figure`'s `PICTURE_DPI`), writes the drawing to `path`
     as PNG and returns its RGB pixels `[H, W, 3]` uint8 (for TensorBoard). One draw for both: text
     layout is most of a picture's cost, and `savefig` then a second draw for the pixels paid it twice."""
+    from matplotlib import image as mpl_image
+
     figure.canvas.draw()
     rgba = np.asarray(figure.canvas.buffer_rgba())
     mpl_image.imsave(path, rgba, format="png", dpi=figure.dpi)
