@@ -20,6 +20,9 @@ lstmn_kjv_web.py, the last with `fusion="deep"` for `lstmn_deep`) and goes throu
    the programs): BLEU and chrF (sacrebleu), and sentences per second of the timed call (its
    teacher-forced loss pass included, a small part beside the search).
 
+A last row scores the test split's sources as their own translations (no model): KJV and WEB
+share most of their words, so that is the floor a model has to clear.
+
 A tuning run whose loss stops being finite counts as the worst rate (`diverged.json` in its folder).
 Every run is set up as train.py's processes are (huge pages, the allocator, the compilation cache).
 
@@ -46,7 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
 import evaluation  # noqa: E402
+import metrics  # noqa: E402
 import reporting  # noqa: E402
+import tasks  # noqa: E402
 import train as train_py  # noqa: E402
 import trainer  # noqa: E402
 from errors import NonFiniteLoss  # noqa: E402
@@ -177,6 +182,18 @@ def test_scores(config, workdir: Path) -> dict:
     return scores
 
 
+def copy_scores(config) -> dict:
+    """BLEU and chrF of the test split's sources taken as their own translations, scored as the
+    models' outputs are: KJV and WEB share most of their words, so this is the floor a model has to
+    clear before it has learnt anything of the translation."""
+    settings = parse(config)
+    task = tasks.load_task(settings.task.name, settings.task.data_dir, **settings.task.params)
+    records = task.splits["test"]
+    pairs = [task.pair(records[i]) for i in range(len(records))]
+    sources, references = [source for source, _ in pairs], [reference for _, reference in pairs]
+    return {"bleu": metrics.bleu(sources, references, settings.evaluation.bleu_tokenize)[0], "chrf": metrics.chrf(sources, references)[0]}
+
+
 def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
     train_py.set_up_process()  # as train.py's runs: the allocator, the collector and the compilation cache
@@ -199,6 +216,9 @@ def main() -> None:
     for column, chosen, trained, scores in rows:
         print(f"| {column} | {chosen['learning_rate']:g}{' (the grid edge)' if chosen['best_at_edge'] else ''} | {chosen['steps']:,} | {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} "
               f"| {scores['bleu']:.2f} | {scores['chrf']:.2f} | {scores['sentences_per_second']:.1f} |")  # fmt: skip
+    if rows:
+        floor = copy_scores(column_config(columns[0], None, 1, args.data_dir))
+        print(f"| the source copied (no model) | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
 
 
 if __name__ == "__main__":
