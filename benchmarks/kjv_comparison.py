@@ -46,7 +46,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import jax  # noqa: E402
 from absl import flags  # noqa: E402
+from flax import nnx  # noqa: E402
 
 import evaluation  # noqa: E402
 import metrics  # noqa: E402
@@ -54,9 +56,10 @@ import reporting  # noqa: E402
 import tasks  # noqa: E402
 import train as train_py  # noqa: E402
 import trainer  # noqa: E402
+import vocabularies  # noqa: E402
 from errors import NonFiniteLoss  # noqa: E402
 from run_setup import command_line  # noqa: E402
-from run_setup.run import prepare_run  # noqa: E402
+from run_setup.run import build_model, prepare_run  # noqa: E402
 from settings import parse  # noqa: E402
 
 COLUMNS = {  # column: (config module, model fields over the config's)
@@ -182,6 +185,14 @@ def test_scores(config, workdir: Path) -> dict:
     return scores
 
 
+def parameter_count(config, workdir: Path) -> int:
+    """The column's parameters, from an abstract build with the run's own vocabulary."""
+    settings = parse(config)
+    tokens = vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer)
+    model = nnx.eval_shape(lambda: build_model(settings, tokens))
+    return sum(int(leaf.size) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
 def copy_scores(config) -> dict:
     """BLEU and chrF of the test split's sources taken as their own translations, scored as the
     models' outputs are: KJV and WEB share most of their words, so this is the floor a model has to
@@ -208,17 +219,17 @@ def main() -> None:
         config = column_config(column, chosen["learning_rate"], chosen["steps"], args.data_dir)
         workdir = Path(args.workdir) / column / "final"
         trained = train(config, workdir)
-        rows.append((column, chosen, trained, test_scores(config, workdir)))
+        rows.append((column, chosen, trained, test_scores(config, workdir), parameter_count(config, workdir)))
     print(f"kjv_web, {args.minutes:g} minutes of training each (steps fixed from the measured speed); "
           f"test split ({rows[0][3]['sentences'] if rows else 0} verses), beam {BEAM}")  # fmt: skip
-    print("| model | learning rate (tuned) | steps | train min | dev loss | test BLEU | test chrF | decode sentences/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for column, chosen, trained, scores in rows:
-        print(f"| {column} | {chosen['learning_rate']:g}{' (the grid edge)' if chosen['best_at_edge'] else ''} | {chosen['steps']:,} | {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} "
+    print("| model | parameters | learning rate (tuned) | steps | train min | dev loss | test BLEU | test chrF | decode sentences/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for column, chosen, trained, scores, parameters in rows:
+        print(f"| {column} | {parameters / 1e6:.1f} M | {chosen['learning_rate']:g}{' (the grid edge)' if chosen['best_at_edge'] else ''} | {chosen['steps']:,} | {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} "
               f"| {scores['bleu']:.2f} | {scores['chrf']:.2f} | {scores['sentences_per_second']:.1f} |")  # fmt: skip
     if rows:
         floor = copy_scores(column_config(columns[0], None, 1, args.data_dir))
-        print(f"| the source copied (no model) | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
+        print(f"| the source copied (no model) | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
 
 
 if __name__ == "__main__":
