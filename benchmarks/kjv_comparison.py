@@ -46,20 +46,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import jax  # noqa: E402
 from absl import flags  # noqa: E402
-from flax import nnx  # noqa: E402
 
 import evaluation  # noqa: E402
-import metrics  # noqa: E402
 import reporting  # noqa: E402
+import scores  # noqa: E402
 import tasks  # noqa: E402
 import train as train_py  # noqa: E402
 import trainer  # noqa: E402
 import vocabularies  # noqa: E402
 from errors import NonFiniteLoss  # noqa: E402
-from run_setup import command_line  # noqa: E402
-from run_setup.run import build_model, prepare_run  # noqa: E402
+from run_setup import command_line, preflight  # noqa: E402
+from run_setup.run import model_fields, prepare_run  # noqa: E402
 from settings import parse  # noqa: E402
 
 COLUMNS = {  # column: (config module, model fields over the config's)
@@ -180,29 +178,28 @@ def test_scores(config, workdir: Path) -> dict:
     start = time.perf_counter()
     results, decoded = evaluation.evaluate_split(evaluator, params, "test")
     seconds = time.perf_counter() - start
-    scores = {"bleu": results["bleu"], "chrf": results["chrf"], "sentences": len(decoded), "sentences_per_second": len(decoded) / seconds}
-    path.write_text(json.dumps(scores, indent=2))
-    return scores
+    measured = {"bleu": results["bleu"], "chrf": results["chrf"], "sentences": len(decoded), "sentences_per_second": len(decoded) / seconds}
+    path.write_text(json.dumps(measured, indent=2))
+    return measured
 
 
 def parameter_count(config, workdir: Path) -> int:
-    """The column's parameters, from an abstract build with the run's own vocabulary."""
+    """The column's parameters, with the run's own vocabulary (preflight's count: abstract builds)."""
     settings = parse(config)
     tokens = vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer)
-    model = nnx.eval_shape(lambda: build_model(settings, tokens))
-    return sum(int(leaf.size) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    return preflight.parameter_count(settings.model.name, model_fields(settings, tokens))
 
 
 def copy_scores(config) -> dict:
     """BLEU and chrF of the test split's sources taken as their own translations, scored as the
-    models' outputs are: KJV and WEB share most of their words, so this is the floor a model has to
-    clear before it has learnt anything of the translation."""
+    models' outputs are (`scores.text_scores`): KJV and WEB share most of their words, so this is
+    the floor a model has to clear before it has learnt anything of the translation."""
     settings = parse(config)
     task = tasks.load_task(settings.task.name, settings.task.data_dir, **settings.task.params)
     records = task.splits["test"]
-    pairs = [task.pair(records[i]) for i in range(len(records))]
-    sources, references = [source for source, _ in pairs], [reference for _, reference in pairs]
-    return {"bleu": metrics.bleu(sources, references, settings.evaluation.bleu_tokenize)[0], "chrf": metrics.chrf(sources, references)[0]}
+    indices = range(len(records))
+    sources = [task.pair(records[i])[0] for i in indices]
+    return scores.text_scores(task.metric, sources, task.references("test", indices), bleu_tokenize=settings.evaluation.bleu_tokenize)
 
 
 def main() -> None:
@@ -224,9 +221,9 @@ def main() -> None:
           f"test split ({rows[0][3]['sentences'] if rows else 0} verses), beam {BEAM}")  # fmt: skip
     print("| model | parameters | learning rate (tuned) | steps | train min | dev loss | test BLEU | test chrF | decode sentences/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for column, chosen, trained, scores, parameters in rows:
+    for column, chosen, trained, test, parameters in rows:
         print(f"| {column} | {parameters / 1e6:.1f} M | {chosen['learning_rate']:g}{' (the grid edge)' if chosen['best_at_edge'] else ''} | {chosen['steps']:,} | {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} "
-              f"| {scores['bleu']:.2f} | {scores['chrf']:.2f} | {scores['sentences_per_second']:.1f} |")  # fmt: skip
+              f"| {test['bleu']:.2f} | {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |")  # fmt: skip
     if rows:
         floor = copy_scores(column_config(columns[0], None, 1, args.data_dir))
         print(f"| the source copied (no model) | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
