@@ -62,11 +62,13 @@ def make_mesh(devices: Sequence[jax.Device] | None = None, sharding: str = "repl
 
 def device_memory_bytes(mesh: Mesh) -> int:
     """The memory one device of `mesh` may use: each process asks one of its own devices (only
-    those answer), and every process gets the smallest answer, so that decisions taken from it
-    (preflight's stops, `Run.search_shardings`) are the same in every process even where hosts
-    differ. A collective with several processes: every process must call it."""
-    local = _local_memory_bytes(next(d for d in mesh.devices.flat if d.process_index == jax.process_index()))
-    if jax.process_count() == 1:
+    those answer), and where the mesh spans several processes every process gets the smallest
+    answer, so that decisions taken from it (preflight's stops, `Run.search_shardings`) are the
+    same in every process even where hosts differ; a collective then, which every process calls.
+    A mesh of this process's devices alone (`inference.load`'s) asks no other process."""
+    devices = list(mesh.devices.flat)
+    local = _local_memory_bytes(next(d for d in devices if d.process_index == jax.process_index()))
+    if all(d.process_index == jax.process_index() for d in devices):
         return local
     mebibytes = multihost_utils.process_allgather(np.int32(min(local >> 20, 2**31 - 1)))  # int32: JAX's default width
     return int(np.min(mebibytes)) << 20

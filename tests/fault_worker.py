@@ -13,6 +13,7 @@ machine's speed: an asynchronous save may or may not be committed when a later p
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,18 +32,21 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def signal_at_step(number: int, signum: int) -> None:
-    """Makes this process send itself `signum` while train step `number` runs."""
+def signal_at_step(number: int, signum: int, pause_after: float = 0.0) -> None:
+    """Makes this process send itself `signum` while train step `number` runs, then pause
+    `pause_after` seconds in each later step (see two_process_worker.py)."""
     compile_train_step = trainer.compile_train_step
 
     def compile_signalling_step(*args, **kwargs):
         step_function = compile_train_step(*args, **kwargs)
 
         def signalling_step(state, batch):
-            reached = int(jax.device_get(state["step"])) + 1 == number
+            step = int(jax.device_get(state["step"])) + 1
             outputs = step_function(state, batch)  # dispatched: the step is under way
-            if reached:
+            if step == number:
                 os.kill(os.getpid(), signum)
+            elif step > number:
+                time.sleep(pause_after)
             return outputs
 
         return signalling_step

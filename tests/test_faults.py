@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import jax
@@ -153,33 +154,41 @@ def test_a_faked_slurm_job_of_two_tasks_is_detected_and_a_one_task_job_is_not(mo
 
 def test_every_process_decides_from_the_smallest_device_memory_of_all(monkeypatch):
     """Preflight's stops and a search's gather follow one device's memory: each process asks its
-    own devices, and all take the smallest answer (hosts may differ), so that none decides alone."""
-    mesh = cluster.make_mesh(jax.devices()[:1])
-    own = cluster.device_memory_bytes(mesh)
+    own devices, and all take the smallest answer (hosts may differ), so that none decides alone.
+    A mesh of one process's devices (inference's) asks no other."""
+    ours = jax.devices()[0]
+    own = cluster.device_memory_bytes(cluster.make_mesh([ours]))
     assert own > 0
-    smaller = (own >> 20) // 3 << 20  # another host's, in whole MiB as they travel
+    others = {"smaller": (own >> 20) // 3, "larger": (own >> 20) * 3}  # another host's, in whole MiB as they travel
     asked = []
 
     def allgather(value):
         asked.append(int(value))
-        return np.array([int(value), smaller >> 20])
+        return np.array([others[case], int(value)])  # the other process first: the order of process indices
 
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(cluster.multihost_utils, "process_allgather", allgather)
-    assert cluster.device_memory_bytes(mesh) == smaller
-    assert asked == [own >> 20]
+    theirs = types.SimpleNamespace(process_index=1)  # a device of process 1, which only it can ask
+    mesh = types.SimpleNamespace(devices=np.array([theirs, ours], dtype=object))
+    for case, expected in (("smaller", others["smaller"] << 20), ("larger", own >> 20 << 20)):
+        assert cluster.device_memory_bytes(mesh) == expected, case
+    assert asked == [own >> 20] * 2
+    assert cluster.device_memory_bytes(cluster.make_mesh([ours])) == own and len(asked) == 2  # one process's mesh
 
 
 @pytest.mark.slow
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_resumed_run_equals_a_whole_one(shared_data_dir, tmp_path):
-    steps, sigterm_at = 20, 9  # JAX agrees on a step some steps later; between two log rows (every 4), the resumed run completes the cut one
+    # JAX agrees on a step a little later: within a second of the signal, and the signalled process's
+    # later steps take 0.2 s each (two_process_worker.py); between two log rows (every 4), the resumed run completes the cut one
+    steps, sigterm_at = 20, 9
     whole = tmp_path / "whole"
     outputs = finished(two_processes(whole, shared_data_dir, steps, coordinator="127.0.0.1:PORT"))
     assert "process 0 of 2 on 4 devices" in outputs[0] and "process 1 of 2 on 4 devices" in outputs[1]
 
     cut = tmp_path / "cut"
     outputs = finished(two_processes(cut, shared_data_dir, steps, sigterm_at=sigterm_at))
-    stopped = [int(re.search(r"saves a checkpoint after step (\d+)", output).group(1)) for output in outputs]
+    stopped = [re.search(r"saves a checkpoint after step (\d+)", output) for output in outputs]
+    assert all(stopped), outputs
+    stopped = [int(match.group(1)) for match in stopped]
     assert stopped[0] == stopped[1] and sigterm_at <= stopped[0] < steps, outputs
     assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == [stopped[0]]
 

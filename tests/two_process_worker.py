@@ -29,8 +29,8 @@ for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
     logging.getLogger(library).setLevel(logging.WARNING)
 allocator.collect_garbage_less_often()  # as train.py's set-up does
 process_id, coordinator, workdir, data_dir, steps, sigterm_at, sharding = sys.argv[1:]
-if int(sigterm_at) > 0:
-    signal_at_step(int(sigterm_at), signal.SIGTERM)
+if int(sigterm_at) > 0:  # JAX's thread looks for the notice once a second: the slowed steps bound how many pass first
+    signal_at_step(int(sigterm_at), signal.SIGTERM, pause_after=0.2)
 joining = {} if coordinator == "cluster" else {"coordinator_address": coordinator, "num_processes": 2, "process_id": int(process_id)}
 settings = parse(two_process_config(data_dir, int(steps), sharding, **joining))
 setup_distributed(settings.cluster)
