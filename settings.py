@@ -215,6 +215,7 @@ class EvaluationSettings:
     length_bucket_width: int
     visualize_examples: int
     visualize_self_attention: bool
+    curves_png: bool
     bleu_tokenize: str
     best_metric: str  # a score of scores.py that the task writes; its direction is the registry's
     early_stopping_patience: int  # 0 = never
@@ -414,7 +415,7 @@ def _groups(f: dict) -> Settings:
     optimization = OptimizationSettings(**{field.name: f[field.name] for field in dataclasses.fields(OptimizationSettings)})
     evaluation = EvaluationSettings(
         **{name: f[name] for name in ("eval_every_steps", "eval_decode_examples", "eval_split", "length_bucket_width",
-                                      "visualize_examples", "visualize_self_attention", "best_metric",
+                                      "visualize_examples", "visualize_self_attention", "curves_png", "best_metric",
                                       "early_stopping_patience")},
         bleu_tokenize=f["metrics"]["bleu_tokenize"],
     )  # fmt: skip

@@ -265,7 +265,7 @@ class CurvesPicture:
         self.drawn_at, self.final = time.monotonic(), False
 
     def due(self, final: bool = False) -> bool:
-        return final or time.monotonic() - self.drawn_at >= CURVES_EVERY_SECONDS
+        return self.enabled and (final or time.monotonic() - self.drawn_at >= CURVES_EVERY_SECONDS)
 
     def drawn(self, final: bool = False) -> None:
         self.drawn_at, self.final = time.monotonic(), final
@@ -353,7 +353,7 @@ def train(run: Run) -> dict:
     final: dict = {}
     window: list[tuple[int, Any]] = unfinished_window(run.workdir, start_step)
     window_start = time.time()
-    curves = CurvesPicture(run.workdir, enabled=run.is_chief)
+    curves = CurvesPicture(run.workdir, enabled=run.is_chief and run.settings.evaluation.curves_png)
     try:
         several = jax.process_count() > 1  # then SIGTERM is JAX's preemption notice, which the processes agree on
         with StopSignals(message="saving a checkpoint, then stopping", signals=() if several else SIGNALS) as stop:
@@ -403,12 +403,13 @@ def train(run: Run) -> dict:
 
 
 def print_outputs(workdir: Path) -> None:
+    curves = workdir / "curves.png"
     lines = [
         f"run folder:   {workdir}",
         f"checkpoints:  {workdir / 'checkpoints'}",
         f"metrics:      {workdir / 'metrics.jsonl'}, {workdir / 'eval'}/",
         f"tensorboard:  tensorboard --logdir {workdir / 'tensorboard'}",
-        f"report:       {workdir / 'report.html'} (open it in a browser), {workdir / 'curves.png'}",
+        f"report:       {workdir / 'report.html'} (open it in a browser){f', {curves}' if curves.exists() else ''}",
     ]
     if (workdir / "attention").exists():
         lines.append(f"pictures:     {workdir / 'attention'}/ (attention heat maps and .npz weights)")

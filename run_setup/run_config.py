@@ -16,7 +16,7 @@ RUN_IDENTITY = ("seed", "model", "task", "tokenizer", "data")
 # The fields --mode=eval and --mode=predict may set for a run folder (data_dir: the folder moved).
 EVALUATION_FIELDS = (
     "eval_split", "restore_step", "restore_best", "average_last", "decode", "eval_decode_examples",
-    "length_bucket_width", "visualize_examples", "visualize_self_attention", "data_dir", "metrics",
+    "length_bucket_width", "visualize_examples", "visualize_self_attention", "curves_png", "data_dir", "metrics",
     "coordinator_address", "num_processes", "process_id", "sharding", "tensor_parallel",  # how this command runs, not what the run is
 )  # fmt: skip
 

@@ -141,7 +141,7 @@ def test_hard_attention_resumes_bit_identical_after_sigkill(shared_data_dir, tmp
             *[f"--config.model.{k}={v}" for k, v in TINY_CAPTIONER.items() if k != "conv_widths"],
             "--config.model.conv_widths=(8, 8)"]  # fmt: skip
     flags = ["--config.num_train_steps=60", "--config.checkpoint_every_steps=20", "--config.eval_every_steps=60",
-             "--config.visualize_examples=0"]  # fmt: skip
+             "--config.visualize_examples=0", "--config.curves_png=false"]  # fmt: skip
     whole, cut = sigkill_and_rerun(tmp_path, shared_data_dir, flags, kill_after=30, checkpoint=20, last=60, tiny=tiny)
     state = assert_same_final_state(config, whole, cut, 60)
     assert float(state["model_state"]["baseline"]) < 0.0  # the baseline moved (log-likelihoods are negative)

@@ -105,6 +105,7 @@ def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_ste
     resumed = run_train_py(cut, shared_data_dir, *flags)
     output = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0 and "resuming from the checkpoint at step 40" in output, output
+    assert not (cut / "curves.png").exists()  # --config.curves_png=false (TINY_FLAGS)
 
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
     assert strip(metric_rows(cut)) == strip(metric_rows(tmp_path / "whole"))

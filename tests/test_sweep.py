@@ -91,7 +91,7 @@ def grid_params(study):
 def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     config = write(tmp_path / "tiny_config.py", (
         f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom tiny import tiny_config\n\n"
-        f"def get_config():\n    return tiny_config({str(shared_data_dir)!r})\n"
+        f"def get_config():\n    return tiny_config({str(shared_data_dir)!r}, curves_png=False)\n"
     ))  # fmt: skip
     path = sweep_file(
         tmp_path, method="grid", objective="dev/token_accuracy", direction="maximize",

@@ -30,6 +30,7 @@ TINY_FLAGS = [
     "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.d_ff=32",
     "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1", "--config.batch_size=16",
     "--config.warmup_steps=5", "--config.log_every_steps=5",
+    "--config.curves_png=false",  # matplotlib's import and a drawing, 0.5 s of a tiny run's 4 (tests/conftest.py's stub is in-process only)
 ]  # fmt: skip
 
 
@@ -297,7 +298,8 @@ def assert_same_final_state(config, whole_dir, cut_dir, step):
 
 
 def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
-    process = run_train_py(tmp_path, shared_data_dir, "--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000")
+    process = run_train_py(tmp_path, shared_data_dir, "--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000",
+                           "--config.curves_png=true")  # fmt: skip
     deadline = time.time() + 300
     while time.time() < deadline and not ((tmp_path / "metrics.jsonl").exists() and len(metric_rows(tmp_path)) >= 3):
         time.sleep(0.05)
@@ -330,7 +332,10 @@ def test_curves_png_is_drawn_once_its_interval_has_passed_and_when_the_run_ends(
     last.drawn(final=True)  # the last step's evaluation drew it
     last.finish()
     assert drawn == [tmp_path]
-    trainer.CurvesPicture(tmp_path, enabled=False).finish()  # another process than the chief draws nothing
+    off = trainer.CurvesPicture(tmp_path, enabled=False)  # another process than the chief, or curves_png=False
+    clock[0] += trainer.CURVES_EVERY_SECONDS
+    assert not off.due() and not off.due(final=True)
+    off.finish()
     assert drawn == [tmp_path]
 
 

@@ -40,8 +40,8 @@ def first_devices_mesh(count: int):
 
 def two_process_config(data_dir, steps: int, sharding: str = "replicated", **overrides):
     """tests/two_process_worker.py's config: `tiny_config` with a log row every 4 steps, saving and
-    evaluating only at the end; no dropout under a sharded mode (its runs are compared with one
-    process's, to rounding)."""
+    evaluating only at the end, no curves.png (as `TINY_FLAGS`); no dropout under a sharded mode (its
+    runs are compared with one process's, to rounding)."""
     dropout = {} if sharding == "replicated" else {"model.dropout_rate": 0.0}
     return tiny_config(data_dir, num_train_steps=steps, log_every_steps=4, checkpoint_every_steps=1000, eval_every_steps=1000,
-                       sharding=sharding, **dropout, **overrides)  # fmt: skip
+                       sharding=sharding, curves_png=False, **dropout, **overrides)  # fmt: skip
