@@ -12,7 +12,8 @@ lstmn_kjv_web.py, the last with `fusion="deep"` for `lstmn_deep`) and goes throu
    `--tune_minutes` allow at the family's speed (measured first by a 40-step probe, after
    compilation); the rate whose run ends with the lowest dev loss is kept.
 2. **The budget.** One run of `--minutes` worth of steps at the speed the tuning runs measured
-   (the median of their logged steps/s, compilation left out): every family trains for the same
+   (the median over the runs of each one's steps over its seconds, its first logged window, which
+   holds the compilation, left out): every family trains for the same
    wall time, however fast its step. All runs share one schedule rule: linear warmup over the
    first tenth of the steps, then cosine decay to 0 at the last (each family's own schedule was
    set for runs many times longer); everything else is the config's.
@@ -24,7 +25,9 @@ A last row scores the test split's sources as their own translations (no model):
 share most of their words, so that is the floor a model has to clear.
 
 A tuning run whose loss stops being finite counts as the worst rate (`diverged.json` in its folder).
-Every run is set up as train.py's processes are (huge pages, the allocator, the compilation cache).
+Every run, and each test decoding, is a fresh process set up as train.py's are (huge pages, the
+allocator, the compilation cache): a process that has trained several models trains the next one
+slower.
 
 Prints a markdown table. Stages already done are read back, not rerun (`WORKDIR/<column>/plan.json`
 holds a column's rate and steps, and the minutes they were planned for: a rerun with other
@@ -40,6 +43,8 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import multiprocessing
+import signal
 import statistics
 import sys
 import time
@@ -105,24 +110,52 @@ def column_config(column: str, learning_rate: float | None, steps: int, data_dir
     return config
 
 
+def in_fresh_process(function, *args) -> None:
+    """`function(*args)` in a new Python process, set up as train.py's are, waited for. A process
+    that has trained several models runs the next one slower: LSTMN's 30-minute run went at 0.57
+    steps/s after its tuning runs in the same process, 0.87 alone (docs/performance.md). A SIGTERM
+    to this process is passed on (the run saves its checkpoint and stops)."""
+    child = multiprocessing.get_context("spawn").Process(target=set_up_and_call, args=(function, *args))
+    child.start()
+    previous = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    try:
+        child.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if child.exitcode not in (0, -signal.SIGTERM):
+        raise SystemExit(f"{function.__name__}{args[1:]} failed (exit code {child.exitcode}): see the lines above")
+
+
+def set_up_and_call(function, *args) -> None:
+    train_py.set_up_process()  # the allocator's settings, the collector and the compilation cache
+    function(*args)
+
+
+def train_or_mark_diverged(config, workdir: Path) -> None:
+    try:
+        trainer.train_and_evaluate(parse(config), workdir)
+    except NonFiniteLoss as error:  # a rate too large: the worst, and not retried on a rerun
+        (workdir / "diverged.json").write_text(json.dumps({"error": str(error)}))
+
+
 def train(config, workdir: Path) -> dict:
-    """Trains (unless finished): `{"dev_loss", "steps_per_second", "train_seconds"}` from the run's rows."""
+    """Trains in a fresh process (unless finished): `{"dev_loss", "steps_per_second",
+    "train_seconds"}` from the run's rows; its speed is the steps over the seconds of every row
+    but the first (which holds the compilation), so that slow windows (long buckets) count in full."""
     finished, diverged = workdir / "eval" / f"step_{config.num_train_steps}.json", workdir / "diverged.json"
     if not finished.exists() and not diverged.exists():
-        try:
-            trainer.train_and_evaluate(parse(config), workdir)
-        except NonFiniteLoss as error:  # a rate too large: the worst, and not retried on a rerun
-            diverged.write_text(json.dumps({"error": str(error)}))
+        in_fresh_process(train_or_mark_diverged, config, workdir)
         if not finished.exists() and not diverged.exists():  # stopped by a signal, its checkpoint saved
             sys.exit(f"stopped before the end of {workdir}: the same command resumes it")
     rows = reporting.read_jsonl(workdir)
     train_rows = [r for r in rows if r["split"] == "train"]
-    timed = train_rows[1:] or train_rows  # the first row's window holds the compilation
-    seconds = sum(steps / row["steps_per_second"] for row, steps in zip(train_rows, window_steps(train_rows)))  # compilation included
+    windows = list(zip(train_rows, window_steps(train_rows)))
+    timed = windows[1:] or windows
+    seconds = lambda windows: sum(steps / row["steps_per_second"] for row, steps in windows)  # noqa: E731
     return {
         "dev_loss": math.inf if diverged.exists() else json.loads(finished.read_text())["dev"]["loss"],
-        "steps_per_second": statistics.median(r["steps_per_second"] for r in timed) if timed else math.nan,
-        "train_seconds": seconds,
+        "steps_per_second": sum(steps for _, steps in timed) / seconds(timed) if timed else math.nan,
+        "train_seconds": seconds(windows),  # compilation included
     }
 
 
@@ -156,7 +189,7 @@ def plan(column: str, args) -> dict:
     while best in (min(trials), max(trials)) and len(trials) < MAX_RATES:  # the best at an edge: one more step out
         try_rate(best * 2 if best == max(trials) else best / 2)
         best = min(trials, key=lambda rate: trials[rate]["dev_loss"])
-    speed = statistics.median(trial["steps_per_second"] for trial in trials.values() if math.isfinite(trial["steps_per_second"]))
+    speed = statistics.median(trial["steps_per_second"] for trial in trials.values() if math.isfinite(trial["steps_per_second"]))  # of 3 to 5 runs
     result = {"learning_rate": best, "steps": max(20, round(args.minutes * 60 * speed)), "steps_per_second": speed,
               "minutes": args.minutes, "tune_minutes": args.tune_minutes, "tune_steps": tune_steps,
               "best_at_edge": best in (min(trials), max(trials)),  # the grid stopped at MAX_RATES
@@ -166,10 +199,18 @@ def plan(column: str, args) -> dict:
 
 
 def test_scores(config, workdir: Path) -> dict:
-    """BLEU, chrF and sentences/s of the whole test split with beam 4 (`test.json`, read back once written)."""
+    """BLEU, chrF and sentences/s of the whole test split with beam 4, measured in a fresh process
+    (`test.json`, read back once written)."""
     path = workdir / "test.json"
-    if path.exists():
-        return json.loads(path.read_text())
+    if not path.exists():
+        in_fresh_process(write_test_scores, config, workdir)
+        if not path.exists():  # stopped by a signal
+            sys.exit(f"stopped while decoding the test split of {workdir}: the same command decodes it again")
+    return json.loads(path.read_text())
+
+
+def write_test_scores(config, workdir: Path) -> None:
+    path = workdir / "test.json"
     run = prepare_run(parse(config), workdir, training=False)
     _, params = run.restore_params()
     run.checkpoints.close()
@@ -180,7 +221,6 @@ def test_scores(config, workdir: Path) -> dict:
     seconds = time.perf_counter() - start
     measured = {"bleu": results["bleu"], "chrf": results["chrf"], "sentences": len(decoded), "sentences_per_second": len(decoded) / seconds}
     path.write_text(json.dumps(measured, indent=2))
-    return measured
 
 
 def parameter_count(config, workdir: Path) -> int:
