@@ -10,7 +10,10 @@ lstmn_kjv_web.py, the last with `fusion="deep"` for `lstmn_deep`) and goes throu
 1. **Its learning rate.** Short runs at the config's rate times 1/2, 1 and 2 (then doubled or
    halved again, up to 5 rates, while the best is at an edge), each as many steps as
    `--tune_minutes` allow at the family's speed (measured first by a 40-step probe, after
-   compilation); the rate whose run ends with the lowest dev loss is kept.
+   compilation); the rate whose run ends with the lowest dev loss is kept. Where the runner-up's
+   dev loss is within 1% of it, the short runs did not tell the two apart (the Transformer's end on
+   its warm-up plateau: 6.00 and 6.01), and both rates get the full budget (stage 2), each a row of
+   the table.
 2. **The budget.** One run of `--minutes` worth of steps at the speed the tuning runs measured
    (the median over the runs of each one's steps over its seconds, its first logged window, which
    holds the compilation, left out): every family trains for the same
@@ -74,6 +77,7 @@ COLUMNS = {  # column: (config module, model fields over the config's)
 RATE_FACTORS = (0.5, 1.0, 2.0)
 MAX_RATES = 5  # the grid grows by doubling (or halving) while its best rate is at an edge
 SHORT_RUN = 200  # steps: a probe or tuning run below it checkpoints only at its end
+TIE = 0.01  # tuning runs whose dev losses are this close (relative) do not tell their rates apart
 BEAM = 4
 
 FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
@@ -198,6 +202,14 @@ def plan(column: str, args) -> dict:
     return result
 
 
+def finalists(chosen: dict) -> list[float]:
+    """The rates trained for the full budget: the tuned one, and the runner-up where its tuning run
+    ended within `TIE` of the tuned one's dev loss."""
+    (best_loss, best), *others = sorted((loss, float(rate)) for rate, loss in chosen["dev_loss_by_rate"].items())
+    tied = others and math.isfinite(best_loss) and others[0][0] <= best_loss * (1 + TIE)
+    return [best, others[0][1]] if tied else [best]
+
+
 def test_scores(config, workdir: Path) -> dict:
     """BLEU, chrF and sentences/s of the whole test split with beam 4, measured in a fresh process
     (`test.json`, read back once written)."""
@@ -253,16 +265,20 @@ def main() -> None:
     rows = []
     for column in columns:
         chosen = plan(column, args)
-        config = column_config(column, chosen["learning_rate"], chosen["steps"], args.data_dir)
-        workdir = Path(args.workdir) / column / "final"
-        trained = train(config, workdir)
-        rows.append((column, chosen, trained, test_scores(config, workdir), parameter_count(config, workdir)))
+        for rate in finalists(chosen):
+            config = column_config(column, rate, chosen["steps"], args.data_dir)
+            tuned = f"{rate:g}" == f"{chosen['learning_rate']:g}"
+            workdir = Path(args.workdir) / column / ("final" if tuned else f"final_{rate:g}")
+            trained = train(config, workdir)
+            edge = " (the grid's edge)" if tuned and chosen["best_at_edge"] else ""
+            label = f"{rate:g}{edge}" if tuned else f"{rate:g} (runner-up: tied in tuning)"
+            rows.append((column, label, chosen, trained, test_scores(config, workdir), parameter_count(config, workdir)))
     print(f"kjv_web, {args.minutes:g} minutes of training each (steps fixed from the measured speed); "
-          f"test split ({rows[0][3]['sentences'] if rows else 0} verses), beam {BEAM}")  # fmt: skip
+          f"test split ({rows[0][4]['sentences'] if rows else 0} verses), beam {BEAM}")  # fmt: skip
     print("| model | parameters | learning rate (tuned) | steps | train min | dev loss | test BLEU | test chrF | decode sentences/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for column, chosen, trained, test, parameters in rows:
-        print(f"| {column} | {parameters / 1e6:.1f} M | {chosen['learning_rate']:g}{' (the grid edge)' if chosen['best_at_edge'] else ''} | {chosen['steps']:,} | {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} "
+    for column, rate, chosen, trained, test, parameters in rows:
+        print(f"| {column} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} "
               f"| {test['bleu']:.2f} | {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |")  # fmt: skip
     if rows:
         floor = copy_scores(column_config(columns[0], None, 1, args.data_dir))
