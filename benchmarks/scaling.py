@@ -17,7 +17,7 @@ buffers plus its arguments (parameters, Adam's moments, the batch) and outputs
   tokens each (rows = tokens / length). The last column is what the `[B, T, S, N, A]`
   tanh tensors of an unchunked additive score take, one per attention layer (9
   here; the backward pass keeps more than that): it grows with the length at a
-  fixed token count, where the chunked score's (DESIGN.md's math contract) does
+  fixed token count, where the chunked score's (models/attention.py `additive_scores`) does
   not; up to one chunk (64 queries) the score is not chunked and keeps its tensors.
 - Against size: the Transformer with d_model in `--sizes` (d_model / 64 heads,
   d_ff 4 d_model, 3+3 layers) at length 128, with its parameters and FLOP rate.

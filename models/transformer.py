@@ -213,7 +213,7 @@ class DecoderLayer(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """Encoder-decoder Transformer behind the common model interface (see DESIGN.md)."""
+    """Encoder-decoder Transformer behind the common model interface (models/interface.py `EncoderDecoder`)."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
