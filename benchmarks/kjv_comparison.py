@@ -203,9 +203,11 @@ def plan(column: str, args) -> dict:
 
 
 def finalists(chosen: dict) -> list[float]:
-    """The rates trained for the full budget: the tuned one, and the runner-up where its tuning run
-    ended within `TIE` of the tuned one's dev loss."""
-    (best_loss, best), *others = sorted((loss, float(rate)) for rate, loss in chosen["dev_loss_by_rate"].items())
+    """The rates trained for the full budget: the tuned one (first), and the runner-up where its
+    tuning run ended within `TIE` of the tuned one's dev loss."""
+    best, losses = chosen["learning_rate"], chosen["dev_loss_by_rate"]
+    best_loss = losses[f"{best:g}"]
+    others = sorted((loss, float(rate)) for rate, loss in losses.items() if rate != f"{best:g}")
     tied = others and math.isfinite(best_loss) and others[0][0] <= best_loss * (1 + TIE)
     return [best, others[0][1]] if tied else [best]
 
@@ -265,9 +267,9 @@ def main() -> None:
     rows = []
     for column in columns:
         chosen = plan(column, args)
-        for rate in finalists(chosen):
+        for place, rate in enumerate(finalists(chosen)):
             config = column_config(column, rate, chosen["steps"], args.data_dir)
-            tuned = f"{rate:g}" == f"{chosen['learning_rate']:g}"
+            tuned = place == 0
             workdir = Path(args.workdir) / column / ("final" if tuned else f"final_{rate:g}")
             trained = train(config, workdir)
             edge = " (the grid's edge)" if tuned and chosen["best_at_edge"] else ""
