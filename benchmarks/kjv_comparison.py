@@ -72,7 +72,7 @@ COLUMNS = {  # column: (config module, model fields over the config's)
     "transformer": ("kjv_web_transformer", {}),
     "rnnsearch": ("rnnsearch_kjv_web", {}),
     "lstmn_shallow": ("lstmn_kjv_web", {"fusion": "shallow"}),
-    "lstmn_deep": ("lstmn_kjv_web", {"fusion": "deep", "inter_query": "eq13"}),
+    "lstmn_deep": ("lstmn_kjv_web", {"fusion": "deep", "inter_query": "word_and_context"}),
 }
 RATE_FACTORS = (0.5, 1.0, 2.0)
 MAX_RATES = 5  # the grid grows by doubling (or halving) while its best rate is at an edge

@@ -14,8 +14,9 @@ The fixed-length summary of RNNencdec should fall as sources grow while
 RNNsearch stays flat.
 
 `--lstmn_variants` (a comma-separated list of `LSTMN_VARIANTS`' names, or `all`) trains one
-LSTMN per variant under the same budget: shallow fusion with Bahdanau's query (eq. 13', the
-model's default) or eq. 13's, deep fusion (eq. 13), each with the paper's empty tapes or, with
+LSTMN per variant under the same budget: shallow fusion with Bahdanau's query (`shallow_state`,
+eq. 11' of arXiv:1601.06733v7, the model's default) or eq. 11's, the previous word and context
+(`shallow_word_context`), deep fusion (`deep`, eq. 11), each with the paper's empty tapes or, with
 `_seeded`, the authors' code's seeded ones (`models/lstmn.py` says which is which). Each is a
 column `lstmn_<variant>` with its run folder `WORKDIR/lstmn_<variant>`.
 
@@ -45,11 +46,11 @@ from configs import base, default, recurrent  # noqa: E402
 from settings import parse  # noqa: E402
 
 FAMILIES = ("rnnencdec", "rnnsearch", "lstmn", "transformer")
-# LSTMN's variants: model fields over the family's config (section 3.3's queries; the tapes' first state)
+# LSTMN's variants: model fields over the family's config (section 4's queries; the tapes' first state)
 LSTMN_QUERIES = {
-    "shallow_state": dict(fusion="shallow", inter_query="previous_state"),  # eq. 13', Bahdanau's query: the default
-    "shallow_eq13": dict(fusion="shallow", inter_query="eq13"),
-    "deep": dict(fusion="deep", inter_query="eq13"),
+    "shallow_state": dict(fusion="shallow", inter_query="previous_state"),  # eq. 11', Bahdanau's query: the default
+    "shallow_word_context": dict(fusion="shallow", inter_query="word_and_context"),  # eq. 11's
+    "deep": dict(fusion="deep", inter_query="word_and_context"),
 }
 LSTMN_VARIANTS = {
     f"{name}{suffix}": dict(fields, seed_tapes=bool(suffix))

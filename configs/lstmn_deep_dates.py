@@ -1,4 +1,4 @@
-"""LSTMN with deep fusion (Cheng et al. 2016, eqs. 16-17) on dates: configs/lstmn_dates.py otherwise.
+"""LSTMN with deep fusion (Cheng et al. 2016, arXiv:1601.06733v7 eqs. 14-15) on dates: configs/lstmn_dates.py otherwise.
 
     python train.py --config=configs/lstmn_deep_dates.py --workdir=runs/lstmn_deep_dates
 """

@@ -1,17 +1,19 @@
 """LSTMN: the Long Short-Term Memory-Network of Cheng, Dong and Lapata (2016), "Long
 Short-Term Memory-Networks for Machine Reading", arXiv:1601.06733v7, and its
-encoder-decoder (section 4).
+encoder-decoder (section 4). Equation and section numbers here are v7's.
 
 An LSTMN keeps, instead of one state, a hidden tape `H = (h_1 .. h_{t-1})` and a
 memory tape `C = (c_1 .. c_{t-1})`, read at every step by intra-attention
-(section 3.1, eqs. 7-12):
+(section 3.2, eqs. 4-9):
 
-    a_i^t = v^T tanh(W_h h_i + W_x x_t + W_h~ h~_{t-1})      i < t          (7)
-    s^t = softmax(a^t)                                                       (8)
-    h~_t = sum_i s_i^t h_i,    c~_t = sum_i s_i^t c_i                        (9)
-    [i_t; f_t; o_t; c^_t] = [sigma; sigma; sigma; tanh](W [h~_t; x_t] + b)   (10)
-    c_t = f_t * c~_t + i_t * c^_t                                            (11)
-    h_t = o_t * tanh(c_t)                                                    (12)
+    a_i^t = v^T tanh(W_h h_i + W_x x_t + W_h~ h~_{t-1})      i < t          (4)
+    s^t = softmax(a^t)                                                       (5)
+    h~_t = sum_i s_i^t h_i,    c~_t = sum_i s_i^t c_i                        (6)
+    [i_t; f_t; o_t; c^_t] = [sigma; sigma; sigma; tanh](W [h~_t; x_t] + b)   (7)
+    c_t = f_t * c~_t + i_t * c^_t                                            (8)
+    h_t = o_t * tanh(c_t)                                                    (9)
+
+In a stack, layer k+1 reads layer k's `h_t` where the first layer reads `x_t` (eq. 10).
 
 `W_h h_i` does not depend on t: it is computed once, when `h_i` is written to the
 tape, and kept on a third tape of keys. The tapes are fixed-size buffers carried
@@ -23,36 +25,35 @@ the example computes alone. At t = 1 the tapes are empty: `h~_1 = c~_1 = 0`.
 keeping a copy per step, so training takes O(L) memory, not O(L^2).
 
 The encoder-decoder (section 4, figure 3) reads the source with inter-attention
-over the encoder's tapes `gamma` (hidden) and `alpha` (memory), eqs. 13-15:
+over the encoder's tapes `gamma` (hidden) and `alpha` (memory), eqs. 11-13:
 
-    b_j^t = u^T tanh(W_gamma gamma_j + W_x x_t + W_gamma~ gamma~_{t-1})       (13)
-    p^t = softmax(b^t)                                                      (14)
-    gamma~_t = sum_j p_j^t gamma_j,    alpha~_t = sum_j p_j^t alpha_j        (15)
+    b_j^t = u^T tanh(W_gamma gamma_j + W_x x_t + W_gamma~ gamma~_{t-1})       (11)
+    p^t = softmax(b^t)                                                      (12)
+    gamma~_t = sum_j p_j^t gamma_j,    alpha~_t = sum_j p_j^t alpha_j        (13)
 
 - shallow fusion (`model.fusion="shallow"`): the summary `gamma~_t` is the
   decoder's context, as RNNsearch's `c_i` is: the first decoder layer's gates read
-  `[h~_t; x_t; gamma~_t]` (eq. 10 with the context appended, RNNsearch's `C c_i`).
-  Its inter-attention is "similar to" Bahdanau et al.'s (section 3.3), whose query is
+  `[h~_t; x_t; gamma~_t]` (eq. 7 with the context appended, RNNsearch's `C c_i`).
+  Its inter-attention is "similar to" Bahdanau et al.'s (section 4), whose query is
   the decoder's previous state; by default (`model.inter_query="previous_state"`)
-  eq. 13's query terms are replaced by that state, the top decoder layer's `h_{t-1}`:
-      b_j^t = u^T tanh(W_gamma gamma_j + W_s h_{t-1})                         (13')
+  eq. 11's query terms are replaced by that state, the top decoder layer's `h_{t-1}`:
+      b_j^t = u^T tanh(W_gamma gamma_j + W_s h_{t-1})                         (11')
   (`h_0` = 0, or the top decoder layer's seed under `model.seed_tapes`);
 - deep fusion (`"deep"`): the memory summary `alpha~_t` enters the first decoder
-  layer's memory through a new gate (eqs. 16-17):
-      r_t = sigma(W_r [gamma~_t; x_t] + b_r)                                 (16)
-      c_t = r_t * alpha~_t + f_t * c~_t + i_t * c^_t                          (17)
+  layer's memory through a new gate (eqs. 14-15; `h_t = o_t * tanh(c_t)` of this `c_t` is eq. 16):
+      r_t = sigma(W_r [gamma~_t; x_t] + b_r)                                 (14)
+      c_t = r_t * alpha~_t + f_t * c~_t + i_t * c^_t                          (15)
 
 Choices where the paper leaves room, and why:
-- The inter-attention's query (`model.inter_query`). The paper writes eq. 13 (conditioned on
-  the decoder's input `x_t` and the previous summary `gamma~_{t-1}`, not on a decoder state)
-  for deep fusion, and says of shallow fusion only that its inter-attention works as
-  Bahdanau et al.'s, whose query is the decoder's previous state. So shallow fusion defaults
-  to eq. 13' above ("previous_state") and deep fusion keeps eq. 13 ("eq13"); shallow fusion
-  with eq. 13 stays available for comparison (it was this module's only query before, and
-  does not learn to copy long sources: README, the length experiment). Deep fusion with
-  Bahdanau's query is refused: the paper gives deep fusion eq. 13 alone. `gamma~_{t-1}` is
-  not added to eq. 13': Bahdanau's query has no such term, and no measurement of ours shows
-  that it helps.
+- The inter-attention's query (`model.inter_query`). The paper writes eq. 11 (conditioned on
+  the decoder's input `x_t`, the previous output word, and the previous summary `gamma~_{t-1}`,
+  not on a decoder state) for deep fusion, and says of shallow fusion only that its
+  inter-attention works as Bahdanau et al.'s, whose query is the decoder's previous state. So
+  shallow fusion defaults to eq. 11' above ("previous_state") and deep fusion keeps eq. 11
+  ("word_and_context"); shallow fusion with eq. 11 is there for comparison (it does not learn
+  to copy long sources: README, the length experiment). Deep fusion with Bahdanau's query is
+  refused: the paper gives deep fusion eq. 11 alone. `gamma~_{t-1}` is not added to eq. 11':
+  Bahdanau's query has no such term, and no measurement of ours shows that it helps.
 - The tapes' first state (`model.seed_tapes`). The paper starts every tape empty: at t = 1
   nothing is read and `h~_1 = c~_1 = 0` (default, `False`). The authors' released code
   (github.com/cheng6076/SNLI-attention, LSTMN.lua with model/encoder_lstmn_w2v.lua and
@@ -70,7 +71,7 @@ Choices where the paper leaves room, and why:
   with the tokens.
 - The inter-attention reads the top encoder layer's tapes, and the context or the
   fused memory enters the first decoder layer (the one whose `x_t` is the previous
-  target word, as in eq. 13); layers above read the hidden outputs below.
+  target word, as in eq. 11); layers above read the hidden outputs below (eq. 10).
 - The output layer reads `[h_t; gamma~_t]` (the top decoder layer's hidden state and
   the context) in both fusions, as RNNsearch's deep output reads `s_i` and `c_i`;
   the paper does not give its output layer.
@@ -101,7 +102,10 @@ from models.rnn import time_major
 
 Array = jax.Array
 FUSIONS = ("shallow", "deep")
-INTER_QUERIES = ("previous_state", "eq13")  # eq. 13' (Bahdanau's query) and eq. 13
+INTER_QUERIES = ("previous_state", "word_and_context")  # eq. 11' (Bahdanau's query) and eq. 11
+# Old names of `INTER_QUERIES`, read as the new ones: run folders whose config.json holds one still
+# build the model they trained. "eq13" named eq. 11 by an earlier arXiv version's numbering.
+RENAMED_QUERIES = {"eq13": "word_and_context"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,22 +116,23 @@ class LSTMNConfig(ModelConfig):
 
     # intra-attention over the encoder's and the decoder's tapes, inter-attention over the source
     roles = frozenset({AttentionRole.SOURCE_SELF, AttentionRole.TARGET_SELF, AttentionRole.CROSS})
-    # runs saved before `inter_query` existed used eq. 13 in both fusions
-    fields_before = {"inter_query": "eq13"}
+    # runs saved before `inter_query` existed used eq. 11 in both fusions
+    fields_before = {"inter_query": "word_and_context"}
 
     vocab_size: int  # target vocabulary
     source_vocab_size: int | None = None  # None: same as vocab_size
     fusion: str = "shallow"  # "shallow" or "deep" (section 4)
-    # Inter-attention's query: "previous_state" (eq. 13', Bahdanau's: the top decoder layer's previous
-    # hidden state) or "eq13" ([x_t; gamma~_{t-1}]); None: the fusion's own, "previous_state" for shallow
-    # fusion, "eq13" for deep fusion (the only one the paper gives it). See the module docstring.
+    # Inter-attention's query: "previous_state" (eq. 11', Bahdanau's: the top decoder layer's previous
+    # hidden state) or "word_and_context" (eq. 11's [x_t; gamma~_{t-1}]: the previous output word and the
+    # previous inter-attention summary); None: the fusion's own, "previous_state" for shallow fusion,
+    # "word_and_context" for deep fusion (the only one the paper gives it). See the module docstring.
     inter_query: str | None = None
     # The tapes' first state: False, the paper's empty tapes (h~_1 = c~_1 = 0); True, the authors' released
     # code's: a zero slot first on the encoder's tapes, the decoder's seeded with the encoder's final state.
     seed_tapes: bool = False
     embed_dim: int = 500
     hidden_dim: int = 500
-    attention_dim: int = 500  # v, W_h, W_x, W_h~ of eq. 7 and u, W_gamma, W_x, W_gamma~ of eq. 13
+    attention_dim: int = 500  # v, W_h, W_x, W_h~ of eq. 4 and u, W_gamma, W_x, W_gamma~ of eq. 11
     num_encoder_layers: int = 1
     num_decoder_layers: int = 1
     dropout_rate: float = 0.0  # on embeddings, between layers and before the output layer
@@ -136,12 +141,14 @@ class LSTMNConfig(ModelConfig):
     pad_id: int = 0
 
     def __post_init__(self):
+        if self.inter_query in RENAMED_QUERIES:  # frozen: set the new name through object
+            object.__setattr__(self, "inter_query", RENAMED_QUERIES[self.inter_query])
         if self.fusion not in FUSIONS:
             raise ConfigError(f"model.fusion must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
         if self.inter_query is not None and self.inter_query not in INTER_QUERIES:
             raise ConfigError(f"model.inter_query must be one of {', '.join(INTER_QUERIES)} or None, got {self.inter_query!r}")
         if self.fusion == "deep" and self.query == "previous_state":
-            raise ConfigError("model.inter_query='previous_state' is shallow fusion's query; deep fusion's is eq. 13 ('eq13')")
+            raise ConfigError("model.inter_query='previous_state' is shallow fusion's query; deep fusion's is eq. 11's ('word_and_context')")
         if self.seed_tapes and self.num_encoder_layers != self.num_decoder_layers:
             raise ConfigError(f"model.seed_tapes seeds decoder layer l with encoder layer l's final state: "
                               f"num_encoder_layers ({self.num_encoder_layers}) must equal num_decoder_layers "
@@ -157,7 +164,7 @@ class LSTMNConfig(ModelConfig):
         """The inter-attention's query, `inter_query` resolved: one of `INTER_QUERIES`."""
         if self.inter_query is not None:
             return self.inter_query
-        return "eq13" if self.fusion == "deep" else "previous_state"
+        return "word_and_context" if self.fusion == "deep" else "previous_state"
 
     @property
     def length_limit(self) -> int:
@@ -185,7 +192,7 @@ class Tapes(NamedTuple):
     keys: Array  # W_h h_i, [B, L, A]
     written: Array  # [B, L], 1.0 where position i holds a real token's state (float, so that it has a gradient
     #                 type in `tape_scan`; it is read only as a mask)
-    summary: Array  # h~_{t-1} [B, H], the previous adaptive summary (eq. 7's last term)
+    summary: Array  # h~_{t-1} [B, H], the previous adaptive summary (eq. 4's last term)
 
     @property
     def positions(self) -> tuple[Array, Array, Array, Array]:
@@ -307,7 +314,7 @@ _tape_scan.defvjp(_tape_scan_forward, _tape_scan_backward)
 
 
 class LSTMNCell(nnx.Module):
-    """One LSTMN layer, eqs. 7-12 (with deep fusion's gate, eqs. 16-17, when `fused_memory`)."""
+    """One LSTMN layer, eqs. 4-9 (with deep fusion's gate, eqs. 14-15, when `fused_memory`)."""
 
     def __init__(self, input_dim: int, hidden_dim: int, attention_dim: int, *, role: AttentionRole,
                  context_dim: int = 0, fusion_gate: bool = False, rngs: nnx.Rngs):  # fmt: skip
@@ -318,14 +325,14 @@ class LSTMNCell(nnx.Module):
         self.input_attention = Linear(input_dim, attention_dim, rngs=rngs)  # W_x (and the bias inside tanh)
         self.summary_attention = Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)  # W_h~
         self.v = nnx.Param(nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,)), **logical("mlp"))
-        # W of eq. 10 over [h~_t; x_t] (and the context, in shallow fusion): gates i, f, o, c^
+        # W of eq. 7 over [h~_t; x_t] (and the context, in shallow fusion): gates i, f, o, c^
         gate_inputs = hidden_dim + input_dim + (0 if fusion_gate else context_dim)
         self.gates = Linear(gate_inputs, 4 * hidden_dim, rngs=rngs)
         self.gates.bias[...] = jnp.zeros(4 * hidden_dim).at[hidden_dim : 2 * hidden_dim].set(1.0)  # forget bias 1
         self.fusion = nnx.data(Linear(context_dim + input_dim, hidden_dim, rngs=rngs) if fusion_gate else None)  # W_r
 
     def intra_attention(self, tapes: Tapes, x: Array, first: tuple[Array, Array] | None = None) -> tuple[Array, Array, Array]:
-        """Eqs. 7-9: `(h~_t [B, H], c~_t [B, H], s^t [B, L])` over the written positions, and over the
+        """Eqs. 4-6: `(h~_t [B, H], c~_t [B, H], s^t [B, L])` over the written positions, and over the
         tape's first slot `first = (h_0 [B, H], c_0 [B, H])` when given (`seed_tapes`). The first slot is
         read beside the tape, not copied into it, and its weight is left out of the `s^t` returned."""
         query = self.input_attention(x) + self.summary_attention(tapes.summary)  # W_x x_t + W_h~ h~_{t-1}
@@ -350,7 +357,7 @@ class LSTMNCell(nnx.Module):
 
         `x [B, Din]`; rows where `real [B]` is False write zeros and keep their summary.
         `context [B, Dc]`: shallow fusion's gamma~_t, read by the gates; deep fusion's too (by r_t),
-        with `fused_memory` alpha~_t [B, H] (eqs. 16-17). `first`: the tape's first slot, see
+        with `fused_memory` alpha~_t [B, H] (eqs. 14-15). `first`: the tape's first slot, see
         `intra_attention`.
         Returns `(writes, summary, h_t [B, H], s^t [B, L])`: `writes` = (h_t, c_t, W_h h_t, 1) for the
         tapes' next position (zeros in padding rows), `summary` = h~_t, the next step's h~_{t-1}.
@@ -358,10 +365,10 @@ class LSTMNCell(nnx.Module):
         summary, memory_summary, weights = self.intra_attention(tapes, x, first)
         extra = [] if context is None or self.fusion is not None else [context]
         i, f, o, candidate = jnp.split(self.gates(jnp.concatenate([summary, x, *extra], axis=-1)), 4, axis=-1)
-        cell = jax.nn.sigmoid(f) * memory_summary + jax.nn.sigmoid(i) * jnp.tanh(candidate)  # eq. 11
-        if self.fusion is not None:  # eqs. 16-17
+        cell = jax.nn.sigmoid(f) * memory_summary + jax.nn.sigmoid(i) * jnp.tanh(candidate)  # eq. 8
+        if self.fusion is not None:  # eqs. 14-15
             cell = cell + jax.nn.sigmoid(self.fusion(jnp.concatenate([context, x], axis=-1))) * fused_memory
-        hidden = jax.nn.sigmoid(o) * jnp.tanh(cell)  # eq. 12
+        hidden = jax.nn.sigmoid(o) * jnp.tanh(cell)  # eq. 9 (eq. 16 under deep fusion)
         keep = real[:, None]
         writes = tuple(jnp.where(keep, value, 0.0) for value in (hidden, cell, self.key_proj(hidden)))  # W_h h_t, once
         writes += (real.astype(tapes.written.dtype),)
@@ -391,7 +398,7 @@ class LSTMNDecodeState(NamedTuple):
     tapes: tuple[Tapes, ...]  # per decoder layer
     context: Array  # gamma~_{t-1} [B, H]
     position: Array  # int32, the next position to write
-    hidden: Array  # the top decoder layer's h_{t-1} [B, H], the query of eq. 13'
+    hidden: Array  # the top decoder layer's h_{t-1} [B, H], the query of eq. 11'
 
 
 class LSTMN(nnx.Module):
@@ -412,9 +419,9 @@ class LSTMN(nnx.Module):
                       fusion_gate=deep and l == 0, rngs=rngs)
             for l in range(config.num_decoder_layers)
         )  # fmt: skip
-        # Inter-attention: keys W_gamma gamma_j (once per source); query W_x x_t + W_gamma~ gamma~_{t-1} (eq. 13)
-        # or W_s h_{t-1} (eq. 13')
-        query_dim = E + H if config.query == "eq13" else H
+        # Inter-attention: keys W_gamma gamma_j (once per source); query W_x x_t + W_gamma~ gamma~_{t-1} (eq. 11)
+        # or W_s h_{t-1} (eq. 11')
+        query_dim = E + H if config.query == "word_and_context" else H
         self.cross_attention = Attention(query_dim, H, score="additive", attention_dim=A, role=AttentionRole.CROSS, rngs=rngs)
         self.output = Linear(2 * H, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)  # over [h_t; gamma~_t]
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
@@ -462,7 +469,7 @@ class LSTMN(nnx.Module):
         return LSTMNMemory(hidden, memory, self.cross_attention.project_keys(hidden), mask, tuple(finals))
 
     def init_decode_state(self, memory: LSTMNMemory, batch_size: int, max_len: int) -> LSTMNDecodeState:
-        """Empty tapes; the previous state h_0 of eq. 13' is the top decoder layer's first slot when seeded, else 0."""
+        """Empty tapes; the previous state h_0 of eq. 11' is the top decoder layer's first slot when seeded, else 0."""
         H, A = self.config.hidden_dim, self.config.attention_dim
         tapes = tuple(empty_tapes(batch_size, max_len, H, A) for _ in self.decoder_cells)
         hidden = memory.first[-1][0] if memory.first else jnp.zeros((batch_size, H))
@@ -536,20 +543,20 @@ def decoder_step(cells: Sequence[LSTMNCell], cross_attention: Attention, config:
                  embedded: Array, state: LSTMNDecodeState, real: Array, masks: tuple) -> tuple:  # fmt: skip
     """Decoder step t of the decoder `cells`, reading the tapes without writing them:
 
-    1. inter-attention over the encoder's tapes (eqs. 14-15) from `config.query`'s query: eq. 13's
-       `[x_t; gamma~_{t-1}]` (x_t the previous word) or eq. 13' `h_{t-1}` (the top layer's previous
+    1. inter-attention over the encoder's tapes (eqs. 12-13) from `config.query`'s query: eq. 11's
+       `[x_t; gamma~_{t-1}]` (x_t the previous word) or eq. 11' `h_{t-1}` (the top layer's previous
        state): the context gamma~_t and, for deep fusion, alpha~_t;
-    2. the first LSTMN layer with intra-attention over its own tapes (eqs. 7-12), reading the
-       context in its gates (shallow) or gating alpha~_t into its memory (deep, eqs. 16-17);
+    2. the first LSTMN layer with intra-attention over its own tapes (eqs. 4-9), reading the
+       context in its gates (shallow) or gating alpha~_t into its memory (deep, eqs. 14-15);
     3. the layers above, each over its own tapes; the readout features `[h_t; gamma~_t]`.
     Each layer's tapes start with `memory.first`'s slot where it has one (`seed_tapes`).
     Returns `(writes per layer, summaries per layer, context, the top layer's h_t [B, H], features
     [B, 2H], inter-attention weights [B, S'], intra weights per layer)`.
     """
-    if config.query == "eq13":
-        query = jnp.concatenate([embedded, state.context], axis=-1)  # [x_t; gamma~_{t-1}], eq. 13
+    if config.query == "word_and_context":
+        query = jnp.concatenate([embedded, state.context], axis=-1)  # [x_t; gamma~_{t-1}], eq. 11
     else:
-        query = state.hidden  # h_{t-1}, eq. 13'
+        query = state.hidden  # h_{t-1}, eq. 11'
     context, weights = cross_attention(query, memory.keys, memory.hidden, memory.mask)  # 1. gamma~_t
     fused = jnp.einsum("BS,BSH->BH", weights, memory.memory) if config.fusion == "deep" else None  # alpha~_t
     firsts = memory.first or (None,) * len(cells)

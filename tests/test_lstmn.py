@@ -1,4 +1,5 @@
-"""LSTMN (Cheng et al. 2016) against float64 NumPy steps written from eqs. 7-17, and its masks."""
+"""LSTMN (Cheng et al. 2016) against float64 NumPy steps written from eqs. 4-16 (arXiv:1601.06733v7's
+numbering, as models/lstmn.py's), and its masks."""
 
 import jax
 import jax.numpy as jnp
@@ -39,16 +40,16 @@ def random_tapes(rng, batch, length, written_lengths):
 
 
 def np_intra_attention(cell, hidden, memory, written, summary, x):
-    """Eqs. 7-9, float64."""
+    """Eqs. 4-6, float64."""
     keys = hidden @ f64(cell.key_proj.kernel)  # W_h h_i
     query = x @ f64(cell.input_attention.kernel) + f64(cell.input_attention.bias) + summary @ f64(cell.summary_attention.kernel)
-    a = np.tanh(keys + query[:, None, :]) @ f64(cell.v)  # eq. 7
-    s = np_masked_softmax(a, written)  # eq. 8, positions < t only
-    return np.einsum("bl,blh->bh", s, hidden), np.einsum("bl,blh->bh", s, memory), s  # eq. 9
+    a = np.tanh(keys + query[:, None, :]) @ f64(cell.v)  # eq. 4
+    s = np_masked_softmax(a, written)  # eq. 5, positions < t only
+    return np.einsum("bl,blh->bh", s, hidden), np.einsum("bl,blh->bh", s, memory), s  # eq. 6
 
 
 def np_gates(cell, inputs):
-    """Eq. 10: [i; f; o; c^] = [sigma; sigma; sigma; tanh](W inputs + b)."""
+    """Eq. 7: [i; f; o; c^] = [sigma; sigma; sigma; tanh](W inputs + b)."""
     i, f, o, c_hat = np.split(inputs @ f64(cell.gates.kernel) + f64(cell.gates.bias), 4, axis=-1)
     return sigmoid(i), sigmoid(f), sigmoid(o), np.tanh(c_hat)
 
@@ -59,7 +60,7 @@ def as_tapes(cell, hidden, memory, written, summary):
 
 
 @pytest.mark.parametrize("written_lengths", [(0, 2, 4), (3, 1, 4)])  # positions before t = 4
-def test_cell_step_is_eqs_7_to_12(written_lengths):
+def test_cell_step_is_eqs_4_to_9(written_lengths):
     cell = make().encoder_cells[0]
     rng = np.random.default_rng(sum(written_lengths))
     hidden, memory, written, summary = random_tapes(rng, 3, 6, written_lengths)
@@ -70,8 +71,8 @@ def test_cell_step_is_eqs_7_to_12(written_lengths):
 
     h_tilde, c_tilde, s = np_intra_attention(cell, hidden, memory, written, summary, x)
     i, f, o, c_hat = np_gates(cell, np.concatenate([h_tilde, x], axis=-1))
-    c = f * c_tilde + i * c_hat  # eq. 11
-    expected_h = o * np.tanh(c)  # eq. 12
+    c = f * c_tilde + i * c_hat  # eq. 8
+    expected_h = o * np.tanh(c)  # eq. 9
     np.testing.assert_allclose(weights, s, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(h, expected_h, rtol=1e-5, atol=1e-5)
     for row in range(3):  # written at `position` for real rows; padding leaves the tapes alone
@@ -87,7 +88,7 @@ def test_cell_step_is_eqs_7_to_12(written_lengths):
 
 
 def np_lstmn_layer(cell, x, length):
-    """Eqs. 7-12 over the first `length` positions of one sequence `x [L, Din]`, float64: the tapes
+    """Eqs. 4-9 over the first `length` positions of one sequence `x [L, Din]`, float64: the tapes
     `(h [L, H], c [L, H])`, zero past `length`."""
     hidden, memory = np.zeros((len(x), H)), np.zeros((len(x), H))
     summary = np.zeros(H)
@@ -101,9 +102,9 @@ def np_lstmn_layer(cell, x, length):
     return hidden, memory
 
 
-def test_two_layer_encoder_tapes_are_eqs_7_to_12_layer_on_layer():
-    """encode(): each padded source against a float64 run of eqs. 7-12, the second layer over the
-    first layer's hidden tape; the memory handed to the decoder is the top layer's two tapes."""
+def test_two_layer_encoder_tapes_are_eqs_4_to_9_layer_on_layer():
+    """encode(): each padded source against a float64 run of eqs. 4-9, the second layer over the
+    first layer's hidden tape (eq. 10); the memory handed to the decoder is the top layer's two tapes."""
     model = make(num_encoder_layers=2)
     inputs = batch_of()["inputs"]
     memory = model.encode(inputs)
@@ -118,8 +119,8 @@ def test_two_layer_encoder_tapes_are_eqs_7_to_12_layer_on_layer():
 
 
 @pytest.mark.parametrize("fusion", ["shallow", "deep"])
-def test_fused_decoder_step_is_eqs_13_to_17(fusion):
-    model = make(fusion=fusion, inter_query="eq13")
+def test_fused_decoder_step_is_eqs_11_to_16(fusion):
+    model = make(fusion=fusion, inter_query="word_and_context")
     rng = np.random.default_rng(7)
     gamma, alpha = rng.normal(size=(3, 5, H)), rng.normal(size=(3, 5, H))  # the encoder's tapes
     source_mask = np.ones((3, 5), bool)
@@ -129,16 +130,16 @@ def test_fused_decoder_step_is_eqs_13_to_17(fusion):
     hidden, memory_tape, written, summary = random_tapes(rng, 3, 6, (2, 2, 2))
     previous_context = rng.normal(size=(3, H))  # gamma~_{t-1}
     tapes = (as_tapes(cell, hidden, memory_tape, written, summary),)
-    state = LSTMNDecodeState(tapes, jnp.float32(previous_context), jnp.array(2), jnp.zeros((3, H)))  # eq. 13 reads no h_{t-1}
+    state = LSTMNDecodeState(tapes, jnp.float32(previous_context), jnp.array(2), jnp.zeros((3, H)))  # eq. 11 reads no h_{t-1}
     token = np.array([4, 7, 1])
     logits, new_state = model.decode_step(memory, jnp.asarray(token), state)
 
     x = f64(model.target_embed.embedding)[token]  # x_t, the previous word
-    attention = model.cross_attention  # eq. 13: u^T tanh(W_gamma gamma_j + W_x x_t + W_gamma~ gamma~_{t-1})
+    attention = model.cross_attention  # eq. 11: u^T tanh(W_gamma gamma_j + W_x x_t + W_gamma~ gamma~_{t-1})
     query = np.concatenate([x, previous_context], axis=-1) @ f64(attention.query_proj.kernel)
     b = np.tanh(gamma @ f64(attention.key_proj.kernel) + f64(attention.key_proj.bias) + query[:, None, :]) @ f64(attention.v)
-    p = np_masked_softmax(b, source_mask)  # eq. 14
-    gamma_tilde = np.einsum("bj,bjh->bh", p, gamma)  # eq. 15
+    p = np_masked_softmax(b, source_mask)  # eq. 12
+    gamma_tilde = np.einsum("bj,bjh->bh", p, gamma)  # eq. 13
     alpha_tilde = np.einsum("bj,bjh->bh", p, alpha)
     h_tilde, c_tilde, _ = np_intra_attention(cell, hidden, memory_tape, written, summary, x)
     if fusion == "shallow":  # the context in every gate, as RNNsearch's C c_i
@@ -146,9 +147,9 @@ def test_fused_decoder_step_is_eqs_13_to_17(fusion):
         c = f * c_tilde + i * c_hat
     else:
         i, f, o, c_hat = np_gates(cell, np.concatenate([h_tilde, x], axis=-1))
-        r = sigmoid(np.concatenate([gamma_tilde, x], axis=-1) @ f64(cell.fusion.kernel) + f64(cell.fusion.bias))  # eq. 16
-        c = r * alpha_tilde + f * c_tilde + i * c_hat  # eq. 17
-    h = o * np.tanh(c)
+        r = sigmoid(np.concatenate([gamma_tilde, x], axis=-1) @ f64(cell.fusion.kernel) + f64(cell.fusion.bias))  # eq. 14
+        c = r * alpha_tilde + f * c_tilde + i * c_hat  # eq. 15
+    h = o * np.tanh(c)  # eq. 9 (eq. 16 under deep fusion)
     expected = np.concatenate([h, gamma_tilde], axis=-1) @ f64(model.output.kernel) + f64(model.output.bias)
     np.testing.assert_allclose(new_state.context, gamma_tilde, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(new_state.tapes[0].memory[:, 2], c, rtol=1e-5, atol=1e-5)
@@ -168,7 +169,7 @@ def randomize(model, seed, scale=0.5):
 
 def paper_weights(model):
     """The module's parameters as float64 arrays under the equations' names; the only thing the
-    reference below takes from the module. Its biases inside the tanh of eqs. 7 and 13 (`b_x`,
+    reference below takes from the module. Its biases inside the tanh of eqs. 4 and 11 (`b_x`,
     `b_gamma`) are the module's, which the paper does not write."""
     E = model.config.embed_dim
 
@@ -180,47 +181,47 @@ def paper_weights(model):
         return {name: f64(value) for name, value in names.items()}
 
     inter = model.cross_attention
-    query = f64(inter.query_proj.kernel)  # over [x_t; gamma~_{t-1}] (eq. 13) or h_{t-1} (eq. 13')
-    query_weights = dict(W_x=query[:E], W_gammatilde=query[E:]) if model.config.query == "eq13" else dict(W_s=query)
+    query = f64(inter.query_proj.kernel)  # over [x_t; gamma~_{t-1}] (eq. 11) or h_{t-1} (eq. 11')
+    query_weights = dict(W_x=query[:E], W_gammatilde=query[E:]) if model.config.query == "word_and_context" else dict(W_s=query)
     return dict(
         source_embed=f64(model.source_embed.embedding), target_embed=f64(model.target_embed.embedding),
         encoder=[layer(cell) for cell in model.encoder_cells], decoder=[layer(cell) for cell in model.decoder_cells],
-        # eq. 13's W_gamma (and bias), u; W_x and W_gamma~ (eq. 13) or W_s (eq. 13')
+        # eq. 11's W_gamma (and bias), u; W_x and W_gamma~ (eq. 11) or W_s (eq. 11')
         W_gamma=f64(inter.key_proj.kernel), b_gamma=f64(inter.key_proj.bias), **query_weights,
         u=f64(inter.v), W_out=f64(model.output.kernel), b_out=f64(model.output.bias),
     )  # fmt: skip
 
 
 def paper_softmax(scores):
-    """Eqs. 8 and 14 over a non-empty list of scores."""
+    """Eqs. 5 and 12 over a non-empty list of scores."""
     e = np.exp(np.asarray(scores) - np.max(scores))
     return e / e.sum()
 
 
 def paper_lstmn_step(w, hs, cs, h_tilde_previous, x, fusion=None, gamma_tilde=None, alpha_tilde=None):
     """Step t of one LSTMN layer: the tapes `hs = [h_1 .. h_{t-1}]`, `cs = [c_1 .. c_{t-1}]` (lists, one
-    vector per earlier token), eqs. 7-12; in the decoder's first layer, the context gamma~_t in the gates
-    (`fusion="shallow"`) or alpha~_t gated into the memory (`"deep"`, eqs. 16-17). Returns h_t, c_t, h~_t."""
+    vector per earlier token), eqs. 4-9; in the decoder's first layer, the context gamma~_t in the gates
+    (`fusion="shallow"`) or alpha~_t gated into the memory (`"deep"`, eqs. 14-16). Returns h_t, c_t, h~_t."""
     if hs:
-        a = [np.tanh(h_i @ w["W_h"] + x @ w["W_x"] + w["b_x"] + h_tilde_previous @ w["W_htilde"]) @ w["v"] for h_i in hs]  # (7)
-        s = paper_softmax(a)  # (8)
-        h_tilde = sum(s_i * h_i for s_i, h_i in zip(s, hs))  # (9)
+        a = [np.tanh(h_i @ w["W_h"] + x @ w["W_x"] + w["b_x"] + h_tilde_previous @ w["W_htilde"]) @ w["v"] for h_i in hs]  # (4)
+        s = paper_softmax(a)  # (5)
+        h_tilde = sum(s_i * h_i for s_i, h_i in zip(s, hs))  # (6)
         c_tilde = sum(s_i * c_i for s_i, c_i in zip(s, cs))
     else:  # t = 1: nothing to read
         h_tilde = c_tilde = np.zeros_like(h_tilde_previous)
     gate_input = [h_tilde, x] + ([gamma_tilde] if fusion == "shallow" else [])
-    i, f, o, c_hat = np.split(np.concatenate(gate_input) @ w["W"] + w["b"], 4)  # (10)
-    c = sigmoid(f) * c_tilde + sigmoid(i) * np.tanh(c_hat)  # (11)
+    i, f, o, c_hat = np.split(np.concatenate(gate_input) @ w["W"] + w["b"], 4)  # (7)
+    c = sigmoid(f) * c_tilde + sigmoid(i) * np.tanh(c_hat)  # (8)
     if fusion == "deep":
-        r = sigmoid(np.concatenate([gamma_tilde, x]) @ w["W_r"] + w["b_r"])  # (16)
-        c = r * alpha_tilde + c  # (17)
-    h = sigmoid(o) * np.tanh(c)  # (12)
+        r = sigmoid(np.concatenate([gamma_tilde, x]) @ w["W_r"] + w["b_r"])  # (14)
+        c = r * alpha_tilde + c  # (15)
+    h = sigmoid(o) * np.tanh(c)  # (9), (16)
     return h, c, h_tilde
 
 
 def paper_lstmn_run(layers, xs, zero_slot=False):
     """A stack of LSTMN layers over the vectors `xs`, each layer reading the hidden states of the one
-    below: every layer's tapes `([h_1 ..], [c_1 ..])`, each starting with `h_0 = c_0 = 0` when
+    below (eq. 10): every layer's tapes `([h_1 ..], [c_1 ..])`, each starting with `h_0 = c_0 = 0` when
     `zero_slot` (the authors' code: a slot every step reads, which the layer above does not)."""
     runs = []
     for layer in layers:
@@ -236,11 +237,11 @@ def paper_lstmn_run(layers, xs, zero_slot=False):
     return runs
 
 
-def paper_encoder_decoder(w, source, target, fusion, bos, query="eq13", seed=False):
+def paper_encoder_decoder(w, source, target, fusion, bos, query="word_and_context", seed=False):
     """Teacher-forced logits `[len(target), V]` of the section-4 encoder-decoder for one unpadded example:
-    the encoder's top-layer tapes gamma, alpha; at every target step, inter-attention (eqs. 13-15) from the
-    previous word x_t and gamma~_{t-1} (`query="eq13"`) or from the top decoder layer's previous hidden
-    state, the last on its tape (`"previous_state"`, Bahdanau's, eq. 13'), the decoder layers bottom up,
+    the encoder's top-layer tapes gamma, alpha; at every target step, inter-attention (eqs. 11-13) from the
+    previous word x_t and gamma~_{t-1} (`query="word_and_context"`) or from the top decoder layer's previous
+    hidden state, the last on its tape (`"previous_state"`, Bahdanau's, eq. 11'), the decoder layers bottom up,
     the first with the source in its gates or its memory, and the output layer over [h_t of the top
     layer; gamma~_t]. `seed`: the tapes start as the authors' code starts them, the encoder's with a
     zero slot, decoder layer l's with encoder layer l's last (h, c)."""
@@ -253,14 +254,14 @@ def paper_encoder_decoder(w, source, target, fusion, bos, query="eq13", seed=Fal
     logits = []
     for previous in [bos, *target[:-1]]:
         x = w["target_embed"][previous]
-        if query == "eq13":
+        if query == "word_and_context":
             terms = x @ w["W_x"] + gamma_tilde @ w["W_gammatilde"]
         else:  # s_{t-1}: the top decoder layer's latest state, 0 before the first (Bahdanau's e_ij = a(s_{i-1}, h_j))
             top = tapes[-1][0]
             terms = (top[-1] if top else np.zeros(hidden)) @ w["W_s"]
-        b = [np.tanh(g_j @ w["W_gamma"] + w["b_gamma"] + terms) @ w["u"] for g_j in gamma]  # (13), (13')
-        p = paper_softmax(b)  # (14)
-        gamma_tilde = sum(p_j * g_j for p_j, g_j in zip(p, gamma))  # (15)
+        b = [np.tanh(g_j @ w["W_gamma"] + w["b_gamma"] + terms) @ w["u"] for g_j in gamma]  # (11), (11')
+        p = paper_softmax(b)  # (12)
+        gamma_tilde = sum(p_j * g_j for p_j, g_j in zip(p, gamma))  # (13)
         alpha_tilde = sum(p_j * a_j for p_j, a_j in zip(p, alpha))
         layer_input = x
         for index, (layer, (hs, cs)) in enumerate(zip(w["decoder"], tapes)):
@@ -274,15 +275,15 @@ def paper_encoder_decoder(w, source, target, fusion, bos, query="eq13", seed=Fal
 
 
 VARIANTS = [  # (fusion, inter_query, seed_tapes)
-    ("shallow", "previous_state", False), ("shallow", "eq13", False), ("deep", "eq13", False),
-    ("shallow", "previous_state", True), ("deep", "eq13", True),
+    ("shallow", "previous_state", False), ("shallow", "word_and_context", False), ("deep", "word_and_context", False),
+    ("shallow", "previous_state", True), ("deep", "word_and_context", True),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("fusion, query, seed", VARIANTS)
 def test_two_layer_encoder_decoder_logits_are_the_papers_equations(fusion, query, seed):
     """The module's teacher-forced logits (two encoder and two decoder layers, three source and three
-    target words) against `paper_encoder_decoder`, written from eqs. 7-17 with lists for tapes: it takes
+    target words) against `paper_encoder_decoder`, written from eqs. 4-16 with lists for tapes: it takes
     the module's weights (all redrawn, so that every term counts) and nothing else of the module, nor
     the step helpers above. The second source has two words and padding: the module on the padded batch
     gives what the reference gives on the two words (under `seed_tapes`, its final state is the second
@@ -422,13 +423,13 @@ def test_tape_scan_gradient_equals_autodiff_through_a_scan_that_carries_the_tape
 def test_bad_fields_are_named():
     with pytest.raises(ConfigError, match="model.fusion must be one of shallow, deep"):
         make(fusion="medium")
-    with pytest.raises(ConfigError, match="model.inter_query must be one of previous_state, eq13"):
+    with pytest.raises(ConfigError, match="model.inter_query must be one of previous_state, word_and_context or None"):
         make(inter_query="decoder")
-    with pytest.raises(ConfigError, match="deep fusion's is eq. 13"):
+    with pytest.raises(ConfigError, match="deep fusion's is eq. 11's"):
         make(fusion="deep", inter_query="previous_state")
     with pytest.raises(ConfigError, match=r"num_encoder_layers \(2\) must equal num_decoder_layers \(1\)"):
         make(seed_tapes=True, num_encoder_layers=2)
-    assert (make().config.query, make(fusion="deep").config.query) == ("previous_state", "eq13")  # each fusion's own
+    assert (make().config.query, make(fusion="deep").config.query) == ("previous_state", "word_and_context")  # each fusion's own
     with pytest.raises(ConfigError, match="bucket"):
         make()(dict(batch_of(), inputs_segment_ids=jnp.ones((3, 7), jnp.int32)))
 
@@ -445,9 +446,11 @@ def test_length_experiment_trains_every_variant_under_one_budget():
     configs = {column: length_experiment.experiment_config(family, "copy", 7, "data/tfds", fields)
                for column, (family, fields) in runs.items()}  # fmt: skip
     expected = {  # (fusion, query, seed_tapes) by column
-        "lstmn_shallow_state": ("shallow", "previous_state", False), "lstmn_shallow_eq13": ("shallow", "eq13", False),
-        "lstmn_deep": ("deep", "eq13", False), "lstmn_shallow_state_seeded": ("shallow", "previous_state", True),
-        "lstmn_shallow_eq13_seeded": ("shallow", "eq13", True), "lstmn_deep_seeded": ("deep", "eq13", True),
+        "lstmn_shallow_state": ("shallow", "previous_state", False),
+        "lstmn_shallow_word_context": ("shallow", "word_and_context", False),
+        "lstmn_deep": ("deep", "word_and_context", False), "lstmn_shallow_state_seeded": ("shallow", "previous_state", True),
+        "lstmn_shallow_word_context_seeded": ("shallow", "word_and_context", True),
+        "lstmn_deep_seeded": ("deep", "word_and_context", True),
     }  # fmt: skip
     for column, variant in expected.items():
         model = parse(configs[column]).model.hyperparameters
@@ -459,8 +462,8 @@ def test_length_experiment_trains_every_variant_under_one_budget():
         length_experiment.columns(["lstmn"], "shallow")
 
 
-def test_a_run_saved_before_inter_query_existed_reads_as_eq13():
-    """A config.json written before `model.inter_query` (eq. 13 in both fusions then) restores into the
+def test_a_run_saved_before_inter_query_existed_reads_as_word_and_context():
+    """A config.json written before `model.inter_query` (eq. 11 in both fusions then) restores into the
     model it trained, not into the new shallow default; a saved `inter_query` is kept."""
     import ml_collections
 
@@ -469,8 +472,26 @@ def test_a_run_saved_before_inter_query_existed_reads_as_eq13():
     old = base.get_config()
     old.model = base.model("lstmn")
     del old.model["inter_query"]
-    assert base.with_defaults(old).model.inter_query == "eq13"
+    assert base.with_defaults(old).model.inter_query == "word_and_context"
     new = base.get_config()
     new.model = base.model("lstmn")
     assert base.with_defaults(ml_collections.ConfigDict(new.to_dict())).model.inter_query is None
     assert make().config.query == "previous_state"
+
+
+@pytest.mark.parametrize("fusion", ["shallow", "deep"])
+def test_the_old_query_name_eq13_builds_the_word_and_context_model(fusion):
+    """Run folders' config.json may say `inter_query="eq13"`, the old name of "word_and_context": it
+    resolves to the new name, and builds the same parameters and logits as the new name does."""
+    from configs import base
+    from settings import parse
+
+    old, new = make(fusion=fusion, inter_query="eq13"), make(fusion=fusion, inter_query="word_and_context")
+    assert old.config == new.config and old.config.query == "word_and_context"
+    shapes = lambda model: jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(model, nnx.Param)))  # noqa: E731
+    assert shapes(old) == shapes(new)
+    batch = batch_of()
+    np.testing.assert_array_equal(np.asarray(old(batch)), np.asarray(new(batch)))
+    saved = base.get_config()  # a run's config.json as it reads back
+    saved.model = base.model("lstmn", fusion=fusion, inter_query="eq13")
+    assert parse(base.with_defaults(saved)).model.hyperparameters.query == "word_and_context"
