@@ -252,7 +252,8 @@ def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     if "model" in families:  # a field whose default changed meaning reads, where absent, as it did before
         import models
 
-        families["model"] = {**models.fields_before(families["model"]["name"]), **families["model"]}
+        name = families["model"]["name"]
+        families["model"] = models.with_new_value_names(name, {**models.fields_before(name), **families["model"]})
     for name, fields in families.items():  # a task's or model's fields as saved, not merged with others'
         completed[name] = ml_collections.ConfigDict(fields)
     return completed

@@ -55,6 +55,13 @@ def fields_before(name: str) -> dict:
     return dict(_family(name)[0].fields_before)
 
 
+def with_new_value_names(name: str, fields: dict) -> dict:
+    """A saved config's model `fields` with each old value name the family renamed read as its new
+    one (`ModelConfig.renamed_values`)."""
+    renamed = _family(name)[0].renamed_values
+    return {field: renamed.get(field, {}).get(value, value) for field, value in fields.items()}
+
+
 def checked_config(name: str, **fields):
     """The hyperparameter dataclass of model `name` built from config fields alone (the vocabulary's
     fields as placeholders), so that every field is checked before anything is built or written."""

@@ -12,6 +12,7 @@ hyperparameter dataclass, a `ModelConfig`, states it, and the model carries that
     has_decode                             the model is a `TeacherForcedDecoder`
     needs_shared_vocabulary                source and target must share one vocabulary
     fields_before                          what a run saved before a field existed meant by its absence
+    renamed_values                         a field's old value names, read as their new ones
     length_limit                           the longest sequence it takes (None: no limit)
     tape_bytes(batch, length)              training memory beyond parameters and logits (0: none)
 
@@ -57,6 +58,10 @@ class ModelConfig:
     # before the field existed: a run folder's config.json without the field is read with this value,
     # so that it restores into the model it trained (`configs.base.with_defaults`).
     fields_before: ClassVar[Mapping[str, Any]] = {}
+    # `{field: {old value: new value}}` for each value given a new name: a run folder's config.json
+    # holding the old one is read with the new (`configs.base.with_defaults`), so that it resumes,
+    # evaluates and loads as the run it is.
+    renamed_values: ClassVar[Mapping[str, Mapping[Any, Any]]] = {}
 
     @property
     def length_limit(self) -> int | None:

@@ -103,9 +103,6 @@ from models.rnn import time_major
 Array = jax.Array
 FUSIONS = ("shallow", "deep")
 INTER_QUERIES = ("previous_state", "word_and_context")  # eq. 11' (Bahdanau's query) and eq. 11
-# Old names of `INTER_QUERIES`, read as the new ones: run folders whose config.json holds one still
-# build the model they trained. "eq13" named eq. 11 by an earlier arXiv version's numbering.
-RENAMED_QUERIES = {"eq13": "word_and_context"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +115,8 @@ class LSTMNConfig(ModelConfig):
     roles = frozenset({AttentionRole.SOURCE_SELF, AttentionRole.TARGET_SELF, AttentionRole.CROSS})
     # runs saved before `inter_query` existed used eq. 11 in both fusions
     fields_before = {"inter_query": "word_and_context"}
+    # "eq13": the value's name in runs saved before the equations were numbered as v7 numbers them
+    renamed_values = {"inter_query": {"eq13": "word_and_context"}}
 
     vocab_size: int  # target vocabulary
     source_vocab_size: int | None = None  # None: same as vocab_size
@@ -141,8 +140,6 @@ class LSTMNConfig(ModelConfig):
     pad_id: int = 0
 
     def __post_init__(self):
-        if self.inter_query in RENAMED_QUERIES:  # frozen: set the new name through object
-            object.__setattr__(self, "inter_query", RENAMED_QUERIES[self.inter_query])
         if self.fusion not in FUSIONS:
             raise ConfigError(f"model.fusion must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
         if self.inter_query is not None and self.inter_query not in INTER_QUERIES:

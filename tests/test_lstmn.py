@@ -479,19 +479,21 @@ def test_a_run_saved_before_inter_query_existed_reads_as_word_and_context():
     assert make().config.query == "previous_state"
 
 
-@pytest.mark.parametrize("fusion", ["shallow", "deep"])
-def test_the_old_query_name_eq13_builds_the_word_and_context_model(fusion):
-    """Run folders' config.json may say `inter_query="eq13"`, the old name of "word_and_context": it
-    resolves to the new name, and builds the same parameters and logits as the new name does."""
+def test_a_run_folder_naming_the_query_eq13_reads_as_word_and_context_and_resumes(tmp_path):
+    """A run's config.json may say `inter_query="eq13"`, the value's old name: it reads back as
+    "word_and_context", and the run resumes under the new name (the resume check compares what
+    config.json reads back as); a new config naming "eq13" is refused, naming the valid values."""
     from configs import base
-    from settings import parse
+    from run_setup.run_config import check_resume
+    from settings import parse, write_run_config
 
-    old, new = make(fusion=fusion, inter_query="eq13"), make(fusion=fusion, inter_query="word_and_context")
-    assert old.config == new.config and old.config.query == "word_and_context"
-    shapes = lambda model: jax.tree.map(jnp.shape, nnx.to_pure_dict(nnx.state(model, nnx.Param)))  # noqa: E731
-    assert shapes(old) == shapes(new)
-    batch = batch_of()
-    np.testing.assert_array_equal(np.asarray(old(batch)), np.asarray(new(batch)))
-    saved = base.get_config()  # a run's config.json as it reads back
-    saved.model = base.model("lstmn", fusion=fusion, inter_query="eq13")
-    assert parse(base.with_defaults(saved)).model.hyperparameters.query == "word_and_context"
+    config = base.get_config()
+    config.model = base.model("lstmn", fusion="deep", inter_query="word_and_context")
+    write_run_config(parse(config), tmp_path)
+    saved = tmp_path / "config.json"
+    assert saved.read_text().count('"inter_query": "word_and_context"') == 1
+    saved.write_text(saved.read_text().replace('"inter_query": "word_and_context"', '"inter_query": "eq13"'))
+    assert base.read_run_config(tmp_path).model.inter_query == "word_and_context"
+    check_resume(parse(config), tmp_path)  # a changed model field would stop here (ConfigError)
+    with pytest.raises(ConfigError, match="inter_query must be one of previous_state, word_and_context"):
+        make(inter_query="eq13")
