@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -205,15 +205,17 @@ def summarize_window(window: list[tuple[int, dict]], learning_rate: float, secon
 UNFINISHED_WINDOW = "unfinished_window.json"
 
 
-def keep_unfinished_window(workdir: Path, step: int, window: list[tuple[int, dict]]) -> None:
-    """Keeps the per-step metrics of a window cut short by a stop at `step` (a checkpoint step),
-    so that the resumed run logs the rows an uninterrupted run would."""
+def keep_unfinished_window(workdir: Path, step: int, window: list[tuple[int, dict]], seconds: float) -> None:
+    """Keeps the per-step metrics of a window cut short by a stop at `step` (a checkpoint step), and
+    the seconds its steps took, so that the resumed run logs the rows an uninterrupted run would (its
+    speeds counting the steps trained before the stop at the time they took)."""
     steps = [[s, {name: float(value) for name, value in values.items()}] for s, values in window]
-    (workdir / UNFINISHED_WINDOW).write_text(json.dumps({"step": step, "window": steps}))
+    (workdir / UNFINISHED_WINDOW).write_text(json.dumps({"step": step, "seconds": seconds, "window": steps}))
 
 
-def unfinished_window(workdir: Path, start_step: int) -> list[tuple[int, dict]]:
-    """The window kept by `keep_unfinished_window` when this run resumes from its step, else none."""
+def unfinished_window(workdir: Path, start_step: int) -> tuple[list[tuple[int, dict]], float]:
+    """`(window, seconds)` kept by `keep_unfinished_window` when this run resumes from its step, else
+    `([], 0.0)`."""
     path = workdir / UNFINISHED_WINDOW
     try:
         kept = json.loads(path.read_text()) if path.exists() else {}
@@ -221,8 +223,9 @@ def unfinished_window(workdir: Path, start_step: int) -> list[tuple[int, dict]]:
         logging.warning("ignoring %s (%s): the next training row covers only the steps after %d", path, error, start_step)
         kept = {}
     if kept.get("step") != start_step:
-        return []
-    return [(s, {name: np.float32(value) for name, value in values.items()}) for s, values in kept["window"]]  # as the step gave them
+        return [], 0.0
+    window = [(s, {name: np.float32(value) for name, value in values.items()}) for s, values in kept["window"]]  # as the step gave them
+    return window, float(kept.get("seconds", 0.0))
 
 
 def evaluate_during_training(
@@ -351,7 +354,7 @@ def train(run: Run) -> dict:
         reporter.write(0, "data", {f"train_{k}": v for k, v in length_report.items() if k != "policy"})
     schedule = learning_rate_schedule(optimization)
     final: dict = {}
-    window: list[tuple[int, Any]] = unfinished_window(run.workdir, start_step)
+    window, seconds_before = unfinished_window(run.workdir, start_step)  # seconds_before: the window's steps before a stop
     window_start = time.time()
     curves = CurvesPicture(run.workdir, enabled=run.is_chief and run.settings.evaluation.curves_png)
     try:
@@ -369,13 +372,14 @@ def train(run: Run) -> dict:
                 if step % optimization.log_every_steps == 0 or evaluate_now or save_now:
                     window = jax.device_get(window)
                     check_finite(window)  # before any save: a checkpoint never holds a diverged state
-                    row = summarize_window(window, float(schedule(step - 1)), time.time() - window_start)
+                    seconds = seconds_before + time.time() - window_start
+                    row = summarize_window(window, float(schedule(step - 1)), seconds)
                     if not stop.requested or step % optimization.log_every_steps == 0:
                         reporter.write(step, "train", row)
                     elif run.is_chief:  # stopped between two rows: the rerun's next row takes these steps in
-                        keep_unfinished_window(run.workdir, step, window)
+                        keep_unfinished_window(run.workdir, step, window, seconds)
                     reporter.progress(step, row["loss"], row["learning_rate"], row["tokens_per_second"], row["steps_per_second"])
-                    window, window_start = [], time.time()
+                    window, window_start, seconds_before = [], time.time(), 0.0
                 eval_metrics, stop_early = None, False
                 if evaluate_now:
                     final = evaluate_during_training(evaluator, state["params"], step, ("dev", "test") if last else ("dev",), reporter, curves)

@@ -312,6 +312,20 @@ def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
     assert (tmp_path / "curves.png").exists()  # drawn as the run stopped: no evaluation was the last one or 5 minutes in
 
 
+def test_a_window_cut_by_a_stop_keeps_its_seconds_for_the_resumed_row(tmp_path):
+    """The resumed run's first row counts the steps trained before the stop at the seconds they took:
+    32 steps in 45.7 s, then 18 in 29.3 s, log 50 / 75 s, not 50 / 29.3 s (a speed 2.6 times too fast)."""
+    values = {"loss": 2.0, "nll": 2.0, "token_accuracy": 0.5, "tokens": 100.0, "grad_norm": 1.0, "update_norm": 0.1, "param_norm": 9.0}
+    trainer.keep_unfinished_window(tmp_path, 1032, [(step, values) for step in range(1001, 1033)], 45.7)
+    kept, seconds = trainer.unfinished_window(tmp_path, 1032)
+    assert [step for step, _ in kept] == list(range(1001, 1033)) and seconds == 45.7
+    row = trainer.summarize_window(kept + [(step, values) for step in range(1033, 1051)], 1e-3, seconds + 29.3)
+    assert row["steps_per_second"] == pytest.approx(50 / 75.0) and row["tokens_per_second"] == pytest.approx(5000 / 75.0)
+    assert trainer.unfinished_window(tmp_path, 1000) == ([], 0.0)  # resumed from another step: nothing kept
+    (tmp_path / trainer.UNFINISHED_WINDOW).write_text('{"step": 1032, "window": []}')  # a file without the seconds
+    assert trainer.unfinished_window(tmp_path, 1032) == ([], 0.0)
+
+
 def test_curves_png_is_drawn_once_its_interval_has_passed_and_when_the_run_ends(tmp_path, monkeypatch):
     clock, drawn = [1000.0], []
     monkeypatch.setattr(trainer.time, "monotonic", lambda: clock[0])
