@@ -467,7 +467,8 @@ def check_together(settings: Settings) -> None:
 
 def read_run_settings(workdir: str | Path) -> Settings | None:
     """The settings of the run in `workdir` (its config.json), or None where there is none; a run
-    folder written before a field existed gets that field's default."""
+    folder written before a field existed gets that field's default, and an old value name its new
+    one (`configs.base.with_defaults`)."""
     from configs import base  # the config files' module: it turns config.json back into a config
 
     config = base.read_run_config(workdir)

@@ -243,13 +243,14 @@ RETIRED_FIELDS = ("best_metric_larger_is_better",)
 
 def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`config` (a run's config.json, say) completed with the common fields it lacks, at their
-    defaults, and without the retired ones: a run folder written before a field existed, or after
-    one was retired, still loads."""
+    defaults, without the retired ones, and with the model's renamed values under their new names: a
+    run folder written before a field existed, after one was retired or before a value was renamed
+    still loads."""
     completed = get_config()
     saved = {name: value for name, value in config.to_dict().items() if name not in RETIRED_FIELDS}
     families = {name: saved.pop(name) for name in ("task", "model") if name in saved}
     completed.update(saved)
-    if "model" in families:  # a field whose default changed meaning reads, where absent, as it did before
+    if "model" in families:  # an absent field whose default changed meaning reads as it did; an old value name as the new
         import models
 
         name = families["model"]["name"]
@@ -261,8 +262,9 @@ def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
 
 def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict | None:
     """The resolved config a run wrote to `workdir/config.json` (lists back as tuples), or None;
-    completed with the common fields it lacks at their defaults, so that a run folder written
-    before a field existed still resumes, evaluates and loads (`with_defaults`)."""
+    completed with the common fields it lacks at their defaults and its renamed values under their
+    new names, so that a run folder written before a field existed or a value was renamed still
+    resumes, evaluates and loads (`with_defaults`)."""
     path = Path(workdir) / "config.json"
     if not path.is_file():
         return None

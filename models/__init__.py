@@ -59,7 +59,7 @@ def with_new_value_names(name: str, fields: dict) -> dict:
     """A saved config's model `fields` with each old value name the family renamed read as its new
     one (`ModelConfig.renamed_values`)."""
     renamed = _family(name)[0].renamed_values
-    return {field: renamed.get(field, {}).get(value, value) for field, value in fields.items()}
+    return {field: renamed[field].get(value, value) if field in renamed else value for field, value in fields.items()}
 
 
 def checked_config(name: str, **fields):

@@ -150,6 +150,23 @@ def test_family_implements_the_interface(name, fields):
 
 
 @pytest.mark.parametrize("name", sorted(models.MODELS))
+def test_what_a_family_says_of_saved_configs_names_its_fields_and_values(name):
+    """`fields_before` and `renamed_values` name real fields; the values a saved run is read with are
+    valid, and each old name is not (else a misspelt field or value would silently do nothing)."""
+    config_class = models.MODELS[name][0]
+    fields = models.fields_of(name)
+    for field, value in config_class.fields_before.items():
+        assert field in fields, f"{name}.fields_before names {field!r}, not a field"
+        models.checked_config(name, **{field: value})
+    for field, renames in config_class.renamed_values.items():
+        assert field in fields, f"{name}.renamed_values names {field!r}, not a field"
+        for old, new in renames.items():
+            models.checked_config(name, **{field: new})
+            with pytest.raises(ConfigError):
+                models.checked_config(name, **{field: old})
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
 def test_source_kind_follows_the_declaration(name):
     for fields in TINY[name]:
         fields = {k: v for k, v in fields.items() if k not in models.FROM_VOCABULARY}
