@@ -1,23 +1,24 @@
-"""The families on real text for the same wall time: Transformer, RNNsearch and LSTMN (shallow and
+"""The families on real text for the same planned time: Transformer, RNNsearch and LSTMN (shallow and
 deep fusion) trained on the shipped kjv_web corpus, scored on its test split with beam 4.
 
     python benchmarks/kjv_comparison.py --workdir=runs/kjv_comparison              # 30 minutes each
     python benchmarks/kjv_comparison.py --workdir=runs/kjv_comparison --minutes=30 --tune_minutes=2
 
 Each column starts from its kjv_web config (configs/kjv_web_transformer.py, rnnsearch_kjv_web.py,
-lstmn_kjv_web.py, the last with `fusion="deep"` for `lstmn_deep`) and goes through three stages:
+lstmn_kjv_web.py, the last with `fusion="deep"` and `inter_query="word_and_context"` for
+`lstmn_deep`) and goes through three stages:
 
 1. **Its learning rate.** Short runs at the config's rate times 1/2, 1 and 2 (then doubled or
    halved again, up to 5 rates, while the best is at an edge), each as many steps as
    `--tune_minutes` allow at the family's speed (measured first by a 40-step probe, after
    compilation); the rate whose run ends with the lowest dev loss is kept. Where the runner-up's
    dev loss is within 1% of it, the short runs did not tell the two apart (the Transformer's end on
-   its warm-up plateau: 6.00 and 6.01), and both rates get the full budget (stage 2), each a row of
-   the table.
+   its early loss plateau: 6.00 and 6.01), and both rates get the full budget (stage 2), each a row
+   of the table (a third rate within 1% is not trained).
 2. **The budget.** One run of `--minutes` worth of steps at the speed the tuning runs measured
    (the median over the runs of each one's steps over its seconds, its first logged window, which
-   holds the compilation, left out): every family trains for the same
-   wall time, however fast its step. All runs share one schedule rule: linear warmup over the
+   holds the compilation, left out): every family is planned the same
+   time, however fast its step. All runs share one schedule rule: linear warmup over the
    first tenth of the steps, then cosine decay to 0 at the last (each family's own schedule was
    set for runs many times longer); everything else is the config's.
 3. **The test split**, evaluated whole with beam 4 (a first call, decoding one example, compiles
@@ -116,8 +117,8 @@ def column_config(column: str, learning_rate: float | None, steps: int, data_dir
 
 def in_fresh_process(function, *args) -> None:
     """`function(*args)` in a new Python process, set up as train.py's are, waited for. A process
-    that has trained several models runs the next one slower: LSTMN's 30-minute run went at 0.57
-    steps/s after its tuning runs in the same process, 0.87 alone (docs/performance.md). A SIGTERM
+    that has trained several models runs the next one slower: LSTMN's run went at 0.59 steps/s
+    after its tuning runs in the same process, 0.87 alone (docs/performance.md). A SIGTERM
     to this process is passed on (the run saves its checkpoint and stops)."""
     child = multiprocessing.get_context("spawn").Process(target=set_up_and_call, args=(function, *args))
     child.start()
