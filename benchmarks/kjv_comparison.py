@@ -145,8 +145,9 @@ def train_or_mark_diverged(config, workdir: Path) -> None:
 
 def train(config, workdir: Path) -> dict:
     """Trains in a fresh process (unless finished): `{"dev_loss", "steps_per_second",
-    "train_seconds"}` from the run's rows; its speed is the steps over the seconds of every row
-    but the first (which holds the compilation), so that slow windows (long buckets) count in full."""
+    "train_seconds", "target_tokens"}` from the run's rows; its speed is the steps over the seconds
+    of every row but the first (which holds the compilation), so that slow windows (long buckets)
+    count in full."""
     finished, diverged = workdir / "eval" / f"step_{config.num_train_steps}.json", workdir / "diverged.json"
     if not finished.exists() and not diverged.exists():
         in_fresh_process(train_or_mark_diverged, config, workdir)
@@ -161,6 +162,7 @@ def train(config, workdir: Path) -> dict:
         "dev_loss": math.inf if diverged.exists() else json.loads(finished.read_text())["dev"]["loss"],
         "steps_per_second": sum(steps for _, steps in timed) / seconds(timed) if timed else math.nan,
         "train_seconds": seconds(windows),  # compilation included
+        "target_tokens": sum(steps * row["tokens_per_second"] / row["steps_per_second"] for row, steps in windows),
     }
 
 
@@ -245,6 +247,15 @@ def parameter_count(config, workdir: Path) -> int:
     return preflight.parameter_count(settings.model.name, model_fields(settings, tokens))
 
 
+def split_target_tokens(config, workdir: Path) -> int:
+    """The training split's target tokens (eos included) in the run's own vocabulary: what one epoch
+    trains on, a packed Transformer's and a bucketed RNN's alike."""
+    settings = parse(config)
+    tokens = vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer)
+    task = tasks.load_task(settings.task.name, settings.task.data_dir, **settings.task.params)
+    return sum(len(tokens.target.encode(task.pair(record)[1])) + 1 for record in task.splits["train"])
+
+
 def copy_scores(config) -> dict:
     """BLEU and chrF of the test split's sources taken as their own translations, scored as the
     models' outputs are (`scores.text_scores`): KJV and WEB share most of their words, so this is
@@ -275,17 +286,18 @@ def main() -> None:
             trained = train(config, workdir)
             edge = " (the grid's edge)" if tuned and chosen["best_at_edge"] else ""
             label = f"{rate:g}{edge}" if tuned else f"{rate:g} (runner-up: tied in tuning)"
-            rows.append((column, label, chosen, trained, test_scores(config, workdir), parameter_count(config, workdir)))
+            epochs = trained["target_tokens"] / split_target_tokens(config, workdir)
+            rows.append((column, label, chosen, trained, epochs, test_scores(config, workdir), parameter_count(config, workdir)))
     print(f"kjv_web, {args.minutes:g} minutes of training each (steps fixed from the measured speed); "
-          f"test split ({rows[0][4]['sentences'] if rows else 0} verses), beam {BEAM}")  # fmt: skip
-    print("| model | parameters | learning rate (tuned) | steps | train min | dev loss | test BLEU | test chrF | decode sentences/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for column, rate, chosen, trained, test, parameters in rows:
-        print(f"| {column} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} "
-              f"| {test['bleu']:.2f} | {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |")  # fmt: skip
+          f"test split ({rows[0][5]['sentences'] if rows else 0} verses), beam {BEAM}")  # fmt: skip
+    print("| model | parameters | learning rate (tuned) | steps | epochs | train min | dev loss | test BLEU | test chrF | decode sentences/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for column, rate, chosen, trained, epochs, test, parameters in rows:
+        print(f"| {column} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {epochs:.1f} | {trained['train_seconds'] / 60:.1f} "
+              f"| {trained['dev_loss']:.3f} | {test['bleu']:.2f} | {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |")  # fmt: skip
     if rows:
         floor = copy_scores(column_config(columns[0], None, 1, args.data_dir))
-        print(f"| the source copied (no model) | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
+        print(f"| the source copied (no model) | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
 
 
 if __name__ == "__main__":
