@@ -545,7 +545,7 @@ def decoder_step(cells: Sequence[LSTMNCell], cross_attention: Attention, config:
        state): the context gamma~_t and, for deep fusion, alpha~_t;
     2. the first LSTMN layer with intra-attention over its own tapes (eqs. 4-9), reading the
        context in its gates (shallow) or gating alpha~_t into its memory (deep, eqs. 14-15);
-    3. the layers above, each over its own tapes; the readout features `[h_t; gamma~_t]`.
+    3. the layers above, each over its own tapes (eq. 10); the readout features `[h_t; gamma~_t]`.
     Each layer's tapes start with `memory.first`'s slot where it has one (`seed_tapes`).
     Returns `(writes per layer, summaries per layer, context, the top layer's h_t [B, H], features
     [B, 2H], inter-attention weights [B, S'], intra weights per layer)`.
