@@ -4,12 +4,11 @@
 
 def xla_flags(devices: int) -> str:
     """`devices` forced host devices, and XLA's CPU compiler set for the tests' thousands of tiny
-    programs, where compiling is most of a test's time: LLVM's optimisation off, the LLVM IR
-    emitters instead of the MLIR fusion emitters, and one codegen split. The last two cut the
-    compiler's CPU time over `pytest tests/test_decoding.py -m "not slow"` from 33 s to 9.5 s,
-    and the suite's time by a third (docs/performance.md, "The test suite"). The numbers agree
-    with XLA's defaults up to rounding; tests compare bit for bit only runs made under these same
-    flags. Training, evaluation and the benchmarks keep XLA's defaults."""
+    programs, which take longer to compile than to run: LLVM's optimisation off, the LLVM IR
+    emitters instead of the MLIR fusion emitters, and one codegen split (docs/performance.md,
+    "The test suite", measures each). The numbers may differ from XLA's defaults' by rounding;
+    tests compare bit for bit only runs made under these same flags. Training, evaluation and
+    the benchmarks compile under XLA's defaults."""
     return (f"--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1 "
             f"--xla_force_host_platform_device_count={devices}")
 
