@@ -45,12 +45,18 @@ HASHES = {"sha256": hashlib.sha256, "blake3": blake3.blake3}
 CHUNK_BYTES = 8 * 2**20  # read in pieces: a checkpoint file may be gigabytes
 
 
-def file_digest(path: Path, algorithm: str = "sha256") -> str:
-    """The hex digest of the file at `path` by `algorithm` (a name of `HASHES`)."""
-    digest = HASHES[algorithm]()
+def feed(digest, path: Path) -> None:
+    """Adds the bytes of the file at `path` to `digest` (a `HASHES` object), read in pieces: a
+    running digest of several files (a corpus' content, for its cache key) or one file's."""
     with open(path, "rb") as file:
         while chunk := file.read(CHUNK_BYTES):
             digest.update(chunk)  # both release the GIL: hashing runs beside other threads' work
+
+
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    """The hex digest of the file at `path` by `algorithm` (a name of `HASHES`)."""
+    digest = HASHES[algorithm]()
+    feed(digest, path)
     return digest.hexdigest()
 
 

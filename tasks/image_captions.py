@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from PIL import Image, UnidentifiedImageError
 
+import files
 from errors import ConfigError, DataError
 from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
 from tasks.parallel_text import Skipped, resolve, tsv_rows, two_texts
@@ -110,10 +111,14 @@ def with_digest(config: ImageCaptionsConfig) -> dict:
     images = folder(config)
     for split in SPLITS:
         path = tsv_of(config, split)
-        digest.update(path.read_bytes())
+        files.feed(digest, path)
         for _, image_file, _ in read_lines(path, Skipped()):
             candidate = images / image_file
-            digest.update(image_file.encode() + (candidate.read_bytes() if candidate.is_file() else b"(missing)"))
+            digest.update(image_file.encode())
+            if candidate.is_file():
+                files.feed(digest, candidate)
+            else:
+                digest.update(b"(missing)")
     return {**config.parameters(), "files_digest": digest.hexdigest()[:16]}
 
 

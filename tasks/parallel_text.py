@@ -34,7 +34,7 @@ import tensorflow_datasets as tfds
 
 import progress
 from errors import ConfigError, DataError
-from files import CHUNK_BYTES
+import files
 from tasks import base
 from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
 
@@ -94,9 +94,7 @@ def with_digest(config: ParallelTextConfig) -> dict:
     for split in SPLITS:
         for path in files_of(config, split):
             digest.update(str(path).encode())
-            with open(path, "rb") as file:  # in pieces: a corpus may be gigabytes
-                while piece := file.read(CHUNK_BYTES):
-                    digest.update(piece)
+            files.feed(digest, path)  # in pieces: a corpus may be gigabytes
     params = config.parameters()
     params["files_digest"] = digest.hexdigest()[:16]
     return params
