@@ -5,8 +5,9 @@
 
 It runs in the preparation environment `.venv-prepare` (requirements-prepare.txt), not in the
 training one: TFDS's download manager extracts archives with `tf.io.gfile` and some builders
-(coco_captions) import TensorFlow, while training stays free of TensorFlow. It imports nothing of
-the project, so it runs with that environment's packages alone.
+(coco_captions) import TensorFlow, while training stays free of TensorFlow. Of the project it
+imports catalog_names.py alone (TFDS and the standard library), so it runs with that
+environment's packages.
 
 `--data_dir` defaults to `$TFDS_DATA_DIR`, else `data/tfds` (training's default `config.data_dir`).
 Downloads are kept in `DATA_DIR/downloads` (delete them once prepared). A dataset already prepared
@@ -16,12 +17,13 @@ there is left as it is.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from pathlib import Path
 
 import tensorflow_datasets as tfds
+
+from catalog_names import name_problem
 
 FILE_FORMAT = "array_record"  # what tfds.data_source (and so Grain) reads with random access
 
@@ -33,29 +35,6 @@ class PrepareError(Exception):
 def default_data_dir() -> str:
     """`$TFDS_DATA_DIR` where set (TFDS's own convention), else training's default `data/tfds`."""
     return os.environ.get("TFDS_DATA_DIR") or "data/tfds"
-
-
-def prepare_command(name: str, data_dir: str) -> str:
-    """The command that prepares catalog dataset `name` in `data_dir`, as errors name it."""
-    return f"make prepare DATASET={name} DATA_DIR={data_dir}"
-
-
-def name_problem(name: str) -> str | None:
-    """What is wrong with catalog name `name` (`dataset[/config][:version]`), as one line naming the
-    nearest known names; None for a name TFDS's catalog has. (tasks/catalog.py asks too, in the
-    training environment, where a builder that imports TensorFlow cannot tell its configs.)"""
-    dataset, _, config = name.split(":")[0].partition("/")
-    known = tfds.list_builders(with_community_datasets=False)
-    if dataset not in known:
-        close = difflib.get_close_matches(dataset, known, n=3)
-        return f"unknown TFDS catalog dataset {dataset!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
-    try:
-        configs = [c.name for c in getattr(tfds.builder_cls(dataset), "BUILDER_CONFIGS", [])]
-    except ImportError:  # coco_captions's builder without TensorFlow
-        return None
-    if config and configs and config not in configs:
-        return f"{dataset} has no config {config!r}; its configs: {', '.join(configs)}"
-    return None
 
 
 def builder_of(name: str, data_dir: str):

@@ -25,8 +25,8 @@ import tensorflow_datasets.translate
 from tensorflow_datasets.core import read_only_builder, registered
 from PIL import Image
 
+from catalog_names import name_problem, prepare_command
 from errors import ConfigError, DataError
-from prepare_catalog import name_problem, prepare_command
 from tasks.image_captions import resized
 
 SPLIT_NAMES = {"train": "train", "dev": "validation", "test": "test"}
