@@ -14,14 +14,16 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import evaluation
 import input_pipeline
 import trainer
 from errors import ConfigError
 from evaluation import Evaluator
-from run_setup import sharding
+from run_setup import run as run_module
+from run_setup import run_config, sharding
 from run_setup.run import prepare_run
-from settings import parse, write_run_config
-from tiny import tiny_config
+from settings import parse, read_run_settings, write_run_config
+from tiny import first_devices_mesh, tiny_config
 
 pytestmark = pytest.mark.all_devices  # about the device count
 
@@ -153,16 +155,21 @@ def gathered(tree):
     return {name: np.asarray(value) for name, value in leaves(tree).items()}
 
 
-def test_a_checkpoint_saved_under_fsdp_restores_exactly_under_fsdp_tp_on_four_devices_and_on_one(trained, shared_data_dir, tmp_path):
+def saved_under_fsdp(trained, workdir):
+    """A run folder (config.json, vocabulary, a checkpoint at step 3) of the `fsdp` run's state on 8 devices."""
     fsdp_run, state, _ = trained["fsdp"]
     from checkpoints import Checkpoints
 
-    saver = Checkpoints(tmp_path / "checkpoints")
+    saver = Checkpoints(workdir / "checkpoints")
     saver.save(3, state, None)
     saver.close()
-    write_run_config(fsdp_run.settings, tmp_path)
-    (tmp_path / "tokenizer").symlink_to(fsdp_run.workdir / "tokenizer")
-    saved = gathered(state)
+    write_run_config(fsdp_run.settings, workdir)
+    (workdir / "tokenizer").symlink_to(fsdp_run.workdir / "tokenizer")
+    return state
+
+
+def test_a_checkpoint_saved_under_fsdp_restores_exactly_under_fsdp_tp_on_four_devices_and_on_one(trained, shared_data_dir, tmp_path):
+    saved = gathered(saved_under_fsdp(trained, tmp_path))
     for mode, devices in (("fsdp_tp", jax.devices()), ("fsdp", jax.devices()[:4]), ("replicated", jax.devices()[:1])):
         run = prepare_run(sharded_settings(shared_data_dir, mode, MODES[mode]), tmp_path, devices=devices, with_data=False)
         abstract = run.abstract(trainer.initial_state(run, trainer.make_optimizer(run.settings.optimization)))
@@ -178,6 +185,26 @@ def test_a_checkpoint_saved_under_fsdp_restores_exactly_under_fsdp_tp_on_four_de
     assert {len(p.sharding.device_set) for p in jax.tree.leaves(translator.params)} == {1}
     for name, value in gathered(translator.params).items():
         np.testing.assert_array_equal(value, saved[f"params.{name}"], err_msg=name)
+
+
+def test_eval_mode_scores_an_fsdp_run_alike_under_fsdp_fsdp_tp_and_on_one_device(trained, shared_data_dir, tmp_path, monkeypatch):
+    """`--mode=eval` of a run saved under `fsdp` on 8 devices, as train.py sets it up: as saved,
+    under `fsdp_tp` (its command line's `sharding`), and replicated on a one-device machine."""
+    saved_under_fsdp(trained, tmp_path)
+    saved = read_run_settings(tmp_path)
+    results, meshes = {}, {}
+    for mode, devices in (("fsdp", 8), ("fsdp_tp", 8), ("replicated", 1)):
+        requested = sharded_settings(shared_data_dir, mode, MODES[mode])
+        make_mesh = first_devices_mesh(devices)
+        monkeypatch.setattr(run_module, "make_mesh", lambda *args, **kwargs: meshes.setdefault(mode, make_mesh(*args, **kwargs)))
+        results[mode] = evaluation.evaluate(run_config.for_evaluation(saved, requested, ["sharding", "tensor_parallel"]), tmp_path)
+    assert {mode: dict(mesh.shape) for mode, mesh in meshes.items()} == {
+        "fsdp": {"data": 8, "model": 1}, "fsdp_tp": {"data": 4, "model": 2}, "replicated": {"data": 1, "model": 1}}  # fmt: skip
+    assert results["fsdp"]["decoded_examples"] == 24  # the whole dev split
+    for mode in ("fsdp_tp", "replicated"):
+        assert results[mode].keys() == results["fsdp"].keys()
+        for name, value in results["fsdp"].items():
+            np.testing.assert_allclose(results[mode][name], value, rtol=1e-5, err_msg=f"{mode}: {name}")
 
 
 @pytest.mark.parametrize(
