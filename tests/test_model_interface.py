@@ -18,6 +18,7 @@ from errors import ConfigError
 from models.attention import AttentionWeights, attention_roles
 from models.interface import READS, EncoderDecoder, ImageGrid, ModelConfig, OwnObjective, TeacherForcedDecoder
 from models.transformer import Transformer, TransformerConfig
+from run_setup.sharding import LOGICAL_AXES
 
 B, S, T, V = 2, 5, 4, 11  # batch, source length, target length, target vocabulary
 BOS, PAD = 1, 0
@@ -147,6 +148,18 @@ def test_every_registered_family_has_tiny_sizes():
 @pytest.mark.parametrize("name, fields", VARIANTS)
 def test_family_implements_the_interface(name, fields):
     check_family(build(name, **fields))
+
+
+@pytest.mark.parametrize("name, fields", VARIANTS)
+def test_every_parameter_names_each_of_its_axes(name, fields):
+    """Sharding follows the names (run_setup/sharding.py's rule table): a parameter without them would
+    stay replicated under every mode, unnoticed."""
+    params = [(path, variable) for path, variable in nnx.iter_graph(build(name, **fields)) if isinstance(variable, nnx.Param)]
+    assert params
+    for path, variable in params:
+        axes = getattr(variable, "out_sharding", None)
+        assert axes is not None and len(axes) == len(variable.shape), (path, variable.shape, axes)
+        assert set(axes) <= {*LOGICAL_AXES, None}, (path, axes)
 
 
 @pytest.mark.parametrize("name", sorted(models.MODELS))
