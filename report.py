@@ -193,7 +193,7 @@ CURVE_PANEL_INCHES = (3.6, 2.6)
 def write_curves(rows: Sequence[Mapping], path: Path) -> None:
     """`curves.png`: one panel per metric, a line per split (for a glance from a terminal session).
     Drawn once, with margins fixed in inches and about four ticks an axis: `tight_layout` would
-    draw the figure twice, which doubled the cost of every evaluation's picture."""
+    draw the figure twice, for twice the cost."""
     import visualize
 
     series = curve_series(rows)

@@ -3,10 +3,12 @@
 One class per kind owns how a record becomes model inputs, how a batch of them
 is padded, how a source is shown in predictions and drawn in pictures, and how
 one is read from the Python API. The trainer, evaluation, inference and the
-input pipeline ask the run's kind (`kind_of(settings)`) and name none. Adding
-a kind is one class here and its entry in `KINDS`.
+input pipeline ask the run's kind (`settings.source`, from what its model reads)
+and name none. Adding a kind is one class here and its entry in `KINDS`, and
+the name its models read it by (`models.interface.READS`, mapped to the kind by
+`models.SOURCE_KINDS`).
 
-    kind = kind_of(settings)               # TEXT, IMAGE or FEATURES
+    kind = settings.source                 # a TextSource, ImageSource or FeatureSource
     encode = kind.encoder(task, split, tokenizers, limits)   # index -> {'inputs', 'targets'}
     kind.user_rows(sources, settings, tokenizers)            # the Python API's sources as model inputs
 """
@@ -245,7 +247,3 @@ class FeatureSource(SourceKind):
 
 
 KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (TextSource(), ImageSource(), FeatureSource())}
-
-
-def kind_named(name: str) -> SourceKind:
-    return KINDS[name]

@@ -258,7 +258,7 @@ def queue_lock(storage: str, workdir: Path):
         raise cannot_open(storage, error) from error
     backend = url.get_backend_name()
     if backend == "postgresql":
-        # The lock's name, unchanged since queue_lock lived in sweep.py: sweeps of either age exclude each other.
+        # The lock's name is the one sweep.py's queue_lock has always used, so that sweeps started by older code exclude these.
         key = int.from_bytes(hashlib.sha256(b"attend sweep.py queue_lock").digest()[:8], "big", signed=True)
         with contextlib.ExitStack() as stack:
             try:
