@@ -52,7 +52,7 @@ $(PREPARE_STAMP): requirements-prepare.txt
 # make prepare DATASET=wmt14_translate/de-en [DATA_DIR=dir (default $$TFDS_DATA_DIR, else data/tfds)] [MANUAL_DIR=dir]
 prepare: $(PREPARE_STAMP)
 	@test -n "$(DATASET)" || { echo "make prepare: give DATASET=name, e.g. DATASET=wmt14_translate/de-en"; exit 2; }
-	$(PREPARE_VENV)/bin/python prepare_catalog.py $(DATASET) $(if $(DATA_DIR),--data_dir=$(DATA_DIR)) $(if $(MANUAL_DIR),--manual_dir=$(MANUAL_DIR))
+	$(PREPARE_VENV)/bin/python tools/prepare_catalog.py $(DATASET) $(if $(DATA_DIR),--data_dir=$(DATA_DIR)) $(if $(MANUAL_DIR),--manual_dir=$(MANUAL_DIR))
 
 # The report's browser tests open the pages in headless Chromium (driven by Playwright, whose own
 # browser download is not used): install Debian's package if absent. Where it cannot be installed

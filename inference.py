@@ -11,7 +11,7 @@
 `load` restores: it reads only the run folder (`config.json`, the vocabulary in
 `tokenizer/` and the parameters of a checkpoint; no optimizer state, no training
 data), so a run folder copied to another machine decodes. The `Translator` it
-returns searches and scores (translator.py). The command prints the output and
+returns searches and scores (engine/restored_model.py). The command prints the output and
 draws its attention into `WORKDIR/attention/<kind>/` (text, image, features).
 """
 
@@ -24,13 +24,13 @@ from typing import Sequence
 import jax
 from absl import flags
 
-import reporting
-from errors import DataError, UserError
+from utils import metric_writer
+from utils.errors import DataError, UserError
 from run_setup import command_line
 from run_setup.run import prepare_run
-from settings import Settings, read_run_settings, single_process
-from sources import KINDS
-from translator import Translator
+from run_setup.settings import Settings, read_run_settings, single_process
+from run_setup.input_kinds import KINDS
+from engine.restored_model import Translator
 
 
 def load(
@@ -71,7 +71,7 @@ def translate_file(settings: Settings, workdir: str | Path, input_file: str) -> 
     hypotheses = translator.translate(sources)
     name = "stdin" if input_file == "-" else Path(input_file).stem
     path = Path(workdir) / "predictions" / f"step_{translator.step}_{name}.tsv"
-    reporting.write_predictions(path, [(source, "", hypothesis) for source, hypothesis in zip(sources, hypotheses)])
+    metric_writer.write_predictions(path, [(source, "", hypothesis) for source, hypothesis in zip(sources, hypotheses)])
     return path
 
 

@@ -25,7 +25,7 @@ with packing also `inputs_segment_ids`, `inputs_positions`,
 (the record index, -1 for padding rows) and, where the task has them, its
 `alignment` spans (see `tasks.Task.alignment`) or its caption's `boxes`.
 `B` is the per-process batch. What `inputs` hold, and whether they pack, is the
-source kind's (`sources.py`): an image task's are its images, uint8 `[B, H, W, C]`,
+source kind's (`run_setup/input_kinds.py`): an image task's are its images, uint8 `[B, H, W, C]`,
 bucketed by caption length.
 """
 
@@ -41,11 +41,11 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import grain
 import numpy as np
 
-from errors import ConfigError, DataError
-from settings import PipelineSettings
-from sources import SourceKind
+from utils.errors import ConfigError, DataError
+from run_setup.settings import PipelineSettings
+from run_setup.input_kinds import SourceKind
 from tasks import Task
-from vocabularies import Tokenizers
+from tasks.vocabularies import Tokenizers
 
 Batch = dict[str, np.ndarray]
 

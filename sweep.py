@@ -56,14 +56,14 @@ import optuna
 import sqlalchemy
 from absl import flags
 
-import progress
+from utils import progress
 from configs import base
-from errors import ConfigError
+from utils.errors import ConfigError
 from run_setup import command_line
-from stopping import StopSignals
-from sweeps.results import write_results
-from sweeps.study import SweepError, counted, load_sweep, open_study
-from sweeps.trial import visible_gpus, work, worker_environment
+from utils.stop_signals import StopSignals
+from tuning.results import write_results
+from tuning.study import SweepError, counted, load_sweep, open_study
+from tuning.trial import visible_gpus, work, worker_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parent
 

@@ -20,7 +20,7 @@ and `--stderrthreshold` work.
 from __future__ import annotations
 
 if __name__ == "__main__":  # first: glibc reads its tunables at process start, before any thread exists
-    import allocator
+    from utils import allocator
 
     allocator.restart_with_huge_pages(__file__)
 
@@ -32,14 +32,14 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-import allocator  # noqa: E402
-import evaluation  # noqa: E402
+from utils import allocator  # noqa: E402
+from engine import evaluation  # noqa: E402
 import inference  # noqa: E402
-import settings  # noqa: E402
-import trainer  # noqa: E402
-from run_setup import command_line, run_config  # noqa: E402
+from run_setup import settings  # noqa: E402
+from engine import training_loop  # noqa: E402
+from run_setup import command_line, compatibility  # noqa: E402
 from configs import base  # noqa: E402
-from errors import ConfigError, UserError  # noqa: E402
+from utils.errors import ConfigError, UserError  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.py"
@@ -91,12 +91,12 @@ def settings_for(mode: str, workdir: Path) -> settings.Settings:
         raise ConfigError(f"--mode={mode} needs a run folder, and {workdir} holds no config.json")
     requested = base.load(FLAGS.config if FLAGS["config"].present else saved, OVERRIDES)
     overridden = [arg.removeprefix("--config.").split("=", 1)[0] for arg in OVERRIDES]
-    return run_config.for_evaluation(settings.parse(saved), settings.parse(requested), overridden)
+    return compatibility.for_evaluation(settings.parse(saved), settings.parse(requested), overridden)
 
 
 def run_mode(run_settings: settings.Settings, workdir: Path):
     if FLAGS.mode == "train":
-        return trainer.train_and_evaluate(run_settings, workdir)
+        return training_loop.train_and_evaluate(run_settings, workdir)
     if FLAGS.mode == "eval":
         return evaluation.evaluate(run_settings, workdir)
     if FLAGS.input_file:

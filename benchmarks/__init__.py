@@ -1,0 +1,1 @@
+"""Scripts that measure speed, memory and quality and print a table; docs/ holds the tables with their commands."""

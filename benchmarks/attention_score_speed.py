@@ -1,6 +1,6 @@
 """Time and peak memory of each attention score function, at q = k in {128, 512, 2048}.
 
-    python benchmarks/attention.py [--lengths 128,512,2048] [--batch 2] [--heads 4] [--head_dim 64]
+    python benchmarks/attention_score_speed.py [--lengths 128,512,2048] [--batch 2] [--heads 4] [--head_dim 64]
 
 Peak memory is XLA's own figure for the compiled function: the temporary
 buffers its buffer assignment needs at once (`memory_analysis().temp_size_in_bytes`),

@@ -1,7 +1,7 @@
 """Show, Attend and Tell on `digit_strips`: soft against hard attention, each with and without the
 doubly stochastic penalty, under one step budget.
 
-    python benchmarks/captioning.py --workdir=runs/captioning [--steps=3000] [--doubly_stochastic=1.0]
+    python benchmarks/captioning_comparison.py --workdir=runs/captioning [--steps=3000] [--doubly_stochastic=1.0]
 
 Each variant is `train.py` on `configs/captioner_digit_strips.py` (soft) or
 `configs/captioner_hard_digit_strips.py` (hard) with `model.doubly_stochastic` 0 or the given

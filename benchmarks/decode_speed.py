@@ -1,7 +1,7 @@
 """Decoding speed: greedy and beam 4, with and without the key/value cache, at source lengths 16, 64, 256.
 
-    python benchmarks/decode.py [--lengths 16,64,256] [--batch 8] [--repeats 3]
-    python benchmarks/decode.py --workdir=RUN [--split data/kjv_web/test.tsv] [--beams 1,4]
+    python benchmarks/decode_speed.py [--lengths 16,64,256] [--batch 8] [--repeats 3]
+    python benchmarks/decode_speed.py --workdir=RUN [--split data/kjv_web/test.tsv] [--beams 1,4]
 
 With `--workdir`, a trained run's latest checkpoint decodes every source of a
 split file (the first column of each line) through the Python inference API
@@ -38,10 +38,10 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from absl import flags  # noqa: E402
 
 from run_setup import command_line  # noqa: E402
-import decoding  # noqa: E402
+from scoring import decoding  # noqa: E402
 import models  # noqa: E402
 from benchmarks.timing import median_seconds  # noqa: E402
-from vocabularies import EOS_ID  # noqa: E402
+from tasks.vocabularies import EOS_ID  # noqa: E402
 
 class NoEos:
     """Wraps a model so that eos never wins until the length limit forces it."""
@@ -134,7 +134,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import allocator
+    from utils import allocator
 
     allocator.restart_with_huge_pages(__file__)  # as train.py runs (the imports above are paid twice)
     main()

@@ -58,11 +58,11 @@ def main(argv: list[str] | None = None) -> None:
     import jax
     import numpy as np
 
-    import decoding
-    from evaluation import Evaluator
+    from scoring import decoding
+    from engine.evaluation import Evaluator
     from run_setup.run import prepare_run
     from benchmarks.timing import median_seconds
-    from settings import parse
+    from run_setup.settings import parse
 
     settings = parse(base.load(args.config, ["--config.sharding=fsdp"]))
     with tempfile.TemporaryDirectory(prefix="fsdp_decoding_") as workdir:

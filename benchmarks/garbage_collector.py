@@ -28,10 +28,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags  # noqa: E402
 
-import allocator  # noqa: E402
-import trainer  # noqa: E402
+from utils import allocator  # noqa: E402
+from engine import training_loop  # noqa: E402
 from configs import base, default  # noqa: E402
-from settings import parse  # noqa: E402
+from run_setup.settings import parse  # noqa: E402
 
 flags.DEFINE_integer("runs", 6, "tiny runs, alternating the two settings")
 FLAGS = flags.FLAGS
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> None:
                 gc.set_threshold(*DEFAULTS)
             clock.seconds, clock.full = 0.0, 0
             start = time.perf_counter()
-            trainer.train_and_evaluate(parse(small_config(data_dir)), Path(temporary) / f"run_{number}")
+            training_loop.train_and_evaluate(parse(small_config(data_dir)), Path(temporary) / f"run_{number}")
             if number:
                 measured[setting].append((time.perf_counter() - start, clock.seconds, clock.full))
     print("| collector | thresholds | run s | collector s | full collections |")

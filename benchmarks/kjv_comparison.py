@@ -57,17 +57,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
-import evaluation  # noqa: E402
-import reporting  # noqa: E402
-import scores  # noqa: E402
+from engine import evaluation  # noqa: E402
+from utils import metric_writer  # noqa: E402
+from scoring import score_registry  # noqa: E402
 import tasks  # noqa: E402
 import train as train_py  # noqa: E402
-import trainer  # noqa: E402
-import vocabularies  # noqa: E402
-from errors import NonFiniteLoss  # noqa: E402
+from engine import training_loop  # noqa: E402
+from tasks import vocabularies  # noqa: E402
+from utils.errors import NonFiniteLoss  # noqa: E402
 from run_setup import command_line, preflight  # noqa: E402
 from run_setup.run import model_fields, prepare_run  # noqa: E402
-from settings import parse  # noqa: E402
+from run_setup.settings import parse  # noqa: E402
 
 COLUMNS = {  # column: (config module, model fields over the config's)
     "transformer": ("kjv_web_transformer", {}),
@@ -138,7 +138,7 @@ def set_up_and_call(function, *args) -> None:
 
 def train_or_mark_diverged(config, workdir: Path) -> None:
     try:
-        trainer.train_and_evaluate(parse(config), workdir)
+        training_loop.train_and_evaluate(parse(config), workdir)
     except NonFiniteLoss as error:  # a rate too large: the worst, and not retried on a rerun
         (workdir / "diverged.json").write_text(json.dumps({"error": str(error)}))
 
@@ -153,7 +153,7 @@ def train(config, workdir: Path) -> dict:
         in_fresh_process(train_or_mark_diverged, config, workdir)
         if not finished.exists() and not diverged.exists():  # stopped by a signal, its checkpoint saved
             sys.exit(f"stopped before the end of {workdir}: the same command resumes it")
-    rows = reporting.read_jsonl(workdir)
+    rows = metric_writer.read_jsonl(workdir)
     train_rows = [r for r in rows if r["split"] == "train"]
     windows = list(zip(train_rows, window_steps(train_rows)))
     timed = windows[1:] or windows
@@ -265,7 +265,7 @@ def copy_scores(config) -> dict:
     records = task.splits["test"]
     indices = range(len(records))
     sources = [task.pair(records[i])[0] for i in indices]
-    return scores.text_scores(task.metric, sources, task.references("test", indices), bleu_tokenize=settings.evaluation.bleu_tokenize)
+    return score_registry.text_scores(task.metric, sources, task.references("test", indices), bleu_tokenize=settings.evaluation.bleu_tokenize)
 
 
 def main() -> None:
@@ -301,7 +301,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import allocator
+    from utils import allocator
 
     allocator.restart_with_huge_pages(__file__)  # as train.py runs (the imports above are paid twice)
     main()

@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
 from run_setup import command_line  # noqa: E402
-import evaluation  # noqa: E402
-import trainer  # noqa: E402
-import visualize  # noqa: E402
+from engine import evaluation  # noqa: E402
+from engine import training_loop  # noqa: E402
+from report import pictures  # noqa: E402
 from configs import base, default, recurrent  # noqa: E402
-from settings import parse  # noqa: E402
+from run_setup.settings import parse  # noqa: E402
 
 FAMILIES = ("rnnencdec", "rnnsearch", "lstmn", "transformer")
 # LSTMN's variants: model fields over the family's config (section 4's queries; the tapes' first state)
@@ -98,7 +98,7 @@ def train_and_score(config, workdir: Path) -> dict:
     """Trains (unless finished), then decodes the test split: `{bucket: {metric: value}}`."""
     finished = workdir / "eval" / f"step_{config.num_train_steps}.json"
     if not (finished.exists() and "by_source_length" in json.loads(finished.read_text()).get("test", {})):
-        trainer.train_and_evaluate(parse(config), workdir)
+        training_loop.train_and_evaluate(parse(config), workdir)
         whole_split = ml_collections.ConfigDict(config.to_dict())
         whole_split.eval_decode_examples = 0  # training evaluated a subset; the table scores every example
         evaluation.predict(parse(whole_split), workdir)
@@ -161,7 +161,7 @@ def main() -> None:
         ]  # fmt: skip
         print(f"| {bucket} | {examples} | " + " | ".join(cells) + " |")
 
-    figure = visualize.new_figure(figsize=(5.5 * len(metrics), 4))
+    figure = pictures.new_figure(figsize=(5.5 * len(metrics), 4))
     axes = figure.subplots(1, len(metrics), squeeze=False)
     for axis, metric in zip(axes[0], metrics):
         for family, style in zip(families, itertools.cycle(STYLES)):  # distinct styles: equal curves stay visible

@@ -1,6 +1,6 @@
 """Throughput of the input pipeline alone, against what training consumes.
 
-    python benchmarks/input_pipeline.py [--configs default,kjv_web_transformer] [--batches 300]
+    python benchmarks/pipeline_throughput.py [--configs default,kjv_web_transformer] [--batches 300]
 
 For each config: examples/s, target tokens/s and all tokens/s (non-padding,
 source + target) of the training batches the pipeline delivers with the
@@ -31,7 +31,7 @@ from run_setup import command_line  # noqa: E402
 
 import input_pipeline  # noqa: E402
 from run_setup.run import load_task_and_tokenizers  # noqa: E402
-from settings import parse  # noqa: E402
+from run_setup.settings import parse  # noqa: E402
 
 
 def examples_in(batch: dict) -> int:

@@ -1,6 +1,6 @@
 """The report page's worst case: its size, the time to write it, and the time to open it in Chromium.
 
-    python benchmarks/report_page.py [--examples 50] [--tokens 128] [--layers 6] [--heads 8] [--repeats 3]
+    python benchmarks/report_page_cost.py [--examples 50] [--tokens 128] [--layers 6] [--heads 8] [--repeats 3]
 
 Builds a run folder whose latest evaluation drew `--examples` examples of a Transformer with
 `--layers` encoder and decoder layers of `--heads` heads, source and output `--tokens` long: every
@@ -31,8 +31,8 @@ sys.path.insert(0, str(PROJECT_ROOT))
 
 import numpy as np  # noqa: E402
 
-import report  # noqa: E402
-import visualize  # noqa: E402
+from report import pages  # noqa: E402
+from report import pictures  # noqa: E402
 from models.attention import AttentionRole  # noqa: E402
 
 flags.DEFINE_integer("examples", 50, "drawn examples")
@@ -67,7 +67,7 @@ def build_run(workdir: Path) -> None:
     words = [f"w{i}" for i in range(t)]
     for example in range(FLAGS.examples):
         weights = {m: softmax_weights(rng, n, t, t, FLAGS.logit_scale, r is AttentionRole.TARGET_SELF) for m, r in roles.items()}
-        visualize.save_weights(folder / f"example_{example}.npz", weights, roles, words, words)
+        pictures.save_weights(folder / f"example_{example}.npz", weights, roles, words, words)
     train = ("loss", "nll", "token_accuracy", "grad_norm", "update_norm", "param_norm", "learning_rate", "tokens_per_second", "steps_per_second")
     dev = ("loss", "perplexity", "token_accuracy", "bleu", "chrf", "exact_match")  # a training run's rows: one panel each in curves.png
     rows = [{"step": s, "split": "train", **{m: float(rng.random()) for m in train}} for s in range(100, 1001, 100)]
@@ -109,12 +109,12 @@ def main(argv: list[str]) -> None:
         workdir.mkdir()
         build_run(workdir)
         start = time.perf_counter()
-        path = report.write(workdir, curves=False)
+        path = pages.write(workdir, curves=False)
         written = time.perf_counter() - start
         start = time.perf_counter()
-        report.draw_curves(workdir)
+        pages.draw_curves(workdir)
         curves = time.perf_counter() - start
-        described, _, keep = report.attention_payloads(report.read_run(workdir).attention)
+        described, _, keep = pages.attention_payloads(pages.read_run(workdir).attention)
         numbers = sum(int(np.prod(m["shape"])) for e in described for m in e["modules"])
         times = open_times(path)
         print(f"| examples | tokens | layers x heads | weights | kept per row | page MB | write s | curves s | load s | first explorer s |")

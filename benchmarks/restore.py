@@ -27,8 +27,8 @@ from run_setup import command_line  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import files  # noqa: E402
-from checkpoints import Checkpoints  # noqa: E402
+from utils import files  # noqa: E402
+from run_setup.checkpoints import Checkpoints  # noqa: E402
 
 LAYER = 4_194_304  # parameters per array: a 2048 x 2048 matrix, the size of Transformer-big's larger blocks
 

@@ -109,7 +109,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import allocator
+    from utils import allocator
 
     allocator.restart_with_huge_pages(__file__)  # as train.py runs (the imports above are paid twice)
     main()

@@ -40,18 +40,18 @@ def main(argv: list[str] | None = None) -> None:
     from flax import nnx
 
     import models
-    import trainer
-    import vocabularies
+    from engine import training_loop
+    from tasks import vocabularies
     from run_setup import sharding
     from run_setup.cluster import make_mesh
     from run_setup.run import split_model
-    from settings import parse
+    from run_setup.settings import parse
 
     settings = parse(base.load(args.config))
     fields = {**settings.model.fields, "vocab_size": args.vocab_size, "source_vocab_size": args.vocab_size,
               "bos_id": vocabularies.BOS_ID, "pad_id": vocabularies.PAD_ID}  # fmt: skip
     _, abstract_params, _ = split_model(nnx.eval_shape(lambda: models.create_model(settings.model.name, rngs=nnx.Rngs(0), **fields)))
-    tx = trainer.make_optimizer(settings.optimization)
+    tx = training_loop.make_optimizer(settings.optimization)
     count = sum(leaf.size for leaf in jax.tree.leaves(abstract_params))
     print(f"{args.config}: {count / 1e6:.1f}M parameters (vocabulary {args.vocab_size}), {args.devices} devices\n")
     print("| sharding | mesh (data, model) | parameters MiB/device | optimizer MiB/device | total MiB/device | of replicated |")

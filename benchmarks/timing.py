@@ -26,7 +26,7 @@ def train_step_of(model, vocab_size: int, rows: int, length: int, seed: int = 0)
     import optax
     from flax import nnx
 
-    import metrics
+    from scoring import metrics
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = optax.adam(1e-3)

@@ -49,7 +49,7 @@ from absl import flags  # noqa: E402
 
 from run_setup import command_line  # noqa: E402
 
-from settings import parse  # noqa: E402
+from run_setup.settings import parse  # noqa: E402
 
 
 def matmul_peak_flops(size: int = 2048, repeats: int = 10, dtype: str = "float32") -> float:
@@ -76,7 +76,7 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
     import jax
 
     import input_pipeline
-    import trainer
+    from engine import training_loop
     from configs import base
     from run_setup.run import prepare_run
 
@@ -84,9 +84,9 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
     started = psutil.Process().create_time()
     with tempfile.TemporaryDirectory() as workdir:
         run = prepare_run(parse(config), workdir)
-        tx = trainer.make_optimizer(run.settings.optimization)
-        state = trainer.initial_state(run, tx)
-        train_step = trainer.compile_train_step(run, tx, state)
+        tx = training_loop.make_optimizer(run.settings.optimization)
+        state = training_loop.initial_state(run, tx)
+        train_step = training_loop.compile_train_step(run, tx, state)
         data, _ = input_pipeline.train_dataset(run.task, run.tokens, run.settings.data, run.settings.source)
         batches = iter(data)
         first = run.global_batch(next(batches))
@@ -265,7 +265,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import allocator
+    from utils import allocator
 
     allocator.restart_with_huge_pages(__file__)  # as train.py runs (the imports above are paid twice)
     main()

@@ -56,7 +56,7 @@ CONFIG = PROJECT_ROOT / "configs" / "kjv_web_transformer.py"
 SHIPPED = PROJECT_ROOT / "data" / "kjv_web" / "train.tsv"
 STEP_LINE = re.compile(r"step (\d+)/\d+ loss .* ([\d,.]+) tok/s")
 DATA_LINE = re.compile(r"step 0 data: train_examples")
-PHASE_LINE = re.compile(r"\] (.+): done, ([\d,]+) (\S+) in (\d+):(\d\d):(\d\d)")  # progress.py's closing line
+PHASE_LINE = re.compile(r"\] (.+): done, ([\d,]+) (\S+) in (\d+):(\d\d):(\d\d)")  # utils/progress.py's closing line
 
 
 def write_corpus(path: Path, pairs: int) -> None:

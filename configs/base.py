@@ -39,7 +39,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from errors import ConfigError, DataError, UserError
+from utils.errors import ConfigError, DataError, UserError
 
 # `models` (Flax, JAX) and `tasks` (TFDS) are imported by the functions that read a family's
 # fields, not here: sweep.py and its workers load configs and start trials without either (1.3 s
@@ -109,7 +109,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint_every_steps = 1_000
     # The most recent checkpoints kept (the best one is kept besides).
     config.keep_checkpoints = 3
-    # Eval score that picks the best checkpoint and drives early stopping: a score of scores.py
+    # Eval score that picks the best checkpoint and drives early stopping: a score of scoring/score_registry.py
     # that the task writes (whether larger is better is the registry's).
     config.best_metric = "loss"
     # Stop after this many dev evaluations without an improvement of best_metric (then save and
@@ -237,7 +237,7 @@ def set_field(config: ml_collections.ConfigDict, dotted_name: str, value) -> Non
 
 
 # Fields a run folder's config.json may hold that no config sets any more; `with_defaults` drops
-# them. `best_metric_larger_is_better`: best_metric's direction is the score registry's (scores.py).
+# them. `best_metric_larger_is_better`: best_metric's direction is the score registry's (scoring/score_registry.py).
 RETIRED_FIELDS = ("best_metric_larger_is_better",)
 
 

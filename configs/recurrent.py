@@ -13,7 +13,7 @@ sizes are the dataclass defaults in `models/rnn.py`.
 from __future__ import annotations
 
 from configs import base, default, kjv_web_transformer
-from errors import ConfigError
+from utils.errors import ConfigError
 
 FAMILIES = ("rnnencdec", "rnnsearch", "luong", "lstmn")
 

@@ -26,7 +26,7 @@ of the paper's 1.0 s big-model steps).
 """
 
 from configs import base
-from errors import ConfigError
+from utils.errors import ConfigError
 
 SIZES = ("base", "big")
 

@@ -28,21 +28,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import decoding
+from scoring import decoding
 import input_pipeline
-import metrics
-import progress
-import report as report_page
-import visualize
+from scoring import metrics
+from utils import progress
+from report import pages
+from report import pictures
 from models.attention import AttentionRole, attention_roles, capture_attention
-import reporting
-import scores
-from errors import ConfigError
-from reporting import Reporter
+from utils import metric_writer
+from scoring import score_registry
+from utils.errors import ConfigError
+from utils.metric_writer import Reporter
 from run_setup.cluster import gathered
 from run_setup.run import Run, prepare_run
-from settings import Settings
-from vocabularies import EOS_ID
+from run_setup.settings import Settings
+from tasks.vocabularies import EOS_ID
 
 
 class Evaluator:
@@ -159,7 +159,7 @@ def evaluate_split(
 
 
 def shown_batches(evaluator: Evaluator, split: str) -> Iterator[tuple[dict, np.ndarray, dict]]:
-    """`evaluator.batches(split)`, its examples counted as a progress phase (`progress.py`: a bar on a
+    """`evaluator.batches(split)`, its examples counted as a progress phase (`utils/progress.py`: a bar on a
     terminal, log lines otherwise) on the first process."""
     run = evaluator.run
     with progress.phase(f"evaluating {split}", total=len(run.task.splits[split]), unit="examples", enabled=run.is_chief) as shown:
@@ -174,9 +174,9 @@ def best_of(decoded: list[tuple[int, list[tuple[str, float]]]]) -> list[tuple[in
 
 
 def text_metrics(run: Run, split: str, decoded: list[tuple[int, str]], *, signatures: bool = True) -> dict:
-    """The task's text scores (scores.py) of the hypotheses against their references."""
+    """The task's text scores (scoring/score_registry.py) of the hypotheses against their references."""
     references = run.task.references(split, [i for i, _ in decoded])
-    return scores.text_scores(run.task.metric, [h for _, h in decoded], references,
+    return score_registry.text_scores(run.task.metric, [h for _, h in decoded], references,
                               bleu_tokenize=run.settings.evaluation.bleu_tokenize, signatures=signatures)  # fmt: skip
 
 
@@ -198,22 +198,22 @@ def draw_attention(evaluator: Evaluator, params: nnx.State, split: str, step: in
     decoded, _ = evaluator.hypotheses(params, batch, index)
     weights = {k: gathered(v) for k, v in evaluator.attention(params, {"inputs": batch["inputs"], "targets": decoded}).items()}
     inputs, hypotheses = gathered(batch["inputs"]), gathered(decoded)
-    known = {key: gathered(run.global_batch({key: local[key]})[key]) for key in ("alignment", "boxes") if key in local}  # gold, for report.py
+    known = {key: gathered(run.global_batch({key: local[key]})[key]) for key in ("alignment", "boxes") if key in local}  # gold, for report/pages.py
     if not run.is_chief:
         return
-    pictures = {}
+    drawn = {}
     directory = run.workdir / "attention" / f"step_{step}"
     kind = evaluator.kind
     for row in range(min(count, int((index >= 0).sum()))):
         output = hypotheses[row][: int(np.argmax(hypotheses[row] == EOS_ID)) + 1]
-        example = visualize.example_weights(weights, evaluator.roles, row, kind.source_length(inputs[row]), len(output))
-        pictures.update(kind.draw(
+        example = pictures.example_weights(weights, evaluator.roles, row, kind.source_length(inputs[row]), len(output))
+        drawn.update(kind.draw(
             directory, f"example_{row}", inputs[row], example, evaluator.roles, run.tokens.target.pieces(output), run.tokens,
             evaluator.concrete_model, self_attention=run.settings.evaluation.visualize_self_attention,
             extras={key: value[row] for key, value in known.items()},
         ))  # fmt: skip
     if reporter is not None:
-        reporter.images(step, pictures)
+        reporter.images(step, drawn)
 
 
 def scores_by_length(run: Run, split: str, decoded: list[tuple[int, str]], width: int) -> dict:
@@ -251,7 +251,7 @@ def evaluate(settings: Settings, workdir: str | Path) -> dict:
     run = prepare_run(settings, workdir, training=False)
     split, max_decoded = settings.evaluation.eval_split, settings.evaluation.eval_decode_examples
     check_split(run, split)
-    with reporting.log_file(run.workdir, enabled=run.is_chief):
+    with metric_writer.log_file(run.workdir, enabled=run.is_chief):
         step, evaluated = evaluated_params(run)
         evaluator = Evaluator(run)
         outcome = {}
@@ -269,7 +269,7 @@ def predict(settings: Settings, workdir: str | Path) -> Path:
     run = prepare_run(settings, workdir, training=False)
     split = settings.evaluation.eval_split
     check_split(run, split)
-    with reporting.log_file(run.workdir, enabled=run.is_chief):
+    with metric_writer.log_file(run.workdir, enabled=run.is_chief):
         step, evaluated = evaluated_params(run)
         name = list(evaluated)[-1]  # the averaged parameters when asked for
         results, decoded = evaluate_split(Evaluator(run), evaluated[name], split, max_decoded=settings.evaluation.eval_decode_examples)
@@ -278,7 +278,7 @@ def predict(settings: Settings, workdir: str | Path) -> Path:
         kind = settings.source
         write_predictions(run, split, decoded, path)
         if settings.decode.num_hypotheses > 1:
-            reporting.write_n_best(path.with_suffix(".nbest.tsv"), [(kind.shown(run.task, split, i), n_best) for i, n_best in decoded])
+            metric_writer.write_n_best(path.with_suffix(".nbest.tsv"), [(kind.shown(run.task, split, i), n_best) for i, n_best in decoded])
         if kind.has_length:
             results["by_source_length"] = scores_by_length(run, split, best_of(decoded), settings.evaluation.length_bucket_width)
     report(run, step, {name: results})
@@ -287,9 +287,9 @@ def predict(settings: Settings, workdir: str | Path) -> Path:
 
 def write_predictions(run: Run, split: str, decoded: list[tuple[int, list[tuple[str, float]]]], path: Path) -> None:
     """The best hypothesis of each decoded example of `split` as `source<TAB>reference<TAB>hypothesis` lines
-    (`evaluate_split`'s second result): `--mode=predict`'s file, and each training evaluation's for report.py."""
+    (`evaluate_split`'s second result): `--mode=predict`'s file, and each training evaluation's for report/pages.py."""
     records, kind = run.task.splits[split], run.settings.source
-    reporting.write_predictions(path, [(kind.shown(run.task, split, i), run.task.pair(records[i])[1], hypothesis)
+    metric_writer.write_predictions(path, [(kind.shown(run.task, split, i), run.task.pair(records[i])[1], hypothesis)
                                        for i, hypothesis in best_of(decoded)])  # fmt: skip
 
 
@@ -306,8 +306,8 @@ def report(run: Run, step: int, outcome: dict[str, dict]) -> None:
         return
     reporter = Reporter(run.workdir, num_steps=step, start_step=step, enabled=True, truncate=False)
     for name, results in outcome.items():
-        reporting.write_eval(run.workdir, step, name, results)
+        metric_writer.write_eval(run.workdir, step, name, results)
         reporter.write(step, name, {**results, "mode": "eval"})
     reporter.close()
-    report_page.write(run.workdir)
+    pages.write(run.workdir)
 

@@ -1,7 +1,7 @@
 """Searching and scoring with a restored run: `Translator` (made by `inference.load`).
 
 It holds the run, the restored step and parameters; the searches it compiles, one per decode
-settings; and what differs by input kind, which the run's source kind (sources.py) decides.
+settings; and what differs by input kind, which the run's source kind (run_setup/input_kinds.py) decides.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import decoding
-import progress
-import visualize
-from errors import UserError
+from scoring import decoding
+from utils import progress
+from report import pictures
+from utils.errors import UserError
 from models.attention import attention_roles, capture_attention
 from run_setup.run import Run
-from settings import DecodeSettings, Settings
-from sources import padded_ids
-from vocabularies import EOS_ID, PAD_ID
+from run_setup.settings import DecodeSettings, Settings
+from run_setup.input_kinds import padded_ids
+from tasks.vocabularies import EOS_ID, PAD_ID
 
 BATCH_ROWS = 32  # sources decoded together; batches are padded to this many rows (one compilation)
 
@@ -144,7 +144,7 @@ class Translator:
 
     def _attention_of(self, inputs: np.ndarray, output: np.ndarray) -> dict[str, np.ndarray]:
         weights = capture_attention(self.run.model(self.params), {"inputs": inputs[None], "targets": output[None]})
-        return visualize.example_weights(weights, self.roles, 0, self.kind.source_length(inputs), len(output))
+        return pictures.example_weights(weights, self.roles, 0, self.kind.source_length(inputs), len(output))
 
     def draw_attention(self, source, directory: Path, *, self_attention: bool = False) -> str:
         """Decodes `source` and draws its attention into `directory`; returns the output text."""

@@ -4,7 +4,7 @@ The train step is one jitted pure function of the train state (a pytree of
 parameters and optimizer state, split from the NNX model) and a batch; the
 state is donated. Dropout keys derive from the seed and the step, so the
 checkpointed step determines the RNG. The run set-up (devices, data, model,
-checkpoints) is `run_setup`'s; evaluation during training is `evaluation.py`'s.
+checkpoints) is `run_setup`'s; evaluation during training is `engine/evaluation.py`'s.
 
 A rerun on the same workdir resumes from its latest readable checkpoint, with
 the data iterator where it was. SIGTERM/SIGINT save a checkpoint and stop; with
@@ -30,19 +30,19 @@ import optax
 from flax import nnx
 from jax.experimental import multihost_utils
 
-import evaluation
+from engine import evaluation
 import input_pipeline
-import metrics
-import report
-import reporting
-import scores
-from errors import ConfigError, NonFiniteLoss
-from reporting import Reporter
+from scoring import metrics
+from report import pages
+from utils import metric_writer
+from scoring import score_registry
+from utils.errors import ConfigError, NonFiniteLoss
+from utils.metric_writer import Reporter
 from run_setup import sharding, summary
 from run_setup.run import Run, prepare_run
-from run_setup.run_config import check_init, check_resume
-from settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
-from stopping import SIGNALS, StopSignals
+from run_setup.compatibility import check_init, check_resume
+from run_setup.settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
+from utils.stop_signals import SIGNALS, StopSignals
 
 TrainState = dict  # {"step": int32 [], "params": nnx.State, "opt_state": optax state[, "model_state": dict]}
 
@@ -240,14 +240,14 @@ def evaluate_during_training(
         results[split], decoded = evaluation.evaluate_split(evaluator, params, split, max_decoded=settings.eval_decode_examples)
         reporter.write(step, split, results[split])
         if run.is_chief:
-            reporting.write_eval(run.workdir, step, split, results[split])
+            metric_writer.write_eval(run.workdir, step, split, results[split])
             evaluation.write_predictions(run, split, decoded, run.workdir / "predictions" / f"step_{step}_{split}.tsv")
         if split == "dev" and settings.visualize_examples:
             evaluation.draw_attention(evaluator, params, "dev", step, reporter)
     if run.is_chief:
         final = step == run.settings.optimization.num_train_steps and "test" in splits  # nothing is written after it
         due = curves.due(final)
-        report.write(run.workdir, curves=due)  # report.html as of this evaluation, and curves.png when due
+        pages.write(run.workdir, curves=due)  # report.html as of this evaluation, and curves.png when due
         if due:
             curves.drawn(final)
     return results
@@ -261,7 +261,7 @@ class CurvesPicture:
     since the run started or last drew it, at the last step's, and when the run ends otherwise
     (stopped early, by a signal or by an error). report.html follows every evaluation; the picture,
     for a glance from a terminal, takes about as long to draw as a small model's evaluation
-    (benchmarks/report_page.py's `curves s`)."""
+    (benchmarks/report_page_cost.py's `curves s`)."""
 
     def __init__(self, workdir: Path, enabled: bool):
         self.workdir, self.enabled = workdir, enabled
@@ -276,7 +276,7 @@ class CurvesPicture:
     def finish(self) -> None:
         """Draws the picture unless the run's last evaluation did (after which nothing is written)."""
         if self.enabled and not self.final:
-            report.draw_curves(self.workdir)
+            pages.draw_curves(self.workdir)
             self.drawn(final=True)
 
 
@@ -286,7 +286,7 @@ class EarlyStopping:
 
     def __init__(self, config: EvaluationSettings, earlier_dev_rows: Sequence[dict]):
         self.patience, self.metric = config.early_stopping_patience, config.best_metric
-        self.sign = 1.0 if scores.larger_is_better(config.best_metric) else -1.0
+        self.sign = 1.0 if score_registry.larger_is_better(config.best_metric) else -1.0
         self.best, self.best_step, self.waited = None, None, 0
         for row in earlier_dev_rows:
             self.update(row["step"], row)
@@ -317,7 +317,7 @@ def train_and_evaluate(settings: Settings, workdir: str | Path) -> dict:
     check_init(settings, Path(workdir))  # a run to start from that does not fit stops here, before anything is written
     run = prepare_run(settings, workdir, lock=True)  # a second run on the workdir stops here, having written nothing
     try:
-        with reporting.log_file(run.workdir, enabled=run.is_chief):
+        with metric_writer.log_file(run.workdir, enabled=run.is_chief):
             return train(run)
     finally:
         if run.lock is not None:
@@ -343,7 +343,7 @@ def train(run: Run) -> dict:
         start_step, state = run.checkpoints.restore(abstract_state, data_iterator)
         logging.info("resuming from the checkpoint at step %d in %s", start_step, run.checkpoints.manager.directory)
     reporter = Reporter(run.workdir, num_steps=optimization.num_train_steps, start_step=start_step, enabled=run.is_chief)
-    training_dev_rows = [r for r in reporting.read_jsonl(run.workdir) if r["split"] == "dev" and "mode" not in r and r["step"] <= start_step]
+    training_dev_rows = [r for r in metric_writer.read_jsonl(run.workdir) if r["split"] == "dev" and "mode" not in r and r["step"] <= start_step]
     early_stopping = EarlyStopping(evaluation_settings, training_dev_rows)
     if early_stopping.stopped:  # a rerun of a run that stopped early: nothing more to train
         logging.info("the run stopped early at step %d (dev %s not improved for %d evaluations); not training further",

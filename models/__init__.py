@@ -15,7 +15,7 @@ import dataclasses
 
 from flax import nnx
 
-from errors import ConfigError
+from utils.errors import ConfigError
 
 from models.captioner import Captioner, CaptionerConfig
 from models.interface import EncoderDecoder, ImageGrid, ModelConfig, OwnObjective, TeacherForcedDecoder  # noqa: F401 (the interface)
@@ -93,7 +93,7 @@ SOURCE_KINDS = {"tokens": "text", "pixels": "image", "features": "features"}  # 
 
 
 def source_kind_of(name: str, fields: dict) -> str:
-    """The kind of source model `name` with `fields` reads (see sources.py), as its dataclass
+    """The kind of source model `name` with `fields` reads (see run_setup/input_kinds.py), as its dataclass
     declares (`ModelConfig.reads`): "text" for the translation families; the captioner reads
     "image"s or, with `inputs="features"`, "features"."""
     return SOURCE_KINDS[checked_config(name, **fields).reads]

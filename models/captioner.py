@@ -47,7 +47,7 @@ Choices where the paper leaves room, and why:
 - The doubly stochastic penalty is off by default (`model.doubly_stochastic = 0`), unlike the
   paper's soft attention: on digit_strips it lowers soft attention's localisation accuracy from
   0.998 to 0.921, and hard attention, for which the paper does not define it, stalls with it
-  (0.435 exact caption match against 0.958): `benchmarks/captioning.py`, docs/performance.md.
+  (0.435 exact caption match against 0.958): `benchmarks/captioning_comparison.py`, docs/performance.md.
 
 Axes: B batch, H x W image (C channels), L = h x w annotation grid, D annotation size, T caption
 length, E embedding (the paper's m), N hidden (the paper's n), A attention, V vocabulary.
@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from errors import ConfigError
+from utils.errors import ConfigError
 from models.attention import Attention, AttentionRole
 from models.interface import ModelConfig
 from models.layers import Linear, logical, shift_right
@@ -310,7 +310,7 @@ class Captioner(nnx.Module):
         `token_sums(logits, targets)` is the trainer's likelihood (label smoothing included).
         Soft attention: the smoothed negative log-likelihood plus the doubly stochastic penalty
         (applied to hard attention too when its lambda is not 0: the paper defines it for soft
-        attention only; `benchmarks/captioning.py` measures both).
+        attention only; `benchmarks/captioning_comparison.py` measures both).
         Hard attention, section 4.1's final learning rule: with probability
         `expectation_probability` per image (as the paper says; drawn per batch instead, the
         optimizer alternates between soft and REINFORCE steps) the expected context, trained as

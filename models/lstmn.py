@@ -94,7 +94,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from errors import ConfigError
+from utils.errors import ConfigError
 from models.attention import Attention, AttentionRole, AttentionWeights, capturing, masked_softmax
 from models.interface import ModelConfig
 from models.layers import Linear, logical, shift_right

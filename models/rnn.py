@@ -12,7 +12,7 @@
   input feeding.
 
 All three share one teacher-forced pass (`RNNEncoderDecoder.__call__`) and
-one `decode_step`, so the decoder in `decoding.py` serves them unchanged.
+one `decode_step`, so the decoder in `scoring/decoding.py` serves them unchanged.
 Recurrences run in `jax.lax.scan`; whatever does not depend on the previous
 state is computed outside it, once per sequence: the input projections of
 the embeddings, the key projection `U h_j` of the source, and the output
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from errors import ConfigError
+from utils.errors import ConfigError
 from models.attention import Attention, AttentionRole
 from models.interface import ModelConfig
 from models.layers import Linear, logical, shift_right

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from errors import ConfigError
+from utils.errors import ConfigError
 from models import attention
 from models.attention import AttentionRole, KVCache, MultiHeadAttention
 from models.interface import ModelConfig

@@ -1,7 +1,7 @@
 """The run's report page (`report.html`: curves, the latest evaluation, decoded examples, an attention
 explorer) and `curves.png`; and a sweep's page. A reader of the run folder plus a pure HTML writer:
 
-    python -c 'import report; report.write("runs/default-...")'
+    python -c 'from report import pages; pages.write("runs/default-...")'
 
 rebuilds both from what the run wrote: `metrics.jsonl`, `eval/step_<N>.json`,
 `predictions/step_<N>[_<split>].tsv` and `attention/step_<N>/*.npz`.
@@ -11,7 +11,7 @@ weights, the bulk of it, travel as uint8 (weight * 255, rounded), deflated per
 example and base64-encoded; the page inflates an example with the browser's own
 `DecompressionStream` when it is opened. 50 examples of 128 tokens with 6 layers
 of 8 heads are 50 * 6 * 8 * 128 * 128 = 39M numbers per attention kind, over
-the ~10 MB the page may weigh (benchmarks/report_page.py); so where the dense
+the ~10 MB the page may weigh (benchmarks/report_page_cost.py); so where the dense
 bytes do not fit `ATTENTION_BUDGET_BYTES`, each row keeps only its k largest
 weights (k halved until they fit) and the page says so. The `.npz` files keep
 every weight. The page's script and style live in `assets/report.js` and `assets/report.css`,
@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import sacrebleu
 
-from files import write_whole
+from utils.files import write_whole
 
 # `metrics` (JAX) and `visualize` (matplotlib) are imported by the functions of the run's page that
 # use them, not here: a sweep's processes write the sweep's page (`write_sweep`) without either.
@@ -110,8 +110,8 @@ def read_examples(workdir: Path) -> tuple[list[dict], str]:
 def read_attention_example(path: Path) -> dict:
     """One drawn example's `.npz` as the page shows it: tokens, modules `{name, role, weights [N, Tq, Tk]}`,
     and where the task knows them the gold alignment spans or the boxes, with the example's accuracy."""
-    import metrics
-    import visualize
+    from scoring import metrics
+    from report import pictures
 
     with np.load(path) as saved:
         data = {key: saved[key] for key in saved.files}
@@ -133,7 +133,7 @@ def read_attention_example(path: Path) -> dict:
     roles = [str(r) for r in data["roles"]] if "roles" in data else ["cross"] * len(names)
     example.update(source=source, output=output, modules=[])
     for name, role in zip(names, roles):
-        example["modules"].append({"name": name, "role": role, "weights": np.asarray(data[visualize.npz_key(name)], np.float32)})
+        example["modules"].append({"name": name, "role": role, "weights": np.asarray(data[pictures.npz_key(name)], np.float32)})
     if "alignment" in data:
         spans = np.asarray(data["alignment"])
         example["alignment"] = spans.tolist()
@@ -194,7 +194,7 @@ def write_curves(rows: Sequence[Mapping], path: Path) -> None:
     """`curves.png`: one panel per metric, a line per split (for a glance from a terminal session).
     Drawn once, with margins fixed in inches and about four ticks an axis: `tight_layout` would
     draw the figure twice, for twice the cost."""
-    import visualize
+    from report import pictures
 
     series = curve_series(rows)
     if not series:
@@ -203,7 +203,7 @@ def write_curves(rows: Sequence[Mapping], path: Path) -> None:
     grid_rows = -(-len(series) // columns)
     panel_width, panel_height = CURVE_PANEL_INCHES
     width, height = panel_width * columns, panel_height * grid_rows
-    figure = visualize.new_figure(figsize=(width, height))
+    figure = pictures.new_figure(figsize=(width, height))
     figure.subplots_adjust(left=0.5 / width, right=1 - 0.15 / width, bottom=0.45 / height, top=1 - 0.3 / height,
                            wspace=0.55 / (panel_width - 0.65), hspace=0.75 / (panel_height - 0.75))  # fmt: skip
     axes = figure.subplots(grid_rows, columns, squeeze=False)
@@ -220,7 +220,7 @@ def write_curves(rows: Sequence[Mapping], path: Path) -> None:
         axis.grid(alpha=0.3)
         if len(by_split) > 1:
             axis.legend(fontsize=7)
-    write_whole(path, lambda temporary: figure.savefig(temporary, dpi=visualize.PICTURE_DPI, format="png"))
+    write_whole(path, lambda temporary: figure.savefig(temporary, dpi=pictures.PICTURE_DPI, format="png"))
 
 
 # ----------------------------------------------------------------------------- SVG charts (no library)

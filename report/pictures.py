@@ -9,7 +9,7 @@ tokens), so they can be analysed without re-running the model.
 
 Figures are drawn on matplotlib's Agg canvas directly (no pyplot, no backend
 switch), so importing this module leaves a notebook's inline plots alone.
-The pictures of a run are made by `evaluation.py` (at every evaluation) and
+The pictures of a run are made by `engine/evaluation.py` (at every evaluation) and
 `inference.py` (`python inference.py --workdir=... --text "..."`).
 """
 
@@ -125,7 +125,7 @@ def draw_example(
     """Writes `<name>_<module>.png` per attention module (cross-attention only, unless `self_attention`)
     and `<name>.npz` with every module's weights, the module paths (`modules`) and their roles
     (`roles`, the `AttentionRole` values) in the same order, and `extras` (e.g. the task's gold
-    `alignment` spans `[K, 4]`, for report.py); returns the pictures' pixels by file stem.
+    `alignment` spans `[K, 4]`, for report/pages.py); returns the pictures' pixels by file stem.
 
     Args:
       weights: module path -> `[N, Tq, Tk]` of this example, cut to its real tokens (`example_weights`).
@@ -150,7 +150,7 @@ def save_weights(
 ) -> None:  # fmt: skip
     """`path` (.npz): the tokens, each module's `[N, Tq, Tk]` weights under its path with every
     non-alphanumeric run as "_", `modules` (the paths) and `roles` (their `AttentionRole` values) in one
-    order, and `extras` (e.g. the gold `alignment` spans `[K, 4]`): what report.py's explorer reads."""
+    order, and `extras` (e.g. the gold `alignment` spans `[K, 4]`): what report/pages.py's explorer reads."""
     arrays = {npz_key(k): np.asarray(v) for k, v in weights.items()}
     described = {"modules": np.array(list(weights), dtype=str), "roles": np.array([roles[k].value for k in weights], dtype=str)}
     np.savez(path, source_tokens=np.array(source_tokens), output_tokens=np.array(output_tokens), **described, **dict(extras or {}), **arrays)
@@ -162,7 +162,7 @@ def draw_image_attention(
 ) -> dict[str, np.ndarray]:
     """As Xu et al.'s figures: the image once per generated word, with that word's attention over the
     annotation grid laid over it. Writes `<name>_caption.png` and `<name>.npz` (with `extras`, e.g. the
-    words' `boxes` `[K, 4]` and the cells' `centres` `[L, 2]` for report.py); returns the pixels.
+    words' `boxes` `[K, 4]` and the cells' `centres` `[L, 2]` for report/pages.py); returns the pixels.
 
     Args:
       image: `[H, W, C]` uint8. weights: `[T, L]`, a row per word (L = h * w, row-major).

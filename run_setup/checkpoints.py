@@ -27,8 +27,8 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
-from errors import CheckpointError
-from files import file_digests, write_whole
+from utils.errors import CheckpointError
+from utils.files import file_digests, write_whole
 
 DIGEST_FILE = "attend_digest.json"  # in each checkpoint's folder: a flipped bit may read without an error
 DIGEST_ALGORITHM = "blake3"  # files.HASHES: about five times SHA-256's speed (benchmarks/restore.py)

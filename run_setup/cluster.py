@@ -15,7 +15,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from run_setup.sharding import DATA, MODEL, mesh_shape
-from settings import ClusterSettings
+from run_setup.settings import ClusterSettings
 
 
 def setup_distributed(cluster: ClusterSettings) -> None:

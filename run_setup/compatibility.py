@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from errors import ConfigError
-from settings import Settings, copy_tree, parse, read_run_settings
+from utils.errors import ConfigError
+from run_setup.settings import Settings, copy_tree, parse, read_run_settings
 
 
 # The fields that make a run what it is: its checkpoints, vocabulary and data only fit these.

@@ -21,12 +21,12 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 
-import visualize
-from errors import ConfigError, UserError
+from report import pictures
+from utils.errors import ConfigError, UserError
 from models.attention import AttentionRole
 from tasks import Task, with_channels
 from tasks.token_cache import token_ids
-from vocabularies import EOS_ID, PAD_ID, Tokenizers
+from tasks.vocabularies import EOS_ID, PAD_ID, Tokenizers
 
 Batch = dict[str, np.ndarray]
 
@@ -157,7 +157,7 @@ class TextSource(SourceKind):
 
     def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
         source = inputs[inputs != PAD_ID]
-        return visualize.draw_example(directory, name, weights, roles, tokenizers.source.pieces(source), output_words,
+        return pictures.draw_example(directory, name, weights, roles, tokenizers.source.pieces(source), output_words,
                                       self_attention=self_attention, extras=extras)  # fmt: skip
 
     def user_rows(self, sources, model_fields, tokenizers, max_source_length):
@@ -190,7 +190,7 @@ class ImageSource(SourceKind):
         (cross,) = [w.mean(axis=0) for module, w in weights.items() if roles[module] is AttentionRole.CROSS]
         grid = model.grid_shape(*inputs.shape[:2])
         centres = {"centres": np.asarray(model.cell_centres(*inputs.shape[:2]))}  # where each cell is, for localisation
-        return visualize.draw_image_attention(directory, name, inputs, cross, grid, output_words, {**centres, **dict(extras or {})})
+        return pictures.draw_image_attention(directory, name, inputs, cross, grid, output_words, {**centres, **dict(extras or {})})
 
     def from_command_line(self, given, task_params, model_fields):
         """An image file as the run's images are: its channels, resized to the task's size."""
@@ -226,7 +226,7 @@ class FeatureSource(SourceKind):
 
     def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
         cells = [f"cell {i}" for i in range(inputs.shape[0])]  # a grid's positions have no text or pixels: named by index
-        return visualize.draw_example(directory, name, weights, roles, cells, output_words, self_attention=self_attention, extras=extras)
+        return pictures.draw_example(directory, name, weights, roles, cells, output_words, self_attention=self_attention, extras=extras)
 
     def from_command_line(self, given, task_params, model_fields):
         """A `.npy` file holding one feature grid `[L, D]`."""

@@ -10,10 +10,10 @@ from flax import nnx
 from jax.sharding import Mesh
 
 import models
-import vocabularies
-from errors import ConfigError
+from tasks import vocabularies
+from utils.errors import ConfigError
 from run_setup.cluster import device_memory_bytes
-from settings import Settings
+from run_setup.settings import Settings
 
 CHARACTER_VOCABULARY_GUESS = 256  # a character vocabulary's size before it is made: a few hundred at most
 

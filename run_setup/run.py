@@ -1,9 +1,9 @@
 """The `Run`: what training, evaluation and inference share (settings, data and vocabulary, the
 mesh, the model, its checkpoints) and restoring (or averaging) its parameters.
 
-`prepare_run(settings, workdir)` returns a `Run`. trainer.py, evaluation.py and
-inference.py each build on it and import nothing of each other (trainer.py
-calls evaluation.py to evaluate during training, one way). Inside a jitted
+`prepare_run(settings, workdir)` returns a `Run`. engine/training_loop.py, engine/evaluation.py and
+inference.py each build on it and import nothing of each other (engine/training_loop.py
+calls engine/evaluation.py to evaluate during training, one way). Inside a jitted
 function the model is `run.model(params)`: the NNX graph merged with the
 (traced) parameters.
 """
@@ -23,15 +23,15 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import models
-import scores
+from scoring import score_registry
 import tasks
-import vocabularies
-from checkpoints import Checkpoints
-from errors import CheckpointError
-from files import WorkdirLock, write_whole
+from tasks import vocabularies
+from run_setup.checkpoints import Checkpoints
+from utils.errors import CheckpointError
+from utils.files import WorkdirLock, write_whole
 from run_setup import preflight, sharding
 from run_setup.cluster import device_memory_bytes, is_chief, make_mesh, setup_distributed
-from settings import InitSettings, Settings
+from run_setup.settings import InitSettings, Settings
 from tasks import token_cache
 
 SEARCH_GATHER_SHARE = 0.25  # of a device's memory: the most that a search's whole parameters may take (Run.search_shardings)
@@ -260,7 +260,7 @@ def prepare_run(
             workdir / "checkpoints",
             keep=settings.checkpoints.keep_checkpoints,
             best_metric=evaluation.best_metric,
-            larger_is_better=scores.larger_is_better(evaluation.best_metric),
+            larger_is_better=score_registry.larger_is_better(evaluation.best_metric),
         )
     except BaseException:
         if held is not None:

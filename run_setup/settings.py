@@ -13,7 +13,7 @@ dataclasses here are the schema and the checks, with no defaults of their own.
     settings.as_dict()                 # the resolved config, as config.json holds it
 
 A run folder's `config.json` reads back into the same settings
-(`read_run_settings`); `run_setup/run_config.py` compares a run's settings with a
+(`read_run_settings`); `run_setup/compatibility.py` compares a run's settings with a
 new command's.
 """
 
@@ -25,14 +25,14 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-import decoding
-import metrics
+from scoring import decoding
+from scoring import metrics
 import models
-import scores
-import sources
+from scoring import score_registry
+from run_setup import input_kinds
 import tasks
-import vocabularies
-from errors import ConfigError
+from tasks.vocabularies import TokenizerSettings
+from utils.errors import ConfigError
 
 LARGEST_INT = 2**31 - 1  # sizes and counts beyond this overflow the int32 arithmetic of steps and shapes
 SPLIT_NAMES = ("train", "dev", "test")
@@ -74,26 +74,6 @@ class TaskSettings:
     def inputs(self) -> str:
         """What the task's records hold as sources: "text" or "image" (an array)."""
         return tasks.inputs_of(self.name)
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenizerSettings:
-    """`config.tokenizer`. Its fields, as a dict, are what a saved vocabulary records."""
-
-    kind: str
-    vocab_size: int
-    model_type: str
-    shared: bool
-    max_corpus_chars: int
-
-    def __post_init__(self):
-        if self.kind not in vocabularies.KINDS:
-            raise ConfigError(f"tokenizer.kind must be one of {', '.join(vocabularies.KINDS)}, got {self.kind!r}")
-        if self.model_type not in ("unigram", "bpe"):
-            raise ConfigError(f"tokenizer.model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
-        for name in ("vocab_size", "max_corpus_chars"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"tokenizer.{name} must be positive, got {getattr(self, name)}")
 
 
 MAX_LENGTH = 65_536  # tokens: one row's [L, L] attention scores would already need 16 GiB per head
@@ -171,9 +151,9 @@ class ModelSettings:
         return models.checked_config(self.name, **self.fields)
 
     @property
-    def source(self) -> sources.SourceKind:
+    def source(self) -> input_kinds.SourceKind:
         """The kind of source this model reads."""
-        return sources.KINDS[models.source_kind_of(self.name, self.fields)]
+        return input_kinds.KINDS[models.source_kind_of(self.name, self.fields)]
 
 
 SCHEDULES = ("rsqrt", "cosine", "constant")
@@ -217,7 +197,7 @@ class EvaluationSettings:
     visualize_self_attention: bool
     curves_png: bool
     bleu_tokenize: str
-    best_metric: str  # a score of scores.py that the task writes; its direction is the registry's
+    best_metric: str  # a score of scoring/score_registry.py that the task writes; its direction is the registry's
     early_stopping_patience: int  # 0 = never
 
     def __post_init__(self):
@@ -375,8 +355,8 @@ class Settings:
         return dataclasses.replace(self, **groups)
 
     @property
-    def source(self) -> sources.SourceKind:
-        """The kind of the run's sources (text, image, feature grid): see sources.py."""
+    def source(self) -> input_kinds.SourceKind:
+        """The kind of the run's sources (text, image, feature grid): see run_setup/input_kinds.py."""
         return self.model.source
 
     def output_length(self, max_length_offset: int | None = None) -> int:
@@ -437,7 +417,7 @@ def check_together(settings: Settings) -> None:
     embeddings are shared, lengths within the model's longest sequence."""
     task, model, data, kind = settings.task, settings.model, settings.data, settings.source
     metric, alignment, boxes = tasks.scoring_of(task.name)
-    scores.check_best_metric(settings.evaluation.best_metric, metric, alignment=alignment, boxes=boxes)
+    score_registry.check_best_metric(settings.evaluation.best_metric, metric, alignment=alignment, boxes=boxes)
     if task.inputs != kind.task_inputs:
         raise ConfigError(
             f"task {task.name!r} has {task.inputs} sources, but model {model.name!r} reads {kind.task_inputs}; "

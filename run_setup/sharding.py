@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from errors import ConfigError
+from utils.errors import ConfigError
 
 DATA, MODEL = "data", "model"  # the mesh's axes: batch rows (and fsdp's shards), tensor parallelism
 LOGICAL_AXES = ("vocab", "embed", "heads", "mlp", "norm")  # models.layers.logical documents each

@@ -1,7 +1,7 @@
 """The start-up summary a run logs before its first step: where it runs, what it trains, on what
 data, with which batch and vocabulary, and where its outputs go.
 
-`log_start(run, start_step)` is the one call (trainer.py's); `describe` gathers the facts (nothing is
+`log_start(run, start_step)` is the one call (engine/training_loop.py's); `describe` gathers the facts (nothing is
 tokenized for them: the train lengths come from the token-id cache the pipeline filled), and
 `format_summary(facts)` is the pure text of them.
 """
@@ -16,8 +16,8 @@ from typing import Mapping, Sequence
 import jax
 import numpy as np
 
-import allocator
-from settings import PipelineSettings
+from utils import allocator
+from run_setup.settings import PipelineSettings
 
 OUTPUTS = (  # what a training run writes into its workdir, and what each is
     ("config.json", "the resolved config"),

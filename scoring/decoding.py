@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from models.interface import TeacherForcedDecoder
 from models.layers import PerSource
-from vocabularies import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from tasks.vocabularies import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 Array = jax.Array
 NEVER = -1e9  # log-probability of what may not be chosen (finite: see models/attention.py)

@@ -1,7 +1,7 @@
 """The math of the scores: cross-entropy with label smoothing, token accuracy, perplexity,
 exact match, symbol accuracy, BLEU / chrF through sacrebleu (on detokenised text), alignment
 and localisation accuracy. Which scores exist, their direction and the tasks they apply to
-are declared in `scores.py`.
+are declared in `scoring/score_registry.py`.
 
 The array functions return sums and counts so that batches, devices and
 processes combine by addition; `summarize` turns the totals into means.
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import sacrebleu
 
-from vocabularies import PAD_ID
+from tasks.vocabularies import PAD_ID
 
 Array = jax.Array
 

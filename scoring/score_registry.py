@@ -8,17 +8,17 @@ Three kinds of score, by where their inputs are:
 - text (`exact_match`, `symbol_accuracy`, `bleu`, `bleu_1`..`bleu_4`, `chrf`): from the decoded
   texts and their references; `compute` states each one and `text_scores` runs those that apply;
 - attention-side (`alignment_accuracy`, `localization_accuracy`): from attention weights, in
-  `evaluation.py` with `metrics.alignment_accuracy` / `metrics.localization_counts`.
+  `engine/evaluation.py` with `metrics.alignment_accuracy` / `metrics.localization_counts`.
 
 `computed_by` names the function of the loss- and attention-side ones; the math of all of them
-is in `metrics.py`. Besides the scores, an evaluation writes a few notes (`NOTES`: counts, the
+is in `scoring/metrics.py`. Besides the scores, an evaluation writes a few notes (`NOTES`: counts, the
 per-length scores) and the signature of each score that has one (`bleu_signature`,
 `chrf_signature`).
 
 A score applies to tasks by tag: a task's tags are its metric (`Task.metric`: "exact_match",
 "bleu" for translation, "caption") and "alignment" / "boxes" where the task knows its
 alignments or its words' boxes. Adding a score is one `register(Score(...))` here (and its
-math in metrics.py where sacreBLEU or a line does not suffice): `text_scores`, the best_metric
+math in scoring/metrics.py where sacreBLEU or a line does not suffice): `text_scores`, the best_metric
 check, the sweep's objective choices and the README's table (`markdown_table`) follow.
 """
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
-import metrics
-from errors import ConfigError
+from scoring import metrics
+from utils.errors import ConfigError
 
 # Tags of the tasks a score applies to: the task metrics, and what a task may know besides.
 EXACT = "exact_match"  # text scored by exact match: dates, copy, reverse, sort, addition

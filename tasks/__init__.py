@@ -21,8 +21,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-import files
-from errors import ConfigError
+from utils import files
+from utils.errors import ConfigError
 from tasks import base, catalog, dates, digit_strips, image_captions, parallel_text, synthetic
 
 INPUTS = ("text", "image")

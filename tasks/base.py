@@ -39,8 +39,8 @@ import tensorflow_datasets as tfds
 from array_record.python import array_record_module
 from google.protobuf import json_format
 
-import progress
-from errors import ConfigError, DataError
+from utils import progress
+from utils.errors import ConfigError, DataError
 
 SPLITS = ("train", "dev", "test")
 

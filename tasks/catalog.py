@@ -2,7 +2,7 @@
 and captioning, `coco_captions` (each image with its captions; resized to `task.height x task.width`).
 
 The data must already be prepared as array_record, by `make prepare DATASET=NAME DATA_DIR=DIR`
-(prepare_catalog.py, in its own environment with TensorFlow: TFDS needs it to prepare, training
+(tools/prepare_catalog.py, in its own environment with TensorFlow: TFDS needs it to prepare, training
 does not). A dataset is read from `data_dir`, or, where it is not prepared there, from
 `$TFDS_DATA_DIR`, where the prepare command puts it by default. It is read from its files alone
 (its dataset_info.json), so a builder that imports TensorFlow (coco_captions) reads without it.
@@ -25,8 +25,8 @@ import tensorflow_datasets.translate
 from tensorflow_datasets.core import read_only_builder, registered
 from PIL import Image
 
-from catalog_names import name_problem, prepare_command
-from errors import ConfigError, DataError
+from utils.tfds_names import name_problem, prepare_command
+from utils.errors import ConfigError, DataError
 from tasks.image_captions import resized
 
 SPLIT_NAMES = {"train": "train", "dev": "validation", "test": "test"}

@@ -22,7 +22,7 @@ import functools
 import numpy as np
 import tensorflow_datasets as tfds
 
-from errors import ConfigError
+from utils.errors import ConfigError
 from babel import Locale
 from babel.dates import format_date, tokenize_pattern
 

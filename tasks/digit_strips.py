@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow_datasets as tfds
 
-from errors import ConfigError, DataError
+from utils.errors import ConfigError, DataError
 from tasks.base import SPLITS, TaskConfig, TextPairBuilder
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -21,8 +21,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from PIL import Image, UnidentifiedImageError
 
-import files
-from errors import ConfigError, DataError
+from utils import files
+from utils.errors import ConfigError, DataError
 from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
 from tasks.parallel_text import Skipped, resolve, tsv_rows, two_texts
 

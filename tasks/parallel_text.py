@@ -32,9 +32,9 @@ from typing import Iterable, Iterator
 
 import tensorflow_datasets as tfds
 
-import progress
-from errors import ConfigError, DataError
-import files
+from utils import progress
+from utils.errors import ConfigError, DataError
+from utils import files
 from tasks import base
 from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
 

@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 import tensorflow_datasets as tfds
 
-from errors import ConfigError
+from utils.errors import ConfigError
 
 from tasks.base import SPLITS, TaskConfig, TextPairBuilder
 

@@ -36,11 +36,11 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import sentencepiece as spm
 
-import progress
-from errors import DataError
-from files import exclusive, write_whole
+from utils import progress
+from utils.errors import DataError
+from utils.files import exclusive, write_whole
 from tasks.base import rebuild_fix
-from vocabularies import EOS_ID, Tokenizers
+from tasks.vocabularies import EOS_ID, Tokenizers
 
 FORMAT_VERSION = 2  # 1: one .npz per split, read whole into memory
 CHUNK_EXAMPLES = 20_000

@@ -20,18 +20,16 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
+from typing import Iterable, Iterator, Protocol
 
 import numpy as np
 import sentencepiece as spm
 
-import progress
+from utils import progress
 
-from files import sha256, write_whole
-from errors import DataError
+from utils.files import sha256, write_whole
+from utils.errors import ConfigError, DataError
 
-if TYPE_CHECKING:  # the settings read the tokenizer kinds from here
-    from settings import TokenizerSettings
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_PIECES = ("<pad>", "<s>", "</s>", "<unk>")
@@ -208,6 +206,26 @@ class Tokenizers:
                 tokenizer.save(Path(folder) / name)
                 hashed.update(type(tokenizer).__name__.encode() + (Path(folder) / name).read_bytes())
         return hashed.hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings:
+    """`config.tokenizer`. Its fields, as a dict, are what a saved vocabulary records."""
+
+    kind: str
+    vocab_size: int
+    model_type: str
+    shared: bool
+    max_corpus_chars: int
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ConfigError(f"tokenizer.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.model_type not in ("unigram", "bpe"):
+            raise ConfigError(f"tokenizer.model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
+        for name in ("vocab_size", "max_corpus_chars"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"tokenizer.{name} must be positive, got {getattr(self, name)}")
 
 
 def _train(settings: TokenizerSettings, texts: Iterable[str]) -> Tokenizer:

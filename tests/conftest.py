@@ -21,7 +21,7 @@ os.environ.update(
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )
-from tiny import first_devices_mesh, tiny_config, xla_flags  # noqa: E402,F401  (re-exported for the tests)
+from helpers.tiny import first_devices_mesh, tiny_config, xla_flags  # noqa: E402,F401  (re-exported for the tests)
 
 if xla_flags(8) not in os.environ.get("XLA_FLAGS", ""):  # xdist's workers inherit it from the controller
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
@@ -38,11 +38,11 @@ assert jax.device_count() == 8, f"expected 8 forced host devices, got {jax.devic
 jax.config.update("jax_default_matmul_precision", "highest")
 
 import pytest  # noqa: E402
-from settings import parse
+from run_setup.settings import parse
 
 
 def pytest_configure(config):
-    import allocator
+    from utils import allocator
 
     allocator.collect_garbage_less_often()  # as train.py's processes do: the tests trace hundreds of programs
     config.addinivalue_line("markers", "all_devices: the test's in-process runs use all 8 forced devices (default: one)")
@@ -67,13 +67,13 @@ def no_curves_unless_marked(request, monkeypatch):
     """In-process runs draw no `curves.png` unless the test is marked `curves`: drawing it is about
     a third of a tiny run's final evaluation, and only the tests of the picture look at it. The page
     (`report.html`) is still written. Runs in subprocesses are told so by their config
-    (`--config.curves_png=false`: test_trainer.py's `TINY_FLAGS`, tiny.py's `two_process_config`), except
+    (`--config.curves_png=false`: test_training_loop.py's `TINY_FLAGS`, helpers/tiny.py's `two_process_config`), except
     where a test looks at the picture and the README's commands, which run as users' do.
     (`finished_run`, set up before this, draws it.)"""
     if request.node.get_closest_marker("curves") is None:
-        import report
+        from report import pages
 
-        monkeypatch.setattr(report, "write_curves", lambda rows, path: None)
+        monkeypatch.setattr(pages, "write_curves", lambda rows, path: None)
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +85,7 @@ def shared_data_dir(tmp_path_factory):
 def finished_run(shared_data_dir, tmp_path_factory):
     """A tiny Transformer trained 20 steps on dates, evaluated at 10 and 20, with pictures:
     `(config, workdir, final eval results)`. Tests that change the folder work on a copy."""
-    import trainer
+    from engine import training_loop
 
     from run_setup import run
 
@@ -93,5 +93,5 @@ def finished_run(shared_data_dir, tmp_path_factory):
     config = tiny_config(shared_data_dir, visualize_examples=3)
     with pytest.MonkeyPatch.context() as patch:  # one device, as the tests that use it evaluate it
         patch.setattr(run, "make_mesh", first_devices_mesh(1))
-        final = trainer.train_and_evaluate(parse(config), workdir)
+        final = training_loop.train_and_evaluate(parse(config), workdir)
     return config, workdir, final

@@ -1,4 +1,4 @@
-"""allocator.py: when a process restarts itself on huge pages, and that it restarts once, unchanged."""
+"""utils/allocator.py: when a process restarts itself on huge pages, and that it restarts once, unchanged."""
 
 import os
 import subprocess
@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-import allocator
+from utils import allocator
 
 ROOT = Path(__file__).resolve().parents[1]
 # Prints its pid, tunables, arguments and an interpreter option at each start, then what allocator.set_up chose.
 PROBE = f"""
 import os, sys
 sys.path.insert(0, {str(ROOT)!r})
-import allocator
+from utils import allocator
 print("start", os.getpid(), os.environ.get("GLIBC_TUNABLES"), sys.flags.utf8_mode, sys.argv[1:], flush=True)
 allocator.restart_with_huge_pages(__file__)
 print("set up:", allocator.set_up(), flush=True)

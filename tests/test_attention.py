@@ -9,7 +9,7 @@ from jax.test_util import check_grads
 
 from models import attention
 from models.attention import Attention, AttentionWeights, MultiHeadAttention
-from references import np_masked_softmax
+from helpers.references import np_masked_softmax
 
 RTOL, ATOL = 1e-5, 1e-6  # float32 against float64: 1e-5 relative, tiny absolute floor near 0
 

@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import input_pipeline as ip
-from sources import KINDS
+from run_setup.input_kinds import KINDS
 import tasks
-import vocabularies as tk
+from tasks import vocabularies as tk
 from configs import base
-from settings import TokenizerSettings, parse
-from errors import DataError
+from run_setup.settings import TokenizerSettings, parse
+from utils.errors import DataError
 from tasks import image_captions, parallel_text
 
 TEXT = KINDS["text"]

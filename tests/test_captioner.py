@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import metrics
+from scoring import metrics
 import models
-from errors import ConfigError
+from utils.errors import ConfigError
 from models.captioner import doubly_stochastic_penalty
-from references import np_log_softmax, np_numerical_gradient, np_softmax
+from helpers.references import np_log_softmax, np_numerical_gradient, np_softmax
 
 V, E, N, A, D, L = 11, 5, 6, 4, 3, 5
 BOS, PAD = 1, 0

@@ -6,31 +6,16 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
-from tiny import tiny_config
+from helpers.tiny import TINY_CAPTIONER, captioning_config, tiny_config
+from helpers.train_runs import assert_same_final_state, sigkill_and_rerun
 
-import metrics
-import scores
-import trainer
+from scoring import metrics
+from scoring import score_registry
+from engine import training_loop
 from configs import base
-from errors import ConfigError, DataError
+from utils.errors import ConfigError, DataError
 from tasks import image_captions, load_task
-from settings import parse
-
-TINY_CAPTIONER = dict(conv_widths=(8, 8), pools=2, embed_dim=8, hidden_dim=16, attention_dim=8)
-
-
-def captioning_config(data_dir, attention="soft", **overrides):
-    config = base.load("configs/captioner_digit_strips.py")
-    config.unlock()
-    config.data_dir = str(data_dir)
-    config.task.update(train_size=96, dev_size=8, test_size=8)
-    config.model.update(attention=attention, **TINY_CAPTIONER)
-    config.update(batch_size=8, num_train_steps=4, eval_every_steps=4, checkpoint_every_steps=4, log_every_steps=2,
-                  warmup_steps=2, visualize_examples=1)  # fmt: skip
-    for name, value in overrides.items():
-        base.set_field(config, name, value)
-    config.lock()
-    return config
+from run_setup.settings import parse
 
 
 def test_localization_counts_hand_worked():
@@ -46,7 +31,7 @@ def test_evaluator_localizes_each_real_rows_words_before_eos():
     rows are not scored, and a caption with a word too many scores nothing."""
     from types import SimpleNamespace
 
-    import evaluation
+    from engine import evaluation
     from models.attention import AttentionRole
 
     centres = np.array([[2.0, 2.0], [6.0, 2.0], [10.0, 2.0]])  # a 1 x 3 grid of a 4 x 12 image
@@ -63,34 +48,34 @@ def test_evaluator_localizes_each_real_rows_words_before_eos():
 
 
 def test_caption_metrics_use_every_reference():
-    results = scores.text_scores("caption", ["a dog runs", "two cats"], [["a dog runs fast", "a dog runs"], ["one cat"]])
+    results = score_registry.text_scores("caption", ["a dog runs", "two cats"], [["a dog runs fast", "a dog runs"], ["one cat"]])
     assert results["exact_match"] == 0.5
     assert results["bleu_1"] > results["bleu_4"] >= 0.0
 
 
 @pytest.mark.slow
 def test_digit_strips_train_and_evaluate_writes_the_caption_metrics_and_pictures(shared_data_dir, tmp_path):
-    final = trainer.train_and_evaluate(parse(captioning_config(shared_data_dir)), tmp_path)
+    final = training_loop.train_and_evaluate(parse(captioning_config(shared_data_dir)), tmp_path)
     saved = json.loads((tmp_path / "eval" / "step_4.json").read_text())
     for split in ("dev", "test"):
         for name in ("exact_match", "bleu", "bleu_1", "bleu_4", "localized_words"):  # localisation: below
             assert name in saved[split] and saved[split][name] == final[split][name]
     assert (tmp_path / "attention" / "step_4" / "example_0_caption.png").is_file()
-    saved = np.load(tmp_path / "attention" / "step_4" / "example_0.npz")  # what report.py's explorer reads
+    saved = np.load(tmp_path / "attention" / "step_4" / "example_0.npz")  # what report/pages.py's explorer reads
     assert saved["boxes"].shape[1] == 4 and saved["centres"].shape == (saved["weights"].shape[1], 2)
     assert "grid over the image" in (tmp_path / "report.html").read_text()
 
 
 def test_captions_and_translation_models_do_not_mix(shared_data_dir, tmp_path):
     with pytest.raises(ConfigError, match="pair a captioning task with model.name='captioner'"):
-        trainer.train_and_evaluate(parse(_text_model_on_strips(shared_data_dir)), tmp_path)
+        training_loop.train_and_evaluate(parse(_text_model_on_strips(shared_data_dir)), tmp_path)
     with pytest.raises(ConfigError, match="reads image"):
         config = tiny_config(shared_data_dir)
         config.unlock()
         config.model = base.model("captioner")
-        trainer.train_and_evaluate(parse(config), tmp_path)
+        training_loop.train_and_evaluate(parse(config), tmp_path)
     with pytest.raises(ConfigError, match="model.channels = 3; set model.channels=1"):
-        trainer.train_and_evaluate(parse(captioning_config(shared_data_dir, **{"model.channels": 3})), tmp_path)
+        training_loop.train_and_evaluate(parse(captioning_config(shared_data_dir, **{"model.channels": 3})), tmp_path)
     assert not (tmp_path / "checkpoints").exists()
 
 
@@ -132,7 +117,6 @@ def test_image_captions_reads_a_folder_and_reports_bad_lines(tmp_path):
 def test_hard_attention_resumes_bit_identical_after_sigkill(shared_data_dir, tmp_path):
     """The sampler's keys come from the step and the moving-average baseline is checkpointed with
     the parameters, so a killed and rerun hard-attention run ends where an uninterrupted one does."""
-    from test_trainer import assert_same_final_state, sigkill_and_rerun
 
     config = captioning_config(shared_data_dir, attention="hard", num_train_steps=60, checkpoint_every_steps=20,
                                eval_every_steps=60, visualize_examples=0)  # fmt: skip

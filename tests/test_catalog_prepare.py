@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import files
+from utils import files
 import tasks
 from tasks import catalog
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PREPARE_PYTHON = PROJECT_ROOT / ".venv-prepare" / "bin" / "python"
-WORKER = PROJECT_ROOT / "tests" / "catalog_prepare_worker.py"
+WORKER = PROJECT_ROOT / "tests" / "helpers" / "catalog_prepare_worker.py"
 
 STATMT = "http://www.statmt.org/"
 STATMT_DATA = "http://data.statmt.org/"
@@ -265,7 +265,7 @@ def test_tfds_data_dir_is_where_a_dataset_not_in_data_dir_is_read(prepared_data_
 
 
 def test_prepare_command_refuses_an_unknown_name_in_one_line(tmp_path, capsys):
-    import prepare_catalog  # imports TFDS alone: its checks of a name run in this environment too
+    from tools import prepare_catalog  # imports TFDS alone: its checks of a name run in this environment too
 
     assert prepare_catalog.main(["coco_captoins", f"--data_dir={tmp_path}"]) == 2
     assert capsys.readouterr().err == "prepare_catalog: unknown TFDS catalog dataset 'coco_captoins'; did you mean coco_captions?\n"
@@ -275,7 +275,7 @@ def test_prepare_command_refuses_an_unknown_name_in_one_line(tmp_path, capsys):
 def test_prepare_command_names_manual_dir_when_files_are_missing(tmp_path, monkeypatch, capsys):
     """TFDS's builders report a missing manual download as an AssertionError (download_manager.py
     `manual_dir`, wmt.py `_check_manual_files`); the command shows it as one line with the option."""
-    import prepare_catalog
+    from tools import prepare_catalog
 
     class NeedsManualFiles:
         def download_and_prepare(self, download_config, file_format):

@@ -7,8 +7,8 @@ from absl import flags
 
 from run_setup import command_line
 from configs import base
-from errors import ConfigError
-from test_architecture import imported
+from utils.errors import ConfigError
+from helpers.source_reading import imported
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

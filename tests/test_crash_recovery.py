@@ -16,22 +16,21 @@ import jax
 import numpy as np
 import pytest
 from orbax.checkpoint._src.path import atomicity
-from tiny import first_devices_mesh, tiny_config, two_process_config, xla_flags
-from test_trainer import assert_same_final_state, final_state, metric_rows, run_train_py
+from helpers.tiny import first_devices_mesh, tiny_config, two_process_config, xla_flags
+from helpers.train_runs import TIMING, assert_same_final_state, final_state, metric_rows, run_train_py
 
-import checkpoints
-import files
-import trainer
-from errors import CheckpointError
+from run_setup import checkpoints
+from utils import files
+from engine import training_loop
+from utils.errors import CheckpointError
 from run_setup import cluster
 from run_setup import run as run_module
 from run_setup.run import prepare_run
-from settings import parse
+from run_setup.settings import parse
 
-TIMING = ("tokens_per_second", "steps_per_second")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-FAULT_WORKER = PROJECT_ROOT / "tests" / "fault_worker.py"
-TWO_PROCESS_WORKER = PROJECT_ROOT / "tests" / "two_process_worker.py"
+FAULT_WORKER = PROJECT_ROOT / "tests" / "helpers" / "fault_worker.py"
+TWO_PROCESS_WORKER = PROJECT_ROOT / "tests" / "helpers" / "two_process_worker.py"
 
 
 def flip_a_bit(path: Path) -> None:
@@ -65,7 +64,7 @@ def test_flipped_bits_fall_back_to_the_newest_good_checkpoint_and_with_none_good
     flip_a_bit(largest_file(folder / "10" / "state"))
     before, rows = snapshot(copy / "checkpoints"), (copy / "metrics.jsonl").read_text()
     with pytest.raises(CheckpointError, match=r"no readable checkpoint in .*checkpoints \(tried steps \[20, 10\]\)"):
-        trainer.train_and_evaluate(parse(tiny_config(config.data_dir, num_train_steps=30)), copy)
+        training_loop.train_and_evaluate(parse(tiny_config(config.data_dir, num_train_steps=30)), copy)
     assert snapshot(copy / "checkpoints") == before and (copy / "metrics.jsonl").read_text() == rows
 
 
@@ -80,11 +79,11 @@ def test_a_failed_checkpoint_write_names_the_folder_and_the_run_resumes_once_fix
     monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", disk_full_at_step_20)
     config = tiny_config(shared_data_dir, num_train_steps=20, eval_every_steps=20)
     with pytest.raises(CheckpointError, match=rf"cannot write a checkpoint to {tmp_path}/checkpoints \(No space left on device\)"):
-        trainer.train_and_evaluate(parse(config), tmp_path)
+        training_loop.train_and_evaluate(parse(config), tmp_path)
     assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10]
 
     monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", finalize)  # the disk is fixed
-    trainer.train_and_evaluate(parse(config), tmp_path)
+    training_loop.train_and_evaluate(parse(config), tmp_path)
     assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10, 20]
     assert [r["step"] for r in metric_rows(tmp_path) if r["split"] == "train"] == [5, 10, 15, 20]
 
@@ -179,7 +178,7 @@ def test_every_process_decides_from_the_smallest_device_memory_of_all(monkeypatc
 @pytest.mark.slow
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_resumed_run_equals_a_whole_one(shared_data_dir, tmp_path):
     # JAX agrees on a step a little later: within a second of the signal, and the signalled process's
-    # later steps take 0.2 s each (two_process_worker.py); between two log rows (every 4), the resumed run completes the cut one
+    # later steps take 0.2 s each (helpers/two_process_worker.py); between two log rows (every 4), the resumed run completes the cut one
     steps, sigterm_at = 20, 9
     whole = tmp_path / "whole"
     outputs = finished(two_processes(whole, shared_data_dir, steps, coordinator="127.0.0.1:PORT"))
@@ -217,7 +216,7 @@ def test_two_processes_under_fsdp_train_as_one_process_on_four_devices(shared_da
 
     monkeypatch.setattr(run_module, "make_mesh", four_devices)
     config = two_process_config(shared_data_dir, steps, "fsdp")
-    trainer.train_and_evaluate(parse(config), tmp_path / "one")
+    training_loop.train_and_evaluate(parse(config), tmp_path / "one")
     assert [dict(mesh.shape) for mesh in meshes] == [{"data": 4, "model": 1}]
 
     pair, one = metric_rows(tmp_path / "pair"), metric_rows(tmp_path / "one")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import decoding
+from scoring import decoding
 import models
-from vocabularies import BOS_ID, EOS_ID
+from tasks.vocabularies import BOS_ID, EOS_ID
 
 A, B = 3, 4  # the two word tokens of the hand-built model
 

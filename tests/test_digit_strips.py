@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from errors import ConfigError
+from utils.errors import ConfigError
 from tasks import base, digit_strips
 from tasks.digit_strips import DigitStrips, DigitStripsConfig, WORDS
 

@@ -1,4 +1,4 @@
-"""files.py: whole-or-absent writes, digests, and the locks between processes."""
+"""utils/files.py: whole-or-absent writes, digests, and the locks between processes."""
 
 import hashlib
 import json
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import files
-from errors import WorkdirInUse
+from utils import files
+from utils.errors import WorkdirInUse
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def test_digests(tmp_path):
 
 def test_the_workdir_lock_refuses_another_process_naming_it_and_is_free_once_it_is_killed(tmp_path):
     holder = python(
-        f"import files, pathlib, time; lock = files.WorkdirLock.acquire(pathlib.Path({str(tmp_path)!r})); print('held', flush=True); time.sleep(60)"
+        f"from utils import files; import pathlib, time; lock = files.WorkdirLock.acquire(pathlib.Path({str(tmp_path)!r})); print('held', flush=True); time.sleep(60)"
     )
     try:
         assert holder.stdout.readline() == "held\n"
@@ -101,7 +101,7 @@ def test_the_blocking_lock_serialises_two_processes(tmp_path):
     path, done = tmp_path / "folder" / ".build.lock", tmp_path / "done"
     with files.exclusive(path):  # creates the folder
         waiter = python(
-            f"import files, pathlib; print('waiting', flush=True)\n"
+            f"from utils import files; import pathlib; print('waiting', flush=True)\n"
             f"with files.exclusive(pathlib.Path({str(path)!r})): pathlib.Path({str(done)!r}).touch()"
         )
         assert waiter.stdout.readline() == "waiting\n"
@@ -124,8 +124,8 @@ def test_blake3_digest_is_the_published_test_vector_and_reads_in_chunks(tmp_path
 def test_a_checkpoint_digest_of_either_format_catches_a_flipped_byte(tmp_path, format):
     import jax.numpy as jnp
 
-    import checkpoints
-    from errors import CheckpointError
+    from run_setup import checkpoints
+    from utils.errors import CheckpointError
 
     state = {"w": jnp.arange(4096, dtype=jnp.float32)}
     writer = checkpoints.Checkpoints(tmp_path / "checkpoints", async_save=False)

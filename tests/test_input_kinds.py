@@ -1,4 +1,4 @@
-"""The input kinds (sources.py): each turns a user's sources into model inputs and batches, checks
+"""The input kinds (run_setup/input_kinds.py): each turns a user's sources into model inputs and batches, checks
 them, and the run's kind follows from its model; a feature-grid captioner decodes through its kind."""
 
 import jax
@@ -6,30 +6,30 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import decoding
+from scoring import decoding
 import models
-import sources
-import vocabularies as tk
+from run_setup import input_kinds
+from tasks import vocabularies as tk
 from configs import base
-from errors import ConfigError, UserError
-from settings import parse
-from tiny import tiny_config
+from utils.errors import ConfigError, UserError
+from run_setup.settings import parse
+from helpers.tiny import tiny_config
 
 CHARS = tk.CharTokenizer.train(["abcd"], 10**6)
 TOKENS = tk.Tokenizers(CHARS, CHARS)
 
 
 def test_every_kind_is_registered_under_its_name_and_a_run_gets_its_models_kind():
-    assert {name: kind.name for name, kind in sources.KINDS.items()} == {"text": "text", "image": "image", "features": "features"}
-    assert parse(tiny_config("unused")).source is sources.KINDS["text"]
+    assert {name: kind.name for name, kind in input_kinds.KINDS.items()} == {"text": "text", "image": "image", "features": "features"}
+    assert parse(tiny_config("unused")).source is input_kinds.KINDS["text"]
     captioner = tiny_config("unused", task=base.task("digit_strips"), model=base.model("captioner"), **{"data.batching": "bucket"})
-    assert parse(captioner).source is sources.KINDS["image"]
+    assert parse(captioner).source is input_kinds.KINDS["image"]
     captioner.model.update(inputs="features", feature_dim=8)
-    assert parse(captioner).source is sources.KINDS["features"]
+    assert parse(captioner).source is input_kinds.KINDS["features"]
 
 
 def test_text_sources_become_ids_ending_in_eos_padded_to_a_power_of_two():
-    text = sources.KINDS["text"]
+    text = input_kinds.KINDS["text"]
     rows = text.user_rows(["ab", "abcd"], {}, TOKENS, max_source_length=4)
     a, b = (CHARS.encode(c)[0] for c in "ab")
     assert [list(r) for r in rows] == [[a, b, tk.EOS_ID], [a, b, *CHARS.encode("c"), tk.EOS_ID]]  # trimmed to 4 with eos
@@ -42,7 +42,7 @@ def test_text_sources_become_ids_ending_in_eos_padded_to_a_power_of_two():
 
 
 def test_images_get_their_channel_and_wrong_ones_are_named():
-    image = sources.KINDS["image"]
+    image = input_kinds.KINDS["image"]
     (row,) = image.user_rows([np.full((3, 4), 7, np.uint8)], {"channels": 1}, TOKENS, 8)
     assert row.shape == (3, 4, 1) and image.source_length(row) is None and not image.packs
     with pytest.raises(UserError, match=r"uint8 \[H, W, 3\]"):
@@ -54,7 +54,7 @@ def test_images_get_their_channel_and_wrong_ones_are_named():
 
 
 def test_a_feature_grid_captioner_decodes_a_users_grids_through_its_kind():
-    features = sources.KINDS["features"]
+    features = input_kinds.KINDS["features"]
     model = models.create_model("captioner", rngs=nnx.Rngs(0), vocab_size=9, embed_dim=4, hidden_dim=6, attention_dim=4,
                                 inputs="features", feature_dim=3)  # fmt: skip
     grids = [np.random.default_rng(0).normal(size=(5, 3)), np.ones((5, 3))]

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 import input_pipeline as ip
-import sources
-from sources import KINDS
+from run_setup import input_kinds
+from run_setup.input_kinds import KINDS
 import tasks
 from configs import base
-import vocabularies as tk
-from settings import parse
-from errors import ConfigError
+from tasks import vocabularies as tk
+from run_setup.settings import parse
+from utils.errors import ConfigError
 from tasks import Task
 
 TEXT = KINDS["text"]
@@ -265,7 +265,7 @@ def test_two_processes_see_disjoint_examples_covering_the_split(copy_task, char_
 
 
 def test_length_limits_drop_or_trim_and_report(copy_task, char_tokenizers):
-    lengths = sources.KINDS["text"].lengths(copy_task, "train", char_tokenizers)
+    lengths = input_kinds.KINDS["text"].lengths(copy_task, "train", char_tokenizers)
     over = int(((lengths[:, 0] > 24) | (lengths[:, 1] > 24)).sum())
     assert over > 0
     _, report = ip.train_dataset(copy_task, char_tokenizers, settings(), TEXT)

@@ -37,12 +37,12 @@ from flax import nnx
 
 import models
 from models.layers import layer_norm
-from references import np_layer_norm
+from helpers.references import np_layer_norm
 from run_setup.run import model_fields, prepare_run
-from settings import read_run_settings, single_process
-from sources import padded_ids
+from run_setup.settings import read_run_settings, single_process
+from run_setup.input_kinds import padded_ids
 from tasks import dates
-from vocabularies import EOS_ID
+from tasks.vocabularies import EOS_ID
 
 # Up to this |mean| / std the fast variance's own float32 error, about 6e-7 r^2, stays within the
 # float32 tolerance below (1e-5); the model's LayerNorm inputs measure about 1.

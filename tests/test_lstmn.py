@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.test_util import check_grads
-from references import np_masked_softmax
+from helpers.references import np_masked_softmax
 
-import decoding
+from scoring import decoding
 import models
-from errors import ConfigError
+from utils.errors import ConfigError
 from models.attention import AttentionRole, attention_roles, capture_attention
 from models.lstmn import LSTMNDecodeState, LSTMNMemory, Tapes, tape_scan, write_at
 
@@ -439,7 +439,7 @@ def test_length_experiment_trains_every_variant_under_one_budget():
     config with the variant's model fields alone changed, each parsed into the model it names."""
     from benchmarks import length_experiment
 
-    from settings import parse
+    from run_setup.settings import parse
 
     runs = length_experiment.columns(["rnnsearch", "lstmn"], "all")
     assert list(runs) == ["rnnsearch"] + [f"lstmn_{name}" for name in length_experiment.LSTMN_VARIANTS]
@@ -484,8 +484,8 @@ def test_a_run_folder_naming_the_query_eq13_reads_as_word_and_context_and_resume
     "word_and_context", and the run resumes under the new name (the resume check compares what
     config.json reads back as); a new config naming "eq13" is refused, naming the valid values."""
     from configs import base
-    from run_setup.run_config import check_resume
-    from settings import parse, write_run_config
+    from run_setup.compatibility import check_resume
+    from run_setup.settings import parse, write_run_config
 
     config = base.get_config()
     config.model = base.model("lstmn", fusion="deep", inter_query="word_and_context")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import sacrebleu
 
-import metrics
+from scoring import metrics
 
 
 def np_smoothed_cross_entropy(logits, target, eps):

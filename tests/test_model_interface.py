@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-import metrics
+from scoring import metrics
 import models
-from errors import ConfigError
+from utils.errors import ConfigError
 from models.attention import AttentionWeights, attention_roles
 from models.interface import READS, EncoderDecoder, ImageGrid, ModelConfig, OwnObjective, TeacherForcedDecoder
 from models.transformer import Transformer, TransformerConfig

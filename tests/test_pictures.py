@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import metrics
+from scoring import metrics
 import models
-import visualize
+from report import pictures
 from models.attention import AttentionRole, attention_roles, capture_attention
 from tasks import dates
 
@@ -52,18 +52,18 @@ def test_attention_weights_of_every_module(model):
 def test_draw_example_writes_pictures_and_weights(model, tmp_path):
     batch = {"inputs": np.array([[4, 5, 6, 2]]), "targets": np.array([[7, 8, 2]])}
     roles = attention_roles(model)
-    cut = visualize.example_weights(capture_attention(model, batch), roles, 0, 4, 3)
+    cut = pictures.example_weights(capture_attention(model, batch), roles, 0, 4, 3)
     assert cut["encoder_layers/0/self_attention"].shape == (2, 4, 4)  # [N, S, S]
     assert cut["decoder_layers/0/self_attention"].shape == (2, 3, 3)  # [N, T, T]
     assert cut["decoder_layers/0/cross_attention"].shape == (2, 3, 4)  # [N, T, S]
     source, output = ["a", "b", "c", "</s>"], ["x", "y", "</s>"]
-    pictures = visualize.draw_example(tmp_path, "example_0", cut, roles, source, output)
+    drawn = pictures.draw_example(tmp_path, "example_0", cut, roles, source, output)
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "example_0_decoder_layers_0_cross_attention.png", "example_0_decoder_layers_1_cross_attention.png",
     ]  # fmt: skip
-    assert all(p.ndim == 3 and p.shape[2] == 3 and p.dtype == np.uint8 for p in pictures.values())
+    assert all(p.ndim == 3 and p.shape[2] == 3 and p.dtype == np.uint8 for p in drawn.values())
     saved = np.load(tmp_path / "example_0.npz")
     assert saved["source_tokens"].tolist() == source and saved["output_tokens"].tolist() == output
     np.testing.assert_array_equal(saved["decoder_layers_1_cross_attention"], cut["decoder_layers/1/cross_attention"])
-    visualize.draw_example(tmp_path / "all", "e", cut, roles, source, output, self_attention=True)
+    pictures.draw_example(tmp_path / "all", "e", cut, roles, source, output, self_attention=True)
     assert len(list((tmp_path / "all").glob("*.png"))) == 5

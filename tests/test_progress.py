@@ -1,8 +1,8 @@
-"""progress.py: the plain log lines a phase writes when no terminal is attached."""
+"""utils/progress.py: the plain log lines a phase writes when no terminal is attached."""
 
 import logging
 
-import progress
+from utils import progress
 
 
 def test_a_phase_logs_its_start_its_rate_and_time_left_and_its_end(caplog, monkeypatch):

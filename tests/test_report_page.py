@@ -1,4 +1,4 @@
-"""report.py: the run's and the sweep's pages, read from the run folder, checked in headless Chromium.
+"""report/pages.py: the run's and the sweep's pages, read from the run folder, checked in headless Chromium.
 
 The browser tests open the pages from disk in Debian's `chromium` driven by Playwright (one browser
 for the module) and skip, naming what is missing, where either is absent.
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import report
-import sources
-import visualize
+from report import pages
+from run_setup import input_kinds
+from report import pictures
 from models.attention import AttentionRole
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -29,9 +29,9 @@ def test_damaged_metrics_lines_are_skipped_and_counted(tmp_path):
     good = {"step": 5, "split": "train", "loss": 2.5, "learning_rate": 1e-3}
     lines = [json.dumps(good), '{"step": 10, "split": "tr', "[1, 2]", "", json.dumps({"step": 10, "split": "dev", "loss": 2.0})]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    rows, damaged = report.read_metrics(tmp_path / "metrics.jsonl")
+    rows, damaged = pages.read_metrics(tmp_path / "metrics.jsonl")
     assert rows == [good, {"step": 10, "split": "dev", "loss": 2.0}] and damaged == 2
-    page = report.write(tmp_path).read_text()
+    page = pages.write(tmp_path).read_text()
     assert "2 damaged line(s) of metrics.jsonl skipped" in page
     assert "No evaluation yet" in page  # no eval/ folder: the page says so
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -39,7 +39,7 @@ def test_damaged_metrics_lines_are_skipped_and_counted(tmp_path):
 
 @pytest.mark.curves
 def test_a_run_with_nothing_written_yet_has_a_page(tmp_path):
-    page = report.write(tmp_path).read_text()
+    page = pages.write(tmp_path).read_text()
     assert "No evaluation yet" in page and "No metrics logged yet" in page
     assert not (tmp_path / "curves.png").exists()
 
@@ -51,17 +51,17 @@ def test_curve_series_by_metric_and_split():
         {"step": 10, "split": "dev", "loss": 2.0, "exact_match": 0.25, "decoded_examples": 24},
         {"step": 10, "split": "dev", "loss": 1.5, "mode": "eval"},
     ]
-    series = report.curve_series(rows)
+    series = pages.curve_series(rows)
     assert list(series) == ["loss", "learning_rate", "exact_match"]
     assert series["loss"] == {"train": [(5, 3.0)], "dev": [(10, 2.0)], "dev (eval mode)": [(10, 1.5)]}
 
 
 def test_packed_keeps_each_rows_largest_weights():
     weights = np.array([[[0.1, 0.6, 0.3], [0.5, 0.0, 0.4]]])  # [N=1, Tq=2, Tk=3]
-    values = report.quantized(weights)
+    values = pages.quantized(weights)
     np.testing.assert_array_equal(values, [[[26, 153, 76], [128, 0, 102]]])  # round(w * 255)
-    assert report.packed(values, None) == values.tobytes()
-    kept = report.packed(values, 2)
+    assert pages.packed(values, None) == values.tobytes()
+    kept = pages.packed(values, 2)
     positions = np.frombuffer(kept[:8], "<u2").reshape(1, 2, 2)
     shown = np.zeros_like(values)  # as the page rebuilds a row: the kept weights at their positions, 0 elsewhere
     np.put_along_axis(shown, positions.astype(np.int64), np.frombuffer(kept[8:], np.uint8).reshape(1, 2, 2), axis=-1)
@@ -73,9 +73,9 @@ def test_attention_payload_halves_the_kept_weights_until_it_fits():
     logits = rng.normal(size=(2, 16, 64))
     weights = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     examples = [{"name": "e", "source": ["a"] * 64, "output": ["b"] * 16, "modules": [{"name": "m", "role": "cross", "weights": weights}]}]
-    _, blobs, keep = report.attention_payloads(examples)
+    _, blobs, keep = pages.attention_payloads(examples)
     assert keep is None and len(zlib.decompress(base64.b64decode(blobs[0]))) == weights.size
-    described, blobs, keep = report.attention_payloads(examples, budget=300)
+    described, blobs, keep = pages.attention_payloads(examples, budget=300)
     deflated = len(base64.b64decode(blobs[0]))
     assert keep is not None and keep < 64 and (deflated <= 300 or keep == 1)
     assert described[0]["modules"][0]["keep"] == keep
@@ -83,10 +83,10 @@ def test_attention_payload_halves_the_kept_weights_until_it_fits():
 
 def test_a_feature_grid_example_is_explored_over_its_cells(tmp_path):
     weights = {"attention": np.array([[[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]], np.float32)}  # [N=1, T=2, L=3]
-    features = sources.KINDS["features"]
+    features = input_kinds.KINDS["features"]
     features.draw(tmp_path / "attention" / "step_1", "example_0", np.zeros((3, 4), np.float32), weights,
                   {"attention": AttentionRole.CROSS}, ["a", "</s>"], None, None)  # fmt: skip
-    (example,) = report.read_run(tmp_path).attention
+    (example,) = pages.read_run(tmp_path).attention
     assert example["source"] == ["cell 0", "cell 1", "cell 2"] and example["output"] == ["a", "</s>"]
     assert [(m["name"], m["role"]) for m in example["modules"]] == [("attention", "cross")]
     np.testing.assert_array_equal(example["modules"][0]["weights"], weights["attention"])
@@ -110,7 +110,7 @@ def test_rebuilt_from_the_folder_alone(finished_run, tmp_path):
     _, workdir, _ = finished_run
     copy = tmp_path / "run"
     shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("checkpoints", "report.html"))
-    assert report.write(copy).read_text().count('class="example"') == 3
+    assert pages.write(copy).read_text().count('class="example"') == 3
 
 
 # ----------------------------------------------------------------------------- in the browser
@@ -196,8 +196,8 @@ def test_image_explorer_and_sweep_page(browser, tmp_path):
     centres = np.array([[2 + 4 * c, 2 + 4 * r] for r in range(2) for c in range(4)])  # (x, y)
     boxes = np.array([[4, 0, 8, 4], [8, 4, 12, 8], [-1, -1, -1, -1]])  # the words' boxes; cells 1 and 6 are inside
     extras = {"centres": centres, "boxes": boxes}
-    visualize.draw_image_attention(run / "attention" / "step_5", "example_0", image, weights, (2, 4), ["one", "two", "</s>"], extras)
-    opened = OpenPage(browser, report.write(run))
+    pictures.draw_image_attention(run / "attention" / "step_5", "example_0", image, weights, (2, 4), ["one", "two", "</s>"], extras)
+    opened = OpenPage(browser, pages.write(run))
     page = opened.page
     page.wait_for_selector("details.example .explorer[data-rendered]")
     assert page.locator("select.kind").input_value() == "grid"
@@ -214,7 +214,7 @@ def test_image_explorer_and_sweep_page(browser, tmp_path):
         {"trial": 0, "state": "complete", "dev/score": 0.25, "lr": 0.001, "workdir": str(run)},
         {"trial": 2, "state": "fail", "dev/score": None, "lr": 0.1, "workdir": ""},
     ]
-    opened = OpenPage(browser, report.write_sweep(tmp_path, rows, "dev/score", {"lr": ("log_uniform", 1e-4, 1.0)}))
+    opened = OpenPage(browser, pages.write_sweep(tmp_path, rows, "dev/score", {"lr": ("log_uniform", 1e-4, 1.0)}))
     page = opened.page
     page.click("#trials th:has-text('dev/score')")
     assert page.locator("#trials tbody tr td:nth-child(1)").all_text_contents() == ["0", "1", "2"]  # ascending, the failed trial last
@@ -248,11 +248,11 @@ def test_an_lstmn_gets_an_explorer_of_its_kinds(browser, tmp_path):
     for name, fields in FAMILIES.items():
         model = models.create_model(name, rngs=nnx.Rngs(0), vocab_size=9, **fields)
         roles = attention_roles(model)
-        weights = visualize.example_weights(capture_attention(model, batch), roles, 0, 4, 3)
-        visualize.save_weights(folder / f"{name}.npz", weights, roles, ["a", "b", "c", "</s>"], ["x", "y", "</s>"])
+        weights = pictures.example_weights(capture_attention(model, batch), roles, 0, 4, 3)
+        pictures.save_weights(folder / f"{name}.npz", weights, roles, ["a", "b", "c", "</s>"], ["x", "y", "</s>"])
         expected[name] = (sorted({r.value for r in roles.values()}), weights)
     assert expected["lstmn"][0] == ["cross", "source_self", "target_self"]
-    opened = OpenPage(browser, report.write(tmp_path))
+    opened = OpenPage(browser, pages.write(tmp_path))
     page = opened.page
     for number, name in enumerate(sorted(FAMILIES)):
         details = page.locator("details.example").nth(number)

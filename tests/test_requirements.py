@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from test_architecture import imported
+from helpers.source_reading import imported
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_CODE = {".venv", "tests", "data", "runs", ".git"}

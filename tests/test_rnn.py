@@ -8,17 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from references import np_masked_softmax
-from tiny import tiny_config
+from helpers.references import np_masked_softmax
+from helpers.tiny import tiny_config
 
 import models
-import trainer
+from engine import training_loop
 from configs import base, recurrent
 from models.attention import capture_attention
 from run_setup.run import prepare_run
-from vocabularies import EOS_ID
+from tasks.vocabularies import EOS_ID
 from models.rnn import LSTMState, RNNDecodeState, RNNMemory
-from settings import parse
+from run_setup.settings import parse
 
 V, E, H = 13, 5, 6  # vocabulary, embedding, hidden
 
@@ -302,7 +302,7 @@ def test_rnnsearch_trains_in_the_trainer_and_draws_its_alignment(shared_data_dir
     config.unlock()  # tiny_config locks it
     config.model = base.model("rnnsearch", **fields)
     config.data.batching = "bucket"
-    final = trainer.train_and_evaluate(parse(config), tmp_path)
+    final = training_loop.train_and_evaluate(parse(config), tmp_path)
     # the reported alignment accuracy, recomputed here from the restored model's attention: for each
     # dev example, the share of the year's, month's and day's target characters whose most-attended
     # source character lies in the field's true source span

@@ -14,18 +14,18 @@ import pytest
 from flax import nnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny import tiny_config, xla_flags
+from helpers.tiny import tiny_config, xla_flags
 
 import models
 from run_setup import preflight
 from run_setup.run import build_model
 from run_setup.cluster import make_mesh
-import trainer
-import vocabularies
+from engine import training_loop
+from tasks import vocabularies
 from configs import base
-from errors import ConfigError
-from run_setup.run_config import flatten
-from settings import parse
+from utils.errors import ConfigError
+from run_setup.compatibility import flatten
+from run_setup.settings import parse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MULTI_PROCESS_FIELDS = ("coordinator_address", "num_processes", "process_id")  # joining a cluster is not a value check
@@ -90,7 +90,7 @@ def test_fuzzed_overrides_are_refused_by_name_before_the_workdir_exists_or_build
         assert name in str(error), f"--config.{name}={text}: the message does not name the field: {error}"
         workdir = tmp_path / f"w{abs(hash(override))}"
         with pytest.raises(ConfigError):  # the run itself stops the same way, before creating its workdir
-            trainer.train_and_evaluate(parse(base.load(TINY, [f"--config.{name}={text}"])), workdir)
+            training_loop.train_and_evaluate(parse(base.load(TINY, [f"--config.{name}={text}"])), workdir)
         assert not workdir.exists()
         return
     tokens = vocabularies.Tokenizers(*[vocabularies.CharTokenizer("abc")] * 2)

@@ -14,16 +14,16 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import evaluation
+from engine import evaluation
 import input_pipeline
-import trainer
-from errors import ConfigError
-from evaluation import Evaluator
+from engine import training_loop
+from utils.errors import ConfigError
+from engine.evaluation import Evaluator
 from run_setup import run as run_module
-from run_setup import run_config, sharding
+from run_setup import compatibility, sharding
 from run_setup.run import prepare_run
-from settings import parse, read_run_settings, write_run_config
-from tiny import first_devices_mesh, tiny_config
+from run_setup.settings import parse, read_run_settings, write_run_config
+from helpers.tiny import first_devices_mesh, tiny_config
 
 pytestmark = pytest.mark.all_devices  # about the device count
 
@@ -45,9 +45,9 @@ def first_batches(run, count=3):
 
 def train_steps(run, batches):
     """`(state, losses)` after one update per batch."""
-    tx = trainer.make_optimizer(run.settings.optimization)
-    state = trainer.initial_state(run, tx)
-    step = trainer.compile_train_step(run, tx, state)
+    tx = training_loop.make_optimizer(run.settings.optimization)
+    state = training_loop.initial_state(run, tx)
+    step = training_loop.compile_train_step(run, tx, state)
     losses = []
     for batch in batches:
         state, step_metrics = step(state, run.global_batch(batch))
@@ -158,7 +158,7 @@ def gathered(tree):
 def saved_under_fsdp(trained, workdir):
     """A run folder (config.json, vocabulary, a checkpoint at step 3) of the `fsdp` run's state on 8 devices."""
     fsdp_run, state, _ = trained["fsdp"]
-    from checkpoints import Checkpoints
+    from run_setup.checkpoints import Checkpoints
 
     saver = Checkpoints(workdir / "checkpoints")
     saver.save(3, state, None)
@@ -172,7 +172,7 @@ def test_a_checkpoint_saved_under_fsdp_restores_exactly_under_fsdp_tp_on_four_de
     saved = gathered(saved_under_fsdp(trained, tmp_path))
     for mode, devices in (("fsdp_tp", jax.devices()), ("fsdp", jax.devices()[:4]), ("replicated", jax.devices()[:1])):
         run = prepare_run(sharded_settings(shared_data_dir, mode, MODES[mode]), tmp_path, devices=devices, with_data=False)
-        abstract = run.abstract(trainer.initial_state(run, trainer.make_optimizer(run.settings.optimization)))
+        abstract = run.abstract(training_loop.initial_state(run, training_loop.make_optimizer(run.settings.optimization)))
         step, restored = run.checkpoints.restore(abstract)
         run.checkpoints.close()
         assert step == 3
@@ -197,7 +197,7 @@ def test_eval_mode_scores_an_fsdp_run_alike_under_fsdp_fsdp_tp_and_on_one_device
         requested = sharded_settings(shared_data_dir, mode, MODES[mode])
         make_mesh = first_devices_mesh(devices)
         monkeypatch.setattr(run_module, "make_mesh", lambda *args, **kwargs: meshes.setdefault(mode, make_mesh(*args, **kwargs)))
-        results[mode] = evaluation.evaluate(run_config.for_evaluation(saved, requested, ["sharding", "tensor_parallel"]), tmp_path)
+        results[mode] = evaluation.evaluate(compatibility.for_evaluation(saved, requested, ["sharding", "tensor_parallel"]), tmp_path)
     assert {mode: dict(mesh.shape) for mode, mesh in meshes.items()} == {
         "fsdp": {"data": 8, "model": 1}, "fsdp_tp": {"data": 4, "model": 2}, "replicated": {"data": 1, "model": 1}}  # fmt: skip
     assert results["fsdp"]["decoded_examples"] == 24  # the whole dev split
@@ -227,7 +227,7 @@ def recurrent_config(data_dir, family, mode):
     from configs import base, recurrent
 
     if family == "captioner":
-        from test_captioning import TINY_CAPTIONER, captioning_config
+        from helpers.tiny import TINY_CAPTIONER, captioning_config
 
         return captioning_config(data_dir, sharding=mode, **{f"model.{k}": v for k, v in {**TINY_CAPTIONER, "embed_dim": 16}.items()})
     fields = recurrent.model_fields(family, "dates")
@@ -254,7 +254,7 @@ def test_the_recurrent_families_and_the_captioner_train_under_fsdp_as_replicated
 
 
 def test_changing_sharding_on_resume_is_allowed_and_logged(shared_data_dir, tmp_path, caplog):
-    from run_setup.run_config import check_resume
+    from run_setup.compatibility import check_resume
 
     write_run_config(sharded_settings(shared_data_dir, "replicated"), tmp_path)
     with caplog.at_level("INFO"):

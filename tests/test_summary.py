@@ -1,14 +1,14 @@
 """The start-up summary: the estimate of an epoch and the batch, and its text on a hand-made run
-(test_daily_path.py's README corpus command checks a real run's log for it)."""
+(test_train_modes.py's README corpus command checks a real run's log for it)."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 
-import reporting
+from utils import metric_writer
 from run_setup import summary
-from settings import PipelineSettings
+from run_setup.settings import PipelineSettings
 
 DATA = PipelineSettings(batch_size=2, seed=0, max_source_length=8, max_target_length=6, length_policy="trim", batching="bucket",
                         bucket_boundaries=(4, 8), batch_tokens=0, num_threads=1, prefetch_batches=0)  # fmt: skip
@@ -52,5 +52,5 @@ def test_the_summary_of_a_hand_made_run():
 
 
 def test_the_estimate_to_the_end():
-    assert reporting.estimate_line(3600 * 30, 1.0).startswith("about 30:00:00 of training to the end (108,000 steps at 1.00 steps/s")
-    assert reporting.estimate_line(5, 0.0) == "5 steps to the end (no rate measured yet)"
+    assert metric_writer.estimate_line(3600 * 30, 1.0).startswith("about 30:00:00 of training to the end (108,000 steps at 1.00 steps/s")
+    assert metric_writer.estimate_line(5, 0.0) == "5 steps to the end (no rate measured yet)"

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import optuna
 import pytest
-from tiny import xla_flags
+from helpers.tiny import xla_flags
 
-import sweeps.study
-import sweeps.trial
+import tuning.study
+import tuning.trial
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = PROJECT_ROOT / "tests"
-FAKE_TRAIN = TESTS / "fake_train.py"
+FAKE_TRAIN = TESTS / "helpers" / "fake_train.py"
 
 FAKE_CONFIG = """
 import ml_collections
@@ -90,7 +90,7 @@ def grid_params(study):
 @pytest.mark.slow
 def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     config = write(tmp_path / "tiny_config.py", (
-        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom tiny import tiny_config\n\n"
+        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom helpers.tiny import tiny_config\n\n"
         f"def get_config():\n    return tiny_config({str(shared_data_dir)!r}, curves_png=False)\n"
     ))  # fmt: skip
     path = sweep_file(
@@ -218,8 +218,8 @@ def test_random_and_tpe_sweeps_run_their_number_of_trials(tmp_path):
 def test_bad_sweep_file_fails_with_a_message_naming_it(tmp_path, fields, message):
     path = sweep_file(tmp_path, **fields)
     config = write(tmp_path / "fake_config.py", FAKE_CONFIG)
-    with pytest.raises(sweeps.study.SweepError) as error:
-        sweeps.study.load_sweep(path, config)
+    with pytest.raises(tuning.study.SweepError) as error:
+        tuning.study.load_sweep(path, config)
     assert message in str(error.value) and str(path) in str(error.value)
 
 
@@ -286,14 +286,14 @@ def test_two_machines_opening_one_grid_study_at_once_queue_each_point_once(tmp_p
 
     monkeypatch.setattr(optuna.study.Study, "user_attrs", property(slow_read))
     config = write(tmp_path / "fake_config.py", FAKE_CONFIG)
-    grid = sweeps.study.load_sweep(sweep_file(tmp_path, **GRID), config)
+    grid = tuning.study.load_sweep(sweep_file(tmp_path, **GRID), config)
     for name in ("fresh", "beside"):
         barrier = threading.Barrier(4)
 
         def open_at_once(machine: str) -> None:
             args = open_args(config, tmp_path / machine / "sweep", url, study_name=name)
             barrier.wait()
-            sweeps.study.open_study(args, grid)
+            tuning.study.open_study(args, grid)
 
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(open_at_once, ["a", "b", "c", "d"]))
@@ -301,55 +301,55 @@ def test_two_machines_opening_one_grid_study_at_once_queue_each_point_once(tmp_p
         assert queued_points(study) == [(("learning_rate", lr), ("quality", q)) for lr in (1e-3, 3e-3) for q in (0.5, 1.0)]
         assert all(t.state.name == "WAITING" and t.user_attrs == {"queued": True} for t in study.trials)
     # the description check still holds: a study made by another sweep is refused, and nothing is queued
-    other = sweeps.study.load_sweep(sweep_file(tmp_path, **dict(GRID, direction="minimize")), config)
-    with pytest.raises(sweeps.study.SweepError, match="'beside' .* was made by another sweep"):
-        sweeps.study.open_study(open_args(config, tmp_path / "e" / "sweep", url, study_name="beside"), other)
+    other = tuning.study.load_sweep(sweep_file(tmp_path, **dict(GRID, direction="minimize")), config)
+    with pytest.raises(tuning.study.SweepError, match="'beside' .* was made by another sweep"):
+        tuning.study.open_study(open_args(config, tmp_path / "e" / "sweep", url, study_name="beside"), other)
     assert len(optuna.load_study(study_name="beside", storage=url).trials) == 4
 
 
 def test_grid_queueing_cut_short_is_finished_without_repeats(tmp_path):
     # A process killed while queueing leaves some points and no description: the next one queues only the rest.
     config = write(tmp_path / "fake_config.py", FAKE_CONFIG)
-    grid = sweeps.study.load_sweep(sweep_file(tmp_path, **GRID), config)
+    grid = tuning.study.load_sweep(sweep_file(tmp_path, **GRID), config)
     workdir = tmp_path / "sweep"
     workdir.mkdir()
     study = optuna.create_study(study_name="sweep", storage=f"sqlite:///{tmp_path / 'study.db'}")
     study.enqueue_trial({"quality": 0.5, "learning_rate": 1e-3}, user_attrs={"queued": True})
-    study = sweeps.study.open_study(open_args(config, workdir, f"sqlite:///{tmp_path / 'study.db'}"), grid)
+    study = tuning.study.open_study(open_args(config, workdir, f"sqlite:///{tmp_path / 'study.db'}"), grid)
     assert queued_points(study) == [(("learning_rate", lr), ("quality", q)) for lr in (1e-3, 3e-3) for q in (0.5, 1.0)]
     assert study.user_attrs["description"]["sweep"]["space"]["quality"] == ["categorical", [0.5, 1.0]]
-    study = sweeps.study.open_study(open_args(config, workdir, f"sqlite:///{tmp_path / 'study.db'}"), grid)  # recorded: queues nothing
+    study = tuning.study.open_study(open_args(config, workdir, f"sqlite:///{tmp_path / 'study.db'}"), grid)  # recorded: queues nothing
     assert len(study.trials) == 4
 
 
 def test_unsupported_database_is_refused_by_name(tmp_path):
-    with pytest.raises(sweeps.study.SweepError, match="PostgreSQL .* not mysql"):
-        with sweeps.study.queue_lock("mysql://user@host/db", tmp_path):
+    with pytest.raises(tuning.study.SweepError, match="PostgreSQL .* not mysql"):
+        with tuning.study.queue_lock("mysql://user@host/db", tmp_path):
             pass
 
 
 def test_worker_environment_gives_each_worker_gpus_of_its_own():
     environ = {"PATH": "/usr/bin", "HOME": "/root"}
     gpus = ["0", "1", "2", "3"]
-    first, second = (sweeps.trial.worker_environment(i, 2, environ, gpus) for i in range(2))
+    first, second = (tuning.trial.worker_environment(i, 2, environ, gpus) for i in range(2))
     assert first == {**environ, "CUDA_VISIBLE_DEVICES": "0,1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     assert second == {**environ, "CUDA_VISIBLE_DEVICES": "2,3", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     assert environ == {"PATH": "/usr/bin", "HOME": "/root"}  # the parent's is left alone
     # blocks of one size (the remainder idle), names as CUDA_VISIBLE_DEVICES gave them; an explicit setting is kept
     given = {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
-    assert [sweeps.trial.worker_environment(i, 2, given, ["4", "6", "7"]) for i in range(2)] == [
+    assert [tuning.trial.worker_environment(i, 2, given, ["4", "6", "7"]) for i in range(2)] == [
         {"CUDA_VISIBLE_DEVICES": "4", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
         {"CUDA_VISIBLE_DEVICES": "6", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
     ]  # fmt: skip
     # more workers than GPUs: refused, naming the count
-    with pytest.raises(sweeps.study.SweepError, match=r"--parallel=2 but this machine has 1 GPU\(s\) \(0\).*--parallel=1"):
-        sweeps.trial.worker_environment(0, 2, environ, ["0"])
+    with pytest.raises(tuning.study.SweepError, match=r"--parallel=2 but this machine has 1 GPU\(s\) \(0\).*--parallel=1"):
+        tuning.trial.worker_environment(0, 2, environ, ["0"])
     # no GPUs (CPU-only), or one worker: the environment as it is
-    assert [sweeps.trial.worker_environment(i, 2, environ, []) for i in range(2)] == [environ, environ]
-    assert sweeps.trial.worker_environment(0, 1, environ, gpus) == environ
+    assert [tuning.trial.worker_environment(i, 2, environ, []) for i in range(2)] == [environ, environ]
+    assert tuning.trial.worker_environment(0, 1, environ, gpus) == environ
     # under srun or mpirun a trial must not join the other trials as one distributed run
     launched = {**environ, "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "OMPI_COMM_WORLD_SIZE": "2", "JAX_COORDINATOR_ADDRESS": "h:1"}
-    assert sweeps.trial.worker_environment(0, 1, launched, []) == environ
+    assert tuning.trial.worker_environment(0, 1, launched, []) == environ
 
 
 def fake_nvidia_smi(folder: Path, count: int) -> Path:
@@ -362,14 +362,14 @@ def fake_nvidia_smi(folder: Path, count: int) -> Path:
 
 
 def test_visible_gpus_from_cuda_visible_devices_or_nvidia_smi(tmp_path):
-    assert sweeps.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3, 5"}) == ["2", "3", "5"]
-    assert sweeps.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "MIG-a,MIG-b"}) == ["MIG-a", "MIG-b"]
-    assert sweeps.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,-1,1"}) == ["0"]  # CUDA stops at an invalid name
-    assert sweeps.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
-    assert sweeps.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1", "JAX_PLATFORMS": "cpu"}) == []
-    assert sweeps.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1", "JAX_PLATFORMS": "cuda,cpu"}) == ["0", "1"]
-    assert sweeps.trial.visible_gpus({"PATH": str(fake_nvidia_smi(tmp_path / "bin", 4))}) == ["0", "1", "2", "3"]
-    assert sweeps.trial.visible_gpus({"PATH": str(tmp_path / "nothing")}) == []  # no nvidia-smi: a CPU-only machine
+    assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3, 5"}) == ["2", "3", "5"]
+    assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "MIG-a,MIG-b"}) == ["MIG-a", "MIG-b"]
+    assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,-1,1"}) == ["0"]  # CUDA stops at an invalid name
+    assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1", "JAX_PLATFORMS": "cpu"}) == []
+    assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1", "JAX_PLATFORMS": "cuda,cpu"}) == ["0", "1"]
+    assert tuning.trial.visible_gpus({"PATH": str(fake_nvidia_smi(tmp_path / "bin", 4))}) == ["0", "1", "2", "3"]
+    assert tuning.trial.visible_gpus({"PATH": str(tmp_path / "nothing")}) == []  # no nvidia-smi: a CPU-only machine
 
 
 RECORD_TRAIN = """
@@ -405,11 +405,11 @@ def test_trials_inherit_their_workers_gpus(tmp_path):
 
 
 def test_grid_points_and_distributions():
-    spec = sweeps.study.Sweep("grid", {"a": ("categorical", [1, 2]), "b": ("categorical", ["x", "y", "z"])}, "dev/loss",
+    spec = tuning.study.Sweep("grid", {"a": ("categorical", [1, 2]), "b": ("categorical", ["x", "y", "z"])}, "dev/loss",
                        "minimize", 6, {})  # fmt: skip
-    assert sweeps.study.grid_points(spec) == [{"a": a, "b": b} for a in (1, 2) for b in "xyz"]
-    spec = sweeps.study.Sweep("tpe", {"lr": ("log_uniform", 1e-4, 1e-2), "n": ("int", 1, 4)}, "dev/loss", "minimize", 3, {})
-    found = sweeps.study.distributions(spec)
+    assert tuning.study.grid_points(spec) == [{"a": a, "b": b} for a in (1, 2) for b in "xyz"]
+    spec = tuning.study.Sweep("tpe", {"lr": ("log_uniform", 1e-4, 1e-2), "n": ("int", 1, 4)}, "dev/loss", "minimize", 3, {})
+    found = tuning.study.distributions(spec)
     assert found["lr"] == optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)
     assert found["n"] == optuna.distributions.IntDistribution(1, 4)
 
@@ -425,7 +425,7 @@ def test_unreachable_storage_is_named(tmp_path):
 
 
 def test_metrics_follower_reads_complete_new_lines_and_restarts_after_truncation(tmp_path):
-    follower = sweeps.trial.MetricsFollower(tmp_path)
+    follower = tuning.trial.MetricsFollower(tmp_path)
     assert follower.poll() == []  # no file yet
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"ste')  # the last line is being written
@@ -440,12 +440,12 @@ def test_metrics_follower_reads_complete_new_lines_and_restarts_after_truncation
 def test_an_objective_is_a_score_of_the_task_and_takes_its_direction(tmp_path):
     config = PROJECT_ROOT / "configs" / "default.py"
     budget = {"num_train_steps": 4}
-    taken = sweeps.study.load_sweep(sweep_file(tmp_path, method="grid", space={"learning_rate": ("categorical", [1e-3])},
+    taken = tuning.study.load_sweep(sweep_file(tmp_path, method="grid", space={"learning_rate": ("categorical", [1e-3])},
                                                objective="dev/exact_match", budget=budget), config)  # fmt: skip
     assert taken.direction == "maximize"  # the registry's, with none given
     for objective, direction, message in (("dev/bleu", None, "objective 'bleu' applies to translation, captioning only"),
                                           ("dev/loss", "maximize", "direction 'maximize' contradicts 'loss'")):  # fmt: skip
         path = sweep_file(tmp_path, method="grid", space={"learning_rate": ("categorical", [1e-3])}, objective=objective,
                           budget=budget, **({"direction": direction} if direction else {}))  # fmt: skip
-        with pytest.raises(sweeps.study.SweepError, match=message):
-            sweeps.study.load_sweep(path, config)
+        with pytest.raises(tuning.study.SweepError, match=message):
+            tuning.study.load_sweep(path, config)

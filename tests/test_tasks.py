@@ -10,7 +10,7 @@ from babel import Locale
 from tensorflow_datasets.core import shuffle
 
 import tasks
-from errors import DataError
+from utils.errors import DataError
 from tasks import catalog, dates, parallel_text, synthetic
 
 

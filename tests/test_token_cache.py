@@ -10,7 +10,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 import tasks
-import vocabularies as tk
+from tasks import vocabularies as tk
 from tasks import token_cache
 
 

@@ -13,19 +13,19 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from tiny import tiny_config, xla_flags
+from helpers.tiny import tiny_config, xla_flags
 
-import evaluation
+from engine import evaluation
 import inference
-import scores
-import trainer
+from scoring import score_registry
+from engine import training_loop
 from configs import base
-from errors import ConfigError
-from run_setup import preflight, run_config
+from utils.errors import ConfigError
+from run_setup import compatibility, preflight
 from run_setup.cluster import make_mesh
-from vocabularies import EOS_ID
-import settings
-from settings import parse
+from tasks.vocabularies import EOS_ID
+from run_setup import settings
+from run_setup.settings import parse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,12 +66,12 @@ def test_evaluation_config_keeps_the_run_and_takes_evaluation_fields(finished_ru
     config, workdir, _ = finished_run
     saved = base.read_run_config(workdir)
     requested = parse(base.load(saved, ["--config.decode.beam_size=3", "--config.eval_decode_examples=5", "--config.learning_rate=9.0"]))
-    merged = run_config.for_evaluation(parse(saved), requested, ["decode.beam_size", "eval_decode_examples", "learning_rate"])
+    merged = compatibility.for_evaluation(parse(saved), requested, ["decode.beam_size", "eval_decode_examples", "learning_rate"])
     assert (merged.decode.beam_size, merged.evaluation.eval_decode_examples, merged.optimization.learning_rate) == (3, 5, saved.learning_rate)
-    assert run_config.for_evaluation(parse(saved), requested, ["decode.beam_size"]).evaluation.eval_decode_examples == 0
+    assert compatibility.for_evaluation(parse(saved), requested, ["decode.beam_size"]).evaluation.eval_decode_examples == 0
     assert settings.read_run_settings(workdir) == parse(saved)  # config.json reads back into the same settings
     with pytest.raises(ConfigError, match=r"task.train_size: 600 -> 700"):
-        run_config.for_evaluation(parse(saved), parse(base.load(saved, ["--config.task.train_size=700"])), ["task.train_size"])
+        compatibility.for_evaluation(parse(saved), parse(base.load(saved, ["--config.task.train_size=700"])), ["task.train_size"])
 
 
 def test_predict_with_an_n_best_list_and_standard_input(finished_run, tmp_path, monkeypatch):
@@ -98,7 +98,7 @@ def test_resuming_with_a_changed_model_is_refused_before_anything_is_written(fin
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     changed = tiny_config(config.data_dir, **{"model.d_ff": 64, "num_train_steps": 30})
     with pytest.raises(ConfigError, match=r"model.d_ff: 32 -> 64"):
-        trainer.train_and_evaluate(parse(changed), run)
+        training_loop.train_and_evaluate(parse(changed), run)
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
@@ -181,7 +181,7 @@ def test_a_run_folder_from_before_a_field_existed_resumes_and_loads(finished_run
     saved = json.loads((run / "config.json").read_text())
     del saved["data"]["batch_tokens"]  # a field added after the run was made
     (run / "config.json").write_text(json.dumps(saved))
-    run_config.check_resume(parse(config), run)  # the same run: no refusal over the missing field
+    compatibility.check_resume(parse(config), run)  # the same run: no refusal over the missing field
     assert inference.load(run).translate(["3 March 2021"])
 
 
@@ -223,19 +223,19 @@ def test_inference_api_from_a_copied_run_folder(finished_run, tmp_path):
 def test_early_stopping_ends_the_run_and_its_count_survives_a_resume(shared_data_dir, tmp_path):
     # learning rate 0: the dev loss never improves after the first evaluation
     overrides = dict(learning_rate=0.0, schedule="constant", num_train_steps=40, eval_every_steps=5, checkpoint_every_steps=40)
-    final = trainer.train_and_evaluate(parse(tiny_config(shared_data_dir, early_stopping_patience=2, **overrides)), tmp_path)
+    final = training_loop.train_and_evaluate(parse(tiny_config(shared_data_dir, early_stopping_patience=2, **overrides)), tmp_path)
     assert [r["step"] for r in rows(tmp_path) if r["split"] == "dev"] == [5, 10, 15]  # best at 5, then 2 without
     assert [r["step"] for r in rows(tmp_path) if r["split"] == "test"] == [15] and "test" in final
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [15]
     # two more evaluations are allowed now only if the count started over: it must not
-    trainer.train_and_evaluate(parse(tiny_config(shared_data_dir, early_stopping_patience=3, **overrides)), tmp_path)
+    training_loop.train_and_evaluate(parse(tiny_config(shared_data_dir, early_stopping_patience=3, **overrides)), tmp_path)
     assert [r["step"] for r in rows(tmp_path) if r["split"] == "dev"] == [5, 10, 15, 20]
 
 
 def test_bleu_tokenizer_is_a_field_and_its_signature_is_kept():
     hypotheses, references = ["猫が座った。"], ["猫が座った"]
-    default = scores.text_scores("bleu", hypotheses, references)
-    by_char = scores.text_scores("bleu", hypotheses, references, bleu_tokenize="char")
+    default = score_registry.text_scores("bleu", hypotheses, references)
+    by_char = score_registry.text_scores("bleu", hypotheses, references, bleu_tokenize="char")
     assert "tok:13a" in default["bleu_signature"] and "tok:char" in by_char["bleu_signature"]
     assert by_char["bleu"] > default["bleu"]  # 13a sees one word; char sees the shared characters
 
@@ -254,7 +254,7 @@ def test_a_run_initialised_from_another_starts_at_its_dev_loss_and_loads_like_an
     assert results["loss"] == final["dev"]["loss"]  # the other run's parameters, exactly
     assert (tmp_path / "first" / "tokenizer" / "shared.json").read_bytes() == (workdir / "tokenizer" / "shared.json").read_bytes()
     run.checkpoints.close()
-    trainer.train_and_evaluate(parse(tuned), tmp_path / "tuned")
+    training_loop.train_and_evaluate(parse(tuned), tmp_path / "tuned")
     assert json.loads((tmp_path / "tuned" / "config.json").read_text())["init_from"] == f"{workdir}:20"
     assert inference.load(tmp_path / "tuned").translate(["3 March 2021"])
 
@@ -266,7 +266,7 @@ def test_a_run_initialised_from_another_starts_at_its_dev_loss_and_loads_like_an
 def test_a_run_to_start_from_that_does_not_fit_is_refused_naming_the_fields(finished_run, tmp_path, overrides, message):
     config, workdir, _ = finished_run
     with pytest.raises(ConfigError, match=message):
-        trainer.train_and_evaluate(parse(tiny_config(config.data_dir, init_from=str(workdir), **overrides)), tmp_path / "new")
+        training_loop.train_and_evaluate(parse(tiny_config(config.data_dir, init_from=str(workdir), **overrides)), tmp_path / "new")
     assert not (tmp_path / "new").exists()
     with pytest.raises(ConfigError, match="init_from .* is not a run folder"):
-        trainer.train_and_evaluate(parse(tiny_config(config.data_dir, init_from=str(tmp_path))), tmp_path / "new")
+        training_loop.train_and_evaluate(parse(tiny_config(config.data_dir, init_from=str(tmp_path))), tmp_path / "new")

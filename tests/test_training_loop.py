@@ -13,40 +13,19 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from tiny import tiny_config, xla_flags
+from helpers.tiny import tiny_config
+from helpers.train_runs import metric_rows, run_train_py
 
-import evaluation
+from engine import evaluation
 import inference
-import trainer
+from engine import training_loop
 from configs import base
-from errors import NonFiniteLoss
+from utils.errors import NonFiniteLoss
 from input_pipeline import train_dataset
 from run_setup.run import prepare_run
-from settings import parse
+from run_setup.settings import parse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-TINY_FLAGS = [
-    "--config.task.train_size=600", "--config.task.dev_size=24", "--config.task.test_size=24",
-    "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.d_ff=32",
-    "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1", "--config.batch_size=16",
-    "--config.warmup_steps=5", "--config.log_every_steps=5",
-    "--config.curves_png=false",  # matplotlib's import and a drawing, 0.5 s of a tiny run's 4 (tests/conftest.py's stub is in-process only)
-]  # fmt: skip
-
-
-def run_train_py(workdir, data_dir, *flags, env=None, tiny=TINY_FLAGS, script=PROJECT_ROOT / "train.py", point=None, **popen):
-    """train.py (or `script`, given `point` first: tests/fault_worker.py) on the tiny config in a subprocess."""
-    command = [sys.executable, str(script), *([point] if point else []), f"--workdir={workdir}", f"--config.data_dir={data_dir}", *tiny, *flags]
-    environment = {**os.environ, "XLA_FLAGS": xla_flags(1), **(env or {})}
-    return subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
-
-
-def metric_rows(workdir):
-    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-
-
-TIMING = ("tokens_per_second", "steps_per_second")
-
 
 def copy_with_a_damaged_checkpoint(workdir: Path, tmp_path: Path, step: int) -> Path:
     """A copy of a run folder whose checkpoint at `step` has every state file overwritten."""
@@ -64,7 +43,7 @@ def copy_with_a_damaged_checkpoint(workdir: Path, tmp_path: Path, step: int) -> 
 def test_rsqrt_schedule_is_the_papers_formula():
     config = base.get_config()
     config.update(learning_rate=512**-0.5 * 4000**-0.5, warmup_steps=4000, schedule="rsqrt")
-    schedule = trainer.learning_rate_schedule(parse(config).optimization)
+    schedule = training_loop.learning_rate_schedule(parse(config).optimization)
     for step_number in (1, 100, 4000, 9000, 100_000):  # the paper counts steps from 1
         paper = 512**-0.5 * min(step_number**-0.5, step_number * 4000**-1.5)
         assert abs(float(schedule(step_number - 1)) / paper - 1) < 1e-5
@@ -73,15 +52,15 @@ def test_rsqrt_schedule_is_the_papers_formula():
 def test_cosine_and_constant_schedules():
     config = base.get_config()
     config.update(learning_rate=1.0, warmup_steps=10, num_train_steps=110, schedule="cosine")
-    schedule = trainer.learning_rate_schedule(parse(config).optimization)
+    schedule = training_loop.learning_rate_schedule(parse(config).optimization)
     assert float(schedule(5)) == pytest.approx(0.5)
     assert float(schedule(60)) == pytest.approx(0.5, abs=1e-6)  # halfway through the cosine
     assert float(schedule(110)) == pytest.approx(0.0, abs=1e-6)
     config.schedule = "constant"
-    assert float(trainer.learning_rate_schedule(parse(config).optimization)(50)) == 1.0
+    assert float(training_loop.learning_rate_schedule(parse(config).optimization)(50)) == 1.0
     config.schedule = "linear"
     with pytest.raises(ValueError, match="schedule must be"):
-        trainer.learning_rate_schedule(parse(config).optimization)
+        training_loop.learning_rate_schedule(parse(config).optimization)
 
 
 # ----------------------------------------------------------- data parallelism
@@ -89,9 +68,9 @@ def test_cosine_and_constant_schedules():
 
 def first_step(run, batch):
     """One train step of `run` from its initial state on `batch`."""
-    tx = trainer.make_optimizer(run.settings.optimization)
-    state = trainer.initial_state(run, tx)
-    return trainer.compile_train_step(run, tx, state)(state, run.global_batch(batch))
+    tx = training_loop.make_optimizer(run.settings.optimization)
+    state = training_loop.initial_state(run, tx)
+    return training_loop.compile_train_step(run, tx, state)(state, run.global_batch(batch))
 
 
 @pytest.mark.all_devices
@@ -202,7 +181,7 @@ def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp
 def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp_path):
     config, workdir, _ = finished_run
     copy = copy_with_a_damaged_checkpoint(workdir, tmp_path, step=20)
-    trainer.train_and_evaluate(parse(tiny_config(config.data_dir, visualize_examples=3, num_train_steps=30)), copy)
+    training_loop.train_and_evaluate(parse(tiny_config(config.data_dir, visualize_examples=3, num_train_steps=30)), copy)
     names = sorted(p.name for p in (copy / "checkpoints").iterdir() if not p.name.startswith("."))
     assert "20.unreadable" in names and {"20", "30"} <= set(names)  # saved again, the bad one kept aside
     assert [r["step"] for r in metric_rows(copy) if r["split"] == "train"] == [5, 10, 15, 20, 25, 30]
@@ -210,9 +189,9 @@ def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp
 
 def test_a_run_compiles_its_train_step_once(shared_data_dir, tmp_path, monkeypatch):
     compiled = []
-    compile_train_step = trainer.compile_train_step
-    monkeypatch.setattr(trainer, "compile_train_step", lambda *args: compiled.append(compile_train_step(*args)) or compiled[-1])
-    trainer.train_and_evaluate(parse(tiny_config(shared_data_dir, num_train_steps=12, eval_every_steps=12, checkpoint_every_steps=6)), tmp_path)
+    compile_train_step = training_loop.compile_train_step
+    monkeypatch.setattr(training_loop, "compile_train_step", lambda *args: compiled.append(compile_train_step(*args)) or compiled[-1])
+    training_loop.train_and_evaluate(parse(tiny_config(shared_data_dir, num_train_steps=12, eval_every_steps=12, checkpoint_every_steps=6)), tmp_path)
     assert [step._cache_size() for step in compiled] == [1]  # no second compilation at step 1 or after a save
 
 
@@ -245,56 +224,13 @@ def test_a_process_set_up_like_train_py_reads_its_compilation_cache_back(tmp_pat
 
 def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
     config = tiny_config(shared_data_dir, num_train_steps=40, keep_checkpoints=1, best_metric="loss")
-    trainer.train_and_evaluate(parse(config), tmp_path)
+    training_loop.train_and_evaluate(parse(config), tmp_path)
     run = prepare_run(parse(config), tmp_path)
     dev_loss = {r["step"]: r["loss"] for r in metric_rows(tmp_path) if r["split"] == "dev"}
     best = min(dev_loss, key=dev_loss.get)
     assert run.checkpoints.best_step() == best
     assert set(run.checkpoints.steps()) == {best, 40}  # the last one and the best one
 
-
-def sigkill_and_rerun(tmp_path, data_dir, flags, *, kill_after: int, checkpoint: int, last: int, tiny=TINY_FLAGS):
-    """Runs train.py whole, and again killed (SIGKILL) once the `checkpoint` step's checkpoint is
-    written and training has logged step `kill_after`, then rerun; returns the two run folders
-    after checking that their metrics agree and that the cut run did not get to `last`."""
-    uninterrupted = run_train_py(tmp_path / "whole", data_dir, *flags, tiny=tiny)
-    assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stdout.read()
-
-    interrupted = run_train_py(tmp_path / "cut", data_dir, *flags, tiny=tiny)
-    metrics_file = tmp_path / "cut" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline:  # kill once the checkpoint is complete and training has gone on
-        past = metrics_file.exists() and any(r["split"] == "train" and r["step"] >= kill_after for r in metric_rows(tmp_path / "cut"))
-        if past and (tmp_path / "cut" / "checkpoints" / str(checkpoint)).exists():
-            break
-        time.sleep(0.01)
-    interrupted.send_signal(signal.SIGKILL)
-    assert interrupted.wait(timeout=60) == -signal.SIGKILL
-    assert not (tmp_path / "cut" / "checkpoints" / str(last)).exists()
-    resumed = run_train_py(tmp_path / "cut", data_dir, *flags, tiny=tiny)
-    output = resumed.communicate(timeout=300)[0]
-    assert resumed.returncode == 0, output
-    assert "resuming from the checkpoint at step" in output
-
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
-    assert strip(metric_rows(tmp_path / "cut")) == strip(metric_rows(tmp_path / "whole"))
-    return tmp_path / "whole", tmp_path / "cut"
-
-
-def final_state(config, workdir, step):
-    """The training state saved in `workdir` at `step`, restored onto one device."""
-    run = prepare_run(parse(config), workdir, devices=jax.devices()[:1], with_data=False)
-    try:
-        return run.checkpoints.restore(run.abstract(trainer.initial_state(run, trainer.make_optimizer(run.settings.optimization))), step=step)[1]
-    finally:
-        run.checkpoints.close()
-
-
-def assert_same_final_state(config, whole_dir, cut_dir, step):
-    whole_state, cut_state = final_state(config, whole_dir, step), final_state(config, cut_dir, step)
-    for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(cut_state), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit-identical
-    return whole_state
 
 
 def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
@@ -316,23 +252,23 @@ def test_a_window_cut_by_a_stop_keeps_its_seconds_for_the_resumed_row(tmp_path):
     """The resumed run's first row counts the steps trained before the stop at the seconds they took:
     32 steps in 45.7 s, then 18 in 29.3 s, log 50 / 75 s, not 50 / 29.3 s (a speed 2.6 times too fast)."""
     values = {"loss": 2.0, "nll": 2.0, "token_accuracy": 0.5, "tokens": 100.0, "grad_norm": 1.0, "update_norm": 0.1, "param_norm": 9.0}
-    trainer.keep_unfinished_window(tmp_path, 1032, [(step, values) for step in range(1001, 1033)], 45.7)
-    kept, seconds = trainer.unfinished_window(tmp_path, 1032)
+    training_loop.keep_unfinished_window(tmp_path, 1032, [(step, values) for step in range(1001, 1033)], 45.7)
+    kept, seconds = training_loop.unfinished_window(tmp_path, 1032)
     assert [step for step, _ in kept] == list(range(1001, 1033)) and seconds == 45.7
-    row = trainer.summarize_window(kept + [(step, values) for step in range(1033, 1051)], 1e-3, seconds + 29.3)
+    row = training_loop.summarize_window(kept + [(step, values) for step in range(1033, 1051)], 1e-3, seconds + 29.3)
     assert row["steps_per_second"] == pytest.approx(50 / 75.0) and row["tokens_per_second"] == pytest.approx(5000 / 75.0)
-    assert trainer.unfinished_window(tmp_path, 1000) == ([], 0.0)  # resumed from another step: nothing kept
-    (tmp_path / trainer.UNFINISHED_WINDOW).write_text('{"step": 1032, "window": []}')  # a file without the seconds
-    assert trainer.unfinished_window(tmp_path, 1032) == ([], 0.0)
+    assert training_loop.unfinished_window(tmp_path, 1000) == ([], 0.0)  # resumed from another step: nothing kept
+    (tmp_path / training_loop.UNFINISHED_WINDOW).write_text('{"step": 1032, "window": []}')  # a file without the seconds
+    assert training_loop.unfinished_window(tmp_path, 1032) == ([], 0.0)
 
 
 def test_curves_png_is_drawn_once_its_interval_has_passed_and_when_the_run_ends(tmp_path, monkeypatch):
     clock, drawn = [1000.0], []
-    monkeypatch.setattr(trainer.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(trainer.report, "draw_curves", drawn.append)
-    curves = trainer.CurvesPicture(tmp_path, enabled=True)
+    monkeypatch.setattr(training_loop.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(training_loop.pages, "draw_curves", drawn.append)
+    curves = training_loop.CurvesPicture(tmp_path, enabled=True)
     assert not curves.due() and curves.due(final=True)
-    clock[0] += trainer.CURVES_EVERY_SECONDS - 1
+    clock[0] += training_loop.CURVES_EVERY_SECONDS - 1
     assert not curves.due()
     clock[0] += 1
     assert curves.due()
@@ -342,12 +278,12 @@ def test_curves_png_is_drawn_once_its_interval_has_passed_and_when_the_run_ends(
     assert drawn == [tmp_path]
     curves.finish()
     assert drawn == [tmp_path]  # nothing written since
-    last = trainer.CurvesPicture(tmp_path, enabled=True)
+    last = training_loop.CurvesPicture(tmp_path, enabled=True)
     last.drawn(final=True)  # the last step's evaluation drew it
     last.finish()
     assert drawn == [tmp_path]
-    off = trainer.CurvesPicture(tmp_path, enabled=False)  # another process than the chief, or curves_png=False
-    clock[0] += trainer.CURVES_EVERY_SECONDS
+    off = training_loop.CurvesPicture(tmp_path, enabled=False)  # another process than the chief, or curves_png=False
+    clock[0] += training_loop.CURVES_EVERY_SECONDS
     assert not off.due() and not off.due(final=True)
     off.finish()
     assert drawn == [tmp_path]
@@ -365,7 +301,7 @@ def test_sigterm_during_eval_still_saves(shared_data_dir, tmp_path, monkeypatch)
 
     monkeypatch.setattr(evaluation, "evaluate_split", evaluate_then_signal)
     config = tiny_config(shared_data_dir, num_train_steps=1000, checkpoint_every_steps=1000, eval_every_steps=10)
-    trainer.train_and_evaluate(parse(config), tmp_path)
+    training_loop.train_and_evaluate(parse(config), tmp_path)
     assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10]
     assert max(row["step"] for row in metric_rows(tmp_path)) == 10
 
@@ -391,14 +327,14 @@ def test_bad_config_fails_with_a_message_naming_it(shared_data_dir, tmp_path, fl
 
 @pytest.mark.curves
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_dir, tmp_path):
-    trainer.train_and_evaluate(parse(tiny_config(shared_data_dir, num_train_steps=10)), tmp_path)
+    training_loop.train_and_evaluate(parse(tiny_config(shared_data_dir, num_train_steps=10)), tmp_path)
     exploding = tiny_config(
         shared_data_dir, learning_rate=1e30, schedule="constant", num_train_steps=60,
         checkpoint_every_steps=5, eval_every_steps=1000,
     )  # fmt: skip
     drawn_before = (tmp_path / "curves.png").stat().st_mtime_ns
     with pytest.raises(NonFiniteLoss, match=r"loss is (nan|inf) at step 1[1-5]"):
-        trainer.train_and_evaluate(parse(exploding), tmp_path)
+        training_loop.train_and_evaluate(parse(exploding), tmp_path)
     assert (tmp_path / "curves.png").stat().st_mtime_ns > drawn_before  # drawn again as the error ended the run
     run = prepare_run(parse(exploding), tmp_path)
     assert run.checkpoints.steps() == [10]
@@ -407,17 +343,17 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_di
 
 
 def test_a_second_run_on_a_workdir_is_refused_and_a_killed_runs_lock_is_taken_over(shared_data_dir, tmp_path):
-    from errors import WorkdirInUse
-    from files import WorkdirLock
+    from utils.errors import WorkdirInUse
+    from utils.files import WorkdirLock
 
     config = tiny_config(shared_data_dir, num_train_steps=2, eval_every_steps=2, checkpoint_every_steps=2)
     tmp_path.mkdir(exist_ok=True)
     first = WorkdirLock.acquire(tmp_path)  # another run training there (another open file: flock refuses even this process)
     with pytest.raises(WorkdirInUse, match=f"in use by another run .*\"pid\": {os.getpid()}"):
-        trainer.train_and_evaluate(parse(config), tmp_path)
+        training_loop.train_and_evaluate(parse(config), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".lock.holder"]  # no tokenizer, checkpoints, metrics or log
     first.release()  # as the kernel does when a run is killed; the holder file and its stale pid stay behind
     assert (tmp_path / ".lock.holder").read_text()
-    trainer.train_and_evaluate(parse(config), tmp_path)
+    training_loop.train_and_evaluate(parse(config), tmp_path)
     assert (tmp_path / "checkpoints" / "2").exists()
     WorkdirLock.acquire(tmp_path).release()  # the finished run let go of it

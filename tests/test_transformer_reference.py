@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from references import np_layer_norm, np_masked_softmax
+from helpers.references import np_layer_norm, np_masked_softmax
 
 import models
 from models import transformer

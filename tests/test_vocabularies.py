@@ -5,10 +5,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-import vocabularies as tk
+from tasks import vocabularies as tk
 from configs import base
-from settings import TokenizerSettings, parse
-from errors import ConfigError, DataError
+from run_setup.settings import TokenizerSettings, parse
+from utils.errors import ConfigError, DataError
 
 
 def settings(**fields):

@@ -1,12 +1,12 @@
 """Prepares TFDS catalog datasets as array_record in a data_dir, for tasks/catalog.py to read.
 
     make prepare DATASET=wmt14_translate/de-en [DATA_DIR=dir] [MANUAL_DIR=dir]
-    .venv-prepare/bin/python prepare_catalog.py NAME [NAME ...] [--data_dir=DIR] [--manual_dir=DIR]
+    .venv-prepare/bin/python tools/prepare_catalog.py NAME [NAME ...] [--data_dir=DIR] [--manual_dir=DIR]
 
 It runs in the preparation environment `.venv-prepare` (requirements-prepare.txt), not in the
 training one: TFDS's download manager extracts archives with `tf.io.gfile` and some builders
 (coco_captions) import TensorFlow, while training stays free of TensorFlow. Of the project it
-imports catalog_names.py alone (TFDS and the standard library), so it runs with that
+imports utils/tfds_names.py alone (TFDS and the standard library), so it runs with that
 environment's packages.
 
 `--data_dir` defaults to `$TFDS_DATA_DIR`, else `data/tfds` (training's default `config.data_dir`).
@@ -23,7 +23,9 @@ from pathlib import Path
 
 import tensorflow_datasets as tfds
 
-from catalog_names import name_problem
+# Run as a file from any folder: the project's root on the path, for utils/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from utils.tfds_names import name_problem  # noqa: E402
 
 FILE_FORMAT = "array_record"  # what tfds.data_source (and so Grain) reads with random access
 

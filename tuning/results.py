@@ -13,8 +13,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-import report
-from sweeps.study import Sweep, counted
+from report import pages
+from tuning.study import Sweep, counted
 
 NOT_SHOWN = ("step", "decoded_examples")  # and per-module metrics (names with "/")
 
@@ -67,7 +67,7 @@ def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = Tr
     (workdir / "results.md").write_text("\n".join(lines) + "\n")
     if picture:  # matplotlib (and JAX, imported by visualize) only in the process that ends the sweep
         plot_objective(rows, sweep, workdir / "objective_by_field.png")
-    report.write_sweep(workdir, rows, sweep.objective, sweep.space)
+    pages.write_sweep(workdir, rows, sweep.objective, sweep.space)
     return workdir / "results.md"
 
 
@@ -81,10 +81,10 @@ def format_cell(value: Any) -> str:
 
 def plot_objective(rows: list[dict], sweep: Sweep, path: Path) -> None:
     """The objective of each finished trial against each swept field."""
-    import visualize
+    from report import pictures
 
     done = [r for r in rows if r["state"] == "complete"]
-    figure = visualize.new_figure(figsize=(4.5 * len(sweep.space), 3.6))
+    figure = pictures.new_figure(figsize=(4.5 * len(sweep.space), 3.6))
     axes = figure.subplots(1, len(sweep.space), squeeze=False)
     for axis, (name, space) in zip(axes[0], sweep.space.items()):
         values = [r[name] for r in done]

@@ -15,9 +15,9 @@ from typing import Any
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-import files
+from utils import files
 from configs import base
-from errors import ConfigError
+from utils.errors import ConfigError
 
 METHODS = ("grid", "random", "tpe")
 SPACE_KINDS = ("categorical", "uniform", "log_uniform", "int")
@@ -101,16 +101,16 @@ def space_values(path: str | Path, name: str, space: Any) -> list:
 
 
 def objective_direction(path: str | Path, config, metric: str, given: str | None) -> str:
-    """The objective's direction: the score registry's (scores.py), for an objective the config's task
+    """The objective's direction: the score registry's (scoring/score_registry.py), for an objective the config's task
     writes. A config that is not attend's (another `--train_script`) states it, or minimizes."""
     if not base.has_field(config, "task.name"):
         return given or "minimize"
-    import scores  # JAX, through metrics.py: only for attend's own configs (see configs/base.py)
+    from scoring import score_registry  # JAX, through scoring/metrics.py: only for attend's own configs (see configs/base.py)
     import tasks
 
     task_metric, alignment, boxes = tasks.scoring_of(config.task.name)
     try:
-        score = scores.check_best_metric(metric, task_metric, alignment=alignment, boxes=boxes, field="objective")
+        score = score_registry.check_best_metric(metric, task_metric, alignment=alignment, boxes=boxes, field="objective")
     except ConfigError as error:
         raise SweepError(f"sweep file {path}: {error}") from error
     if given not in (None, score.direction):

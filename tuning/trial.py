@@ -22,9 +22,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from stopping import StopSignals
-from sweeps.results import write_results
-from sweeps.study import Sweep, SweepError, counted, distributions, open_study, override_flags, requeue, with_overrides
+from utils.stop_signals import StopSignals
+from tuning.results import write_results
+from tuning.study import Sweep, SweepError, counted, distributions, open_study, override_flags, requeue, with_overrides
 
 HEARTBEAT_S = 30  # a running trial's worker says it is alive this often
 HEARTBEAT_GRACE_S = 300  # ... and is taken for dead after this long without

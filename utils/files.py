@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import blake3
 import filelock
 
-from errors import WorkdirInUse
+from utils.errors import WorkdirInUse
 
 
 def write_whole(path: Path, write: Callable[[Path], None]) -> None:

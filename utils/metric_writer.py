@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from tensorboardX import SummaryWriter
 
-from progress import _clock
+from utils.progress import _clock
 
 
 def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:

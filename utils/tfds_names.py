@@ -1,6 +1,6 @@
 """Names of TFDS catalog datasets (`dataset[/config][:version]`): what is wrong with one, and the
 command that prepares one. Both environments import it: training's (tasks/catalog.py) and the
-preparation one (prepare_catalog.py, which has TensorFlow but not the project's other packages),
+preparation one (tools/prepare_catalog.py, which has TensorFlow but not the project's other packages),
 so it imports TFDS and the standard library alone."""
 
 from __future__ import annotations

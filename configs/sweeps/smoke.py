@@ -9,8 +9,8 @@ A sweep file's get_sweep() returns:
   | ("log_uniform", low, high) | ("int", low, high).
 - objective: "<split>/<metric>" of metrics.jsonl, e.g. "dev/exact_match", "dev/bleu",
   "dev/loss"; its value at the last step is the trial's result, and its values at
-  the evaluations before feed the median pruner; it must be a score of scores.py that the
-  config's task writes. direction: "maximize" or "minimize", the score's own (scores.py) when
+  the evaluations before feed the median pruner; it must be a score of scoring/score_registry.py that the
+  config's task writes. direction: "maximize" or "minimize", the score's own (scoring/score_registry.py) when
   left out; one that contradicts the score is refused.
 - num_trials: trials in all (a grid: its size). budget: config overrides every
   trial gets (steps, eval interval...). pruning: on unless False. seed: of the samplers.

@@ -16,12 +16,13 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The project's root (its modules) and tests/ (the helpers package) on the path, as pytest has them.
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 import promise  # noqa: E402
 from tensorflow_datasets.core.download import checksums, download_manager, downloader  # noqa: E402
 
-import prepare_catalog  # noqa: E402
+from tools import prepare_catalog  # noqa: E402
 
 
 class FixtureDownloader:

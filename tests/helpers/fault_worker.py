@@ -16,16 +16,17 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The project's root (its modules) and tests/ (the helpers package) on the path, as pytest has them.
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 import jax  # noqa: E402
 from absl import app  # noqa: E402
 from orbax.checkpoint._src.path import atomicity  # noqa: E402
 
-import checkpoints  # noqa: E402
-import evaluation  # noqa: E402
+from run_setup import checkpoints  # noqa: E402
+from engine import evaluation  # noqa: E402
 import train  # noqa: E402
-import trainer  # noqa: E402
+from engine import training_loop  # noqa: E402
 
 
 def die() -> None:
@@ -34,8 +35,8 @@ def die() -> None:
 
 def signal_at_step(number: int, signum: int, pause_after: float = 0.0) -> None:
     """Makes this process send itself `signum` while train step `number` runs, then pause
-    `pause_after` seconds in each later step (see two_process_worker.py)."""
-    compile_train_step = trainer.compile_train_step
+    `pause_after` seconds in each later step (see helpers/two_process_worker.py)."""
+    compile_train_step = training_loop.compile_train_step
 
     def compile_signalling_step(*args, **kwargs):
         step_function = compile_train_step(*args, **kwargs)
@@ -51,7 +52,7 @@ def signal_at_step(number: int, signum: int, pause_after: float = 0.0) -> None:
 
         return signalling_step
 
-    trainer.compile_train_step = compile_signalling_step
+    training_loop.compile_train_step = compile_signalling_step
 
 
 def kill_inside_save(number: str) -> None:

@@ -50,3 +50,24 @@ def two_process_config(data_dir, steps: int, sharding: str = "replicated", **ove
     dropout = {} if sharding == "replicated" else {"model.dropout_rate": 0.0}
     return tiny_config(data_dir, num_train_steps=steps, log_every_steps=4, checkpoint_every_steps=1000, eval_every_steps=1000,
                        sharding=sharding, curves_png=False, **dropout, **overrides)  # fmt: skip
+
+
+# The captioner shrunk to seconds (tests of captioning through the trainer).
+TINY_CAPTIONER = dict(conv_widths=(8, 8), pools=2, embed_dim=8, hidden_dim=16, attention_dim=8)
+
+
+def captioning_config(data_dir, attention="soft", **overrides):
+    """configs/captioner_digit_strips.py shrunk to seconds: the tiny captioner on 96 digit strips."""
+    from configs import base
+
+    config = base.load("configs/captioner_digit_strips.py")
+    config.unlock()
+    config.data_dir = str(data_dir)
+    config.task.update(train_size=96, dev_size=8, test_size=8)
+    config.model.update(attention=attention, **TINY_CAPTIONER)
+    config.update(batch_size=8, num_train_steps=4, eval_every_steps=4, checkpoint_every_steps=4, log_every_steps=2,
+                  warmup_steps=2, visualize_examples=1)  # fmt: skip
+    for name, value in overrides.items():
+        base.set_field(config, name, value)
+    config.lock()
+    return config

@@ -13,16 +13,17 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The project's root (its modules) and tests/ (the helpers package) on the path, as pytest has them.
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 import jax  # noqa: E402
 
-import allocator  # noqa: E402
-import trainer  # noqa: E402
-from fault_worker import signal_at_step  # noqa: E402
+from utils import allocator  # noqa: E402
+from engine import training_loop  # noqa: E402
+from helpers.fault_worker import signal_at_step  # noqa: E402
 from run_setup.cluster import setup_distributed  # noqa: E402
-from settings import parse  # noqa: E402
-from tiny import two_process_config  # noqa: E402
+from run_setup.settings import parse  # noqa: E402
+from helpers.tiny import two_process_config  # noqa: E402
 
 logging.getLogger().setLevel(logging.INFO)  # the trainer's INFO lines (resuming, ...) in log.txt, as train.py logs them
 for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
@@ -36,4 +37,4 @@ settings = parse(two_process_config(data_dir, int(steps), sharding, **joining))
 setup_distributed(settings.cluster)
 assert jax.process_count() == 2 and jax.process_index() == int(process_id), "the two processes did not join"
 print(f"process {jax.process_index()} of {jax.process_count()} on {jax.device_count()} devices", flush=True)
-trainer.train_and_evaluate(settings, workdir)
+training_loop.train_and_evaluate(settings, workdir)

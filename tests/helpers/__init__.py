@@ -1,0 +1,1 @@
+"""Helpers the tests share: tiny configs, NumPy references, the workers tests start as processes."""

@@ -1,0 +1,87 @@
+"""Running train.py in tests: the tiny flags, a subprocess on them, its metrics rows, the state it saved,
+and a whole run against one killed and rerun."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from engine import training_loop
+from helpers.tiny import xla_flags
+from run_setup.run import prepare_run
+from run_setup.settings import parse
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+TINY_FLAGS = [
+    "--config.task.train_size=600", "--config.task.dev_size=24", "--config.task.test_size=24",
+    "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.d_ff=32",
+    "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1", "--config.batch_size=16",
+    "--config.warmup_steps=5", "--config.log_every_steps=5",
+    "--config.curves_png=false",  # matplotlib's import and a drawing, 0.5 s of a tiny run's 4 (tests/conftest.py's stub is in-process only)
+]  # fmt: skip
+
+
+def run_train_py(workdir, data_dir, *flags, env=None, tiny=TINY_FLAGS, script=PROJECT_ROOT / "train.py", point=None, **popen):
+    """train.py (or `script`, given `point` first: tests/fault_worker.py) on the tiny config in a subprocess."""
+    command = [sys.executable, str(script), *([point] if point else []), f"--workdir={workdir}", f"--config.data_dir={data_dir}", *tiny, *flags]
+    environment = {**os.environ, "XLA_FLAGS": xla_flags(1), **(env or {})}
+    return subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def metric_rows(workdir):
+    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+TIMING = ("tokens_per_second", "steps_per_second")
+
+
+def final_state(config, workdir, step):
+    """The training state saved in `workdir` at `step`, restored onto one device."""
+    run = prepare_run(parse(config), workdir, devices=jax.devices()[:1], with_data=False)
+    try:
+        return run.checkpoints.restore(run.abstract(training_loop.initial_state(run, training_loop.make_optimizer(run.settings.optimization))), step=step)[1]
+    finally:
+        run.checkpoints.close()
+
+
+def assert_same_final_state(config, whole_dir, cut_dir, step):
+    whole_state, cut_state = final_state(config, whole_dir, step), final_state(config, cut_dir, step)
+    for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(cut_state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit-identical
+    return whole_state
+
+
+def sigkill_and_rerun(tmp_path, data_dir, flags, *, kill_after: int, checkpoint: int, last: int, tiny=TINY_FLAGS):
+    """Runs train.py whole, and again killed (SIGKILL) once the `checkpoint` step's checkpoint is
+    written and training has logged step `kill_after`, then rerun; returns the two run folders
+    after checking that their metrics agree and that the cut run did not get to `last`."""
+    uninterrupted = run_train_py(tmp_path / "whole", data_dir, *flags, tiny=tiny)
+    assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stdout.read()
+
+    interrupted = run_train_py(tmp_path / "cut", data_dir, *flags, tiny=tiny)
+    metrics_file = tmp_path / "cut" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill once the checkpoint is complete and training has gone on
+        past = metrics_file.exists() and any(r["split"] == "train" and r["step"] >= kill_after for r in metric_rows(tmp_path / "cut"))
+        if past and (tmp_path / "cut" / "checkpoints" / str(checkpoint)).exists():
+            break
+        time.sleep(0.01)
+    interrupted.send_signal(signal.SIGKILL)
+    assert interrupted.wait(timeout=60) == -signal.SIGKILL
+    assert not (tmp_path / "cut" / "checkpoints" / str(last)).exists()
+    resumed = run_train_py(tmp_path / "cut", data_dir, *flags, tiny=tiny)
+    output = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, output
+    assert "resuming from the checkpoint at step" in output
+
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    assert strip(metric_rows(tmp_path / "cut")) == strip(metric_rows(tmp_path / "whole"))
+    return tmp_path / "whole", tmp_path / "cut"
+

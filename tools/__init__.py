@@ -1,0 +1,1 @@
+"""Scripts a user runs apart from training: preparing TFDS catalog datasets, comparing two run folders."""
