@@ -23,7 +23,7 @@ import numpy as np
 
 from utils import files
 from utils.errors import ConfigError
-from tasks import base, catalog, dates, digit_strips, image_captions, parallel_text, synthetic
+from tasks import catalog, dates, digit_strips, image_captions, parallel_text, synthetic, task_builder
 
 INPUTS = ("text", "image")
 
@@ -57,13 +57,13 @@ class Task:
             return [records.references(i) for i in indices]
         groups: dict[str, list[str]] = {}
         for i in range(len(records)):
-            groups.setdefault(base.text(records[i][self.group_key]), []).append(self.pair(records[i])[1])
-        return [groups[base.text(records[i][self.group_key])] for i in indices]
+            groups.setdefault(task_builder.text(records[i][self.group_key]), []).append(self.pair(records[i])[1])
+        return [groups[task_builder.text(records[i][self.group_key])] for i in indices]
 
     def pair(self, record: Mapping[str, Any]) -> tuple[str, str]:
         """The (source, target) texts of one record; an image task's source text is empty."""
-        source = "" if self.inputs == "image" else base.text(record[self.source_key])
-        return source, base.text(record[self.target_key])
+        source = "" if self.inputs == "image" else task_builder.text(record[self.source_key])
+        return source, task_builder.text(record[self.target_key])
 
     def image(self, record: Mapping[str, Any]) -> np.ndarray:
         """An image task's source: a uint8 image as `[H, W, C]` (or a float feature grid as it is)."""
@@ -85,13 +85,13 @@ class TaskKind:
 
 
 TASKS = {
-    "dates": TaskKind(functools.partial(base.prepare, dates.Dates), dates.DatesConfig, "exact_match", dates.alignment_spans),
+    "dates": TaskKind(functools.partial(task_builder.prepare, dates.Dates), dates.DatesConfig, "exact_match", dates.alignment_spans),
     **{
-        kind: TaskKind(functools.partial(base.prepare, synthetic.Synthetic, kind=kind), synthetic.SyntheticConfig, "exact_match")
+        kind: TaskKind(functools.partial(task_builder.prepare, synthetic.Synthetic, kind=kind), synthetic.SyntheticConfig, "exact_match")
         for kind in synthetic.KINDS
     },
     "parallel_text": TaskKind(parallel_text.prepare_parallel_text, parallel_text.ParallelTextConfig, "bleu"),
-    "digit_strips": TaskKind(functools.partial(base.prepare, digit_strips.DigitStrips), digit_strips.DigitStripsConfig,
+    "digit_strips": TaskKind(functools.partial(task_builder.prepare, digit_strips.DigitStrips), digit_strips.DigitStripsConfig,
                              "caption", inputs="image", keys=("image", "caption"), boxes=digit_strips.word_boxes),
     "image_captions": TaskKind(image_captions.prepare_image_captions, image_captions.ImageCaptionsConfig, "caption",
                                inputs="image", keys=("image", "caption"), group_key="image_file"),
@@ -170,7 +170,7 @@ def _load_task(name: str, data_dir: str, **params) -> Task:
     if name in TASKS:
         kind = TASKS[name]
         splits, report = kind.prepare(data_dir=data_dir, **params)
-        base.log_report(name, report)
+        task_builder.log_report(name, report)
         return Task(name, splits, kind.metric, *kind.keys, alignment=kind.alignment, inputs=kind.inputs, boxes=kind.boxes,
                     group_key=kind.group_key)  # fmt: skip
     if catalog.inputs_of(name) == "image":

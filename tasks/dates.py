@@ -26,7 +26,7 @@ from utils.errors import ConfigError
 from babel import Locale
 from babel.dates import format_date, tokenize_pattern
 
-from tasks.base import TaskConfig, TextPairBuilder
+from tasks.task_builder import TaskConfig, TextPairBuilder
 
 LANGUAGES = ("en", "fr", "de", "es", "it", "pt", "nl")
 NUMERIC_PATTERNS = (

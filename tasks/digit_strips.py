@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from utils.errors import ConfigError, DataError
-from tasks.base import SPLITS, TaskConfig, TextPairBuilder
+from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCANS = PROJECT_ROOT / "data" / "digits" / "optdigits_test.csv.gz"

@@ -23,7 +23,7 @@ from PIL import Image, UnidentifiedImageError
 
 from utils import files
 from utils.errors import ConfigError, DataError
-from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
+from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder, prepare
 from tasks.parallel_text import Skipped, resolve, tsv_rows, two_texts
 
 

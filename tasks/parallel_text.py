@@ -35,8 +35,8 @@ import tensorflow_datasets as tfds
 from utils import progress
 from utils.errors import ConfigError, DataError
 from utils import files
-from tasks import base
-from tasks.base import SPLITS, TaskConfig, TextPairBuilder, prepare
+from tasks import task_builder
+from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder, prepare
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MAX_REPORTED_LINES = 5  # per reason
@@ -279,7 +279,7 @@ class ParallelText(TextPairBuilder):
     EXTRA_FEATURES = {"origin": tfds.features.Text()}  # file:line, for error reports and analysis
 
     def _split_shards(self):
-        config, size = self.builder_config, base.SHARD_EXAMPLES
+        config, size = self.builder_config, task_builder.SHARD_EXAMPLES
         found = survey(config, size)
         self.build_report = {"skipped": dict(found.skipped.counts), "messages": found.skipped.messages()}
         self.split_sizes = found.counts

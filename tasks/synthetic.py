@@ -20,7 +20,7 @@ import tensorflow_datasets as tfds
 
 from utils.errors import ConfigError
 
-from tasks.base import SPLITS, TaskConfig, TextPairBuilder
+from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 KINDS = ("copy", "reverse", "sort", "addition")

@@ -39,7 +39,7 @@ import sentencepiece as spm
 from utils import progress
 from utils.errors import DataError
 from utils.files import exclusive, write_whole
-from tasks.base import rebuild_fix
+from tasks.task_builder import rebuild_fix
 from tasks.vocabularies import EOS_ID, Tokenizers
 
 FORMAT_VERSION = 2  # 1: one .npz per split, read whole into memory
@@ -98,8 +98,8 @@ class ShardRange:
 
 def shard_ranges(records: Any) -> list[ShardRange] | None:
     """The array_record pieces a split's records are read from, in record order: a task's built data
-    (`tasks.base.Records`) or a TFDS catalog data source; None for records without files (a list)."""
-    source = getattr(records, "source", records)  # tasks.base.Records wraps a TFDS data source
+    (`tasks.task_builder.Records`) or a TFDS catalog data source; None for records without files (a list)."""
+    source = getattr(records, "source", records)  # tasks.task_builder.Records wraps a TFDS data source
     info, split = getattr(source, "dataset_info", None), getattr(source, "split", None)
     if info is None or split is None or getattr(info.file_format, "value", info.file_format) != "array_record":
         return None

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from helpers.tiny import TINY_CAPTIONER, captioning_config, tiny_config
-from helpers.train_runs import assert_same_final_state, sigkill_and_rerun
+from helpers.subprocess_runs import assert_same_final_state, sigkill_and_rerun
 
 from scoring import metrics
 from scoring import score_registry

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from orbax.checkpoint._src.path import atomicity
 from helpers.tiny import first_devices_mesh, tiny_config, two_process_config, xla_flags
-from helpers.train_runs import TIMING, assert_same_final_state, final_state, metric_rows, run_train_py
+from helpers.subprocess_runs import TIMING, assert_same_final_state, final_state, metric_rows, run_train_py
 
 from run_setup import checkpoints
 from utils import files

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from utils.errors import ConfigError
-from tasks import base, digit_strips
+from tasks import digit_strips, task_builder
 from tasks.digit_strips import DigitStrips, DigitStripsConfig, WORDS
 
 
@@ -44,7 +44,7 @@ def test_built_splits_use_disjoint_scans(tmp_path):
     assert not (seen["test"] & seen["train"]) and not (seen["dev"] & seen["train"]) and not (seen["dev"] & seen["test"])
     record = splits["test"][0]
     assert record["image"].shape == (24, 96) and record["image"].dtype == np.uint8
-    assert base.text(record["caption"]).split()[0] in WORDS
+    assert task_builder.text(record["caption"]).split()[0] in WORDS
     assert record["image"].std() > 0  # light noise on the canvas
 
 

@@ -3,7 +3,6 @@
 import collections
 import dataclasses
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest

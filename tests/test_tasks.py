@@ -96,7 +96,7 @@ def test_dates_build_is_cached_and_rebuilt_when_parameters_change(data_dir):
     assert task.metric == "exact_match"
     assert [len(task.splits[s]) for s in ("train", "dev", "test")] == [500, 50, 50]
     record = task.splits["test"][7]
-    check_example({**{k: tasks.base.text(record[k]) for k in ("source", "target", "format")}, "alignment": record["alignment"]})
+    check_example({**{k: tasks.task_builder.text(record[k]) for k in ("source", "target", "format")}, "alignment": record["alignment"]})
     files = sorted(p for p in (tfds.core.Path(data_dir) / "dates").glob("*/*/*.array_record*"))
     again = tasks.load_task("dates", data_dir, train_size=500, dev_size=50, test_size=50)
     assert sorted(p for p in (tfds.core.Path(data_dir) / "dates").glob("*/*/*.array_record*")) == files
@@ -206,7 +206,7 @@ def test_line_aligned_files_and_derived_splits(tmp_path, data_dir):
 def test_a_corpus_is_built_as_a_stream_in_shards_without_the_shuffler(tmp_path, data_dir, monkeypatch, caplog, layout):
     # TFDS's shuffler holds a split in memory and spills it through tf.io.gfile past 1 GB: never used
     monkeypatch.setattr(shuffle.Shuffler, "__init__", lambda *args, **kwargs: pytest.fail("shuffler used"))
-    monkeypatch.setattr(tasks.base, "SHARD_EXAMPLES", 7)
+    monkeypatch.setattr(tasks.task_builder, "SHARD_EXAMPLES", 7)
     lines = [(f"source {i}", f"target {i}") for i in range(120)] + [("", "no source")] * 3
     if layout == "tsv":
         write(tmp_path / "corpus.tsv", "".join(f"{s}\t{t}\r\n" for s, t in lines).encode())
@@ -233,13 +233,13 @@ def test_texts_are_serialized_as_tfds_serializes_them():
     features = tfds.features.FeaturesDict({"source": tfds.features.Text(), "target": tfds.features.Text()})
     reference = example_serializer.ExampleSerializer(features.get_serialized_info())
     for example in ({"source": "Grüße, ☃", "target": ""}, {"source": "a\tb", "target": "x" * 300}):
-        ours, theirs = tasks.base.text_serializer(features)(example), reference.serialize_example(features.encode_example(example))
+        ours, theirs = tasks.task_builder.text_serializer(features)(example), reference.serialize_example(features.encode_example(example))
         # the same message; the bytes may differ only in the order of the feature map's entries, which
         # protobuf leaves to the implementation (and readers ignore)
         assert tf_example_pb2.Example.FromString(ours) == tf_example_pb2.Example.FromString(theirs)
         assert sorted(ours) == sorted(theirs)
     with_spans = tfds.features.FeaturesDict({"source": tfds.features.Text(), "alignment": tfds.features.Tensor(shape=(3, 2), dtype=np.int32)})
-    assert tasks.base.text_serializer(with_spans) is None  # other features: TFDS's own serializer
+    assert tasks.task_builder.text_serializer(with_spans) is None  # other features: TFDS's own serializer
 
 
 def test_edited_file_is_rebuilt(tmp_path, data_dir):

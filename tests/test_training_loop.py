@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 from helpers.tiny import tiny_config
-from helpers.train_runs import metric_rows, run_train_py
+from helpers.subprocess_runs import metric_rows, run_train_py
 
 from engine import evaluation
 import inference
