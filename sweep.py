@@ -62,7 +62,7 @@ from utils.errors import ConfigError
 from run_setup import command_line
 from utils.stop_signals import StopSignals
 from tuning.results import write_results
-from tuning.study import SweepError, counted, load_sweep, open_study
+from tuning.study import SweepError, trials_toward_the_count, load_sweep, open_study
 from tuning.trial import visible_gpus, work, worker_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parent
@@ -92,7 +92,7 @@ def finished_trials(study: optuna.Study, known: int = 0) -> int:
     """Trials of the sweep's count that have ended (complete, pruned or failed); `known` when the
     storage cannot be read just now (the workers have their own connections and retries)."""
     try:
-        return sum(t.state.is_finished() for t in counted(study.get_trials(deepcopy=False)))
+        return sum(t.state.is_finished() for t in trials_toward_the_count(study.get_trials(deepcopy=False)))
     except (sqlalchemy.exc.SQLAlchemyError, OSError):
         return known
 
@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"sweep.py: error: {error}", file=sys.stderr)
         return 2
-    states = [t.state.name.lower() for t in counted(study.get_trials(deepcopy=False))]
+    states = [t.state.name.lower() for t in trials_toward_the_count(study.get_trials(deepcopy=False))]
     print(f"{len(states)} trials: " + ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states)))
     print(f"results: {results}, {results.with_suffix('.csv')}, {results.parent / 'objective_by_field.png'}")
     return status

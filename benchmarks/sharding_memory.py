@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     for mode in ("replicated", "fsdp", "fsdp_tp"):
         mesh = make_mesh(jax.devices()[: args.devices], mode, args.tensor_parallel)
         param_shardings = sharding.named_shardings(sharding.partition_specs(abstract_params, mesh, mode), mesh)
-        params = sharding.placed(abstract_params, param_shardings)
+        params = sharding.abstract_with_shardings(abstract_params, param_shardings)
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         opt_shardings = sharding.optimizer_shardings(tx, params, param_shardings, replicated)
-        opt_state = sharding.placed(jax.eval_shape(tx.init, params), opt_shardings)
+        opt_state = sharding.abstract_with_shardings(jax.eval_shape(tx.init, params), opt_shardings)
         param_bytes, opt_bytes = sharding.bytes_per_device(params), sharding.bytes_per_device(opt_state)
         total = param_bytes + opt_bytes
         reference = reference or total

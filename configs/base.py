@@ -313,7 +313,7 @@ def load(source: str | Path | ml_collections.ConfigDict, overrides: Sequence[str
             raise ConfigError(f"{where}: unknown config field {name!r}; valid{inside}: {', '.join(sorted(group))}")
     argv = ["load", *overrides]
     flag_values = flags.FlagValues()
-    defaults = {name: _get(config, name) for name in assignments}
+    defaults = {name: _field_value(config, name) for name in assignments}
     try:  # the override flags are made from `argv` when the flag is defined
         config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, lock_config=True, sys_argv=argv)
         flag_values(argv)
@@ -321,11 +321,11 @@ def load(source: str | Path | ml_collections.ConfigDict, overrides: Sequence[str
         root = error.__cause__ or error.__context__ or error
         raise ConfigError(f"{where} {' '.join(overrides)}: {root}") from error
     for name, default in defaults.items():
-        _check_sequence(name, default, _get(flag_values.config, name))
+        _check_sequence(name, default, _field_value(flag_values.config, name))
     return flag_values.config
 
 
-def _get(config: ml_collections.ConfigDict, dotted_name: str):
+def _field_value(config: ml_collections.ConfigDict, dotted_name: str):
     for part in dotted_name.split("."):
         config = config[part]
     return config

@@ -149,7 +149,7 @@ def evaluate_split(
                 alignment.setdefault(module, []).extend(module_scores)
     decoded = sorted(decoded)[: max_decoded or None]
     results = metrics.summarize(jax.device_get(totals))
-    results.update(text_metrics(run, split, best_of(decoded)))
+    results.update(text_metrics(run, split, best_hypotheses(decoded)))
     results["decoded_examples"] = len(decoded)
     results.update(alignment_results(alignment))
     if localizing:  # no caption with as many words as boxes: nothing scored, no accuracy
@@ -168,7 +168,7 @@ def shown_batches(evaluator: Evaluator, split: str) -> Iterator[tuple[dict, np.n
             shown.advance(int((index >= 0).sum()))  # the real rows; -1 marks padding
 
 
-def best_of(decoded: list[tuple[int, list[tuple[str, float]]]]) -> list[tuple[int, str]]:
+def best_hypotheses(decoded: list[tuple[int, list[tuple[str, float]]]]) -> list[tuple[int, str]]:
     """`(record index, best hypothesis)` of each decoded example."""
     return [(index, hypotheses[0][0]) for index, hypotheses in decoded]
 
@@ -280,7 +280,7 @@ def predict(settings: Settings, workdir: str | Path) -> Path:
         if settings.decode.num_hypotheses > 1:
             metric_writer.write_n_best(path.with_suffix(".nbest.tsv"), [(kind.shown(run.task, split, i), n_best) for i, n_best in decoded])
         if kind.has_length:
-            results["by_source_length"] = scores_by_length(run, split, best_of(decoded), settings.evaluation.length_bucket_width)
+            results["by_source_length"] = scores_by_length(run, split, best_hypotheses(decoded), settings.evaluation.length_bucket_width)
     report(run, step, {name: results})
     return path
 
@@ -290,7 +290,7 @@ def write_predictions(run: Run, split: str, decoded: list[tuple[int, list[tuple[
     (`evaluate_split`'s second result): `--mode=predict`'s file, and each training evaluation's for report/pages.py."""
     records, kind = run.task.splits[split], run.settings.source
     metric_writer.write_predictions(path, [(kind.shown(run.task, split, i), run.task.pair(records[i])[1], hypothesis)
-                                       for i, hypothesis in best_of(decoded)])  # fmt: skip
+                                       for i, hypothesis in best_hypotheses(decoded)])  # fmt: skip
 
 
 def check_split(run: Run, split: str) -> None:

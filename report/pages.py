@@ -288,7 +288,7 @@ def quantized(weights: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(np.asarray(weights, np.float32) * 255), 0, 255).astype(np.uint8)
 
 
-def packed(values: np.ndarray, keep: int | None) -> bytes:
+def packed_weights(values: np.ndarray, keep: int | None) -> bytes:
     """uint8 weights `[N, Tq, Tk]` as the page reads them: all of them (`keep` None), or each row's
     `keep` largest (ties: any of them) as `[N, Tq, keep]` key positions (uint16 little-endian) then their values."""
     if keep is None or keep >= values.shape[-1]:
@@ -309,7 +309,7 @@ def attention_payloads(examples: Sequence[dict], budget: int = ATTENTION_BUDGET_
             description, chunks, offset = {k: v for k, v in example.items() if k not in ("modules", "image")}, [], 0
             description["modules"] = []
             for module, module_values in zip(example["modules"], example_values):
-                data = packed(module_values, keep)
+                data = packed_weights(module_values, keep)
                 rows_kept = keep if keep is not None and keep < module["weights"].shape[-1] else None
                 description["modules"].append({"name": module["name"], "role": module["role"], "shape": list(module["weights"].shape),
                                                "offset": offset, "keep": rows_kept})  # fmt: skip
@@ -384,7 +384,7 @@ def run_page(folder: RunFolder) -> str:
                             "the .npz files beside the pictures hold them all.</p>")  # fmt: skip
         for number, example in enumerate(described):
             sections.append(f'<details class="example" data-example="{number}"><summary>{html.escape(example["name"])}: '
-                            f'{html.escape(joined(example.get("output", example.get("queries", []))))}</summary>'
+                            f'{html.escape(tokens_as_text(example.get("output", example.get("queries", []))))}</summary>'
                             '<div class="explorer"></div></details>')  # fmt: skip
     if folder.examples:
         sections.append(f"<h2>Decoded examples <small>({html.escape(folder.examples_file)}, sentence chrF)</small></h2>")
@@ -395,7 +395,7 @@ def run_page(folder: RunFolder) -> str:
     return PAGE.format(title=html.escape(folder.name), style=STYLE, body="\n".join(sections), data=data, blobs=blob_tags, script=SCRIPT)
 
 
-def joined(tokens: Sequence[str]) -> str:
+def tokens_as_text(tokens: Sequence[str]) -> str:
     """Tokens as text: SentencePiece pieces ("▁" starts a word) and characters joined, words spaced."""
     if any("▁" in t for t in tokens) or all(len(t) <= 1 or t.startswith("<") and t.endswith(">") for t in tokens):  # <s>, </s>: specials
         return "".join(tokens).replace("▁", " ").strip()

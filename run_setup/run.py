@@ -191,7 +191,7 @@ class Run:
         The whole parameters live beside the run's own shards while a batch decodes: where they
         would take more than `SEARCH_GATHER_SHARE` of a device's memory, they stay as they lie."""
         whole = sharding.without_data_axis(self.param_shardings)
-        needed = sharding.bytes_per_device(sharding.placed(self.params, whole))
+        needed = sharding.bytes_per_device(sharding.abstract_with_shardings(self.params, whole))
         return whole if needed <= SEARCH_GATHER_SHARE * self.device_memory else self.param_shardings
 
     def searching_model(self, params: nnx.State) -> nnx.Module:

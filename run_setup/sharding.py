@@ -109,7 +109,7 @@ def optimizer_shardings(tx: optax.GradientTransformation, params: Any, param_sha
                                  transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, NamedSharding))  # fmt: skip
 
 
-def placed(abstract: Any, shardings: Any) -> Any:
+def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
     """`ShapeDtypeStruct`s of `abstract` with `shardings` (a tree of the same shape): what a sharded
     array would be, without its memory."""
     return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract, shardings)

@@ -164,12 +164,12 @@ def known_names() -> set[str]:
 
 def is_known(key: str) -> bool:
     """Whether `key` of eval/step_<N>.json is declared here: a score, `<score>/<key>`, a signature or a note."""
-    return key in known_names() or _keyed(key) is not None
+    return key in known_names() or _score_of_keyed_name(key) is not None
 
 
 def lookup(name: str) -> Score:
     """The score `name` (`alignment_accuracy/<module>`: `alignment_accuracy`); ConfigError listing them all."""
-    score = SCORES.get(name) or _keyed(name)
+    score = SCORES.get(name) or _score_of_keyed_name(name)
     if score is None:
         raise ConfigError(f"unknown score {name!r}; valid: {', '.join(SCORES)}")
     return score
@@ -228,11 +228,11 @@ def check_best_metric(
     and listing the valid names for the task."""
     tags = task_tags(task_metric, alignment=alignment, boxes=boxes)
     valid = [s.name for s in applicable(task_metric, alignment=alignment, boxes=boxes)]
-    score = SCORES.get(name) or _keyed(name)
+    score = SCORES.get(name) or _score_of_keyed_name(name)
     if score is not None and score.applies_to & tags:
         return score
-    reason = "is not a score" if score is None else f"applies to {_said(score.applies_to)} only"
-    raise ConfigError(f"{field} {name!r} {reason}; valid for {_said(tags)}: {', '.join(valid)}")
+    reason = "is not a score" if score is None else f"applies to {_tags_in_words(score.applies_to)} only"
+    raise ConfigError(f"{field} {name!r} {reason}; valid for {_tags_in_words(tags)}: {', '.join(valid)}")
 
 
 def objective_choices(task_metric: str, *, alignment: bool = False, boxes: bool = False) -> dict[str, str]:
@@ -258,17 +258,17 @@ def markdown_table() -> str:
 
 
 def _row(name: str, better: str, applies_to: frozenset[str], description: str) -> str:
-    return f"| {name} | {better} | {_said(applies_to)} | {description.replace('|', chr(92) + '|')} |"
+    return f"| {name} | {better} | {_tags_in_words(applies_to)} | {description.replace('|', chr(92) + '|')} |"
 
 
-def _said(tags: frozenset[str]) -> str:
+def _tags_in_words(tags: frozenset[str]) -> str:
     """Tags as the README says them, in `TAGS` order; all three task metrics: "all tasks"."""
     if ALL_TASKS <= tags:
         return "all tasks"
     return ", ".join(TAGS[t] for t in TAGS if t in tags)
 
 
-def _keyed(name: str) -> Score | None:
+def _score_of_keyed_name(name: str) -> Score | None:
     """`<score>/<key>` of a keyed score: the score."""
     base, slash, key = name.partition("/")
     score = SCORES.get(base)

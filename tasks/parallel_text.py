@@ -233,7 +233,7 @@ class Survey:
     skipped: Skipped
 
 
-def survey(config: ParallelTextConfig, shard_examples: int) -> Survey:
+def survey_corpus(config: ParallelTextConfig, shard_examples: int) -> Survey:
     """Reads every file once, row by row, counting each split's pairs and noting where every
     `shard_examples`-th starts; a DataError names an empty split."""
     found = Survey({split: 0 for split in SPLITS}, {split: [] for split in SPLITS}, Skipped())
@@ -280,7 +280,7 @@ class ParallelText(TextPairBuilder):
 
     def _split_shards(self):
         config, size = self.builder_config, task_builder.SHARD_EXAMPLES
-        found = survey(config, size)
+        found = survey_corpus(config, size)
         self.build_report = {"skipped": dict(found.skipped.counts), "messages": found.skipped.messages()}
         self.split_sizes = found.counts
         return {

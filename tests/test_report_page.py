@@ -60,8 +60,8 @@ def test_packed_keeps_each_rows_largest_weights():
     weights = np.array([[[0.1, 0.6, 0.3], [0.5, 0.0, 0.4]]])  # [N=1, Tq=2, Tk=3]
     values = pages.quantized(weights)
     np.testing.assert_array_equal(values, [[[26, 153, 76], [128, 0, 102]]])  # round(w * 255)
-    assert pages.packed(values, None) == values.tobytes()
-    kept = pages.packed(values, 2)
+    assert pages.packed_weights(values, None) == values.tobytes()
+    kept = pages.packed_weights(values, 2)
     positions = np.frombuffer(kept[:8], "<u2").reshape(1, 2, 2)
     shown = np.zeros_like(values)  # as the page rebuilds a row: the kept weights at their positions, 0 elsewhere
     np.put_along_axis(shown, positions.astype(np.int64), np.frombuffer(kept[8:], np.uint8).reshape(1, 2, 2), axis=-1)

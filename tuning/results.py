@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from report import pages
-from tuning.study import Sweep, counted
+from tuning.study import Sweep, trials_toward_the_count
 
 NOT_SHOWN = ("step", "decoded_examples")  # and per-module metrics (names with "/")
 
@@ -23,7 +23,7 @@ def result_rows(study: optuna.Study, sweep: Sweep) -> list[dict]:
     """The counted trials, best first: finished by objective, then pruned, then failed or running."""
     sign = -1.0 if sweep.direction == "maximize" else 1.0
     order = {TrialState.COMPLETE: 0, TrialState.PRUNED: 1}
-    trials = [t for t in counted(study.get_trials(deepcopy=False)) if t.state != TrialState.WAITING]
+    trials = [t for t in trials_toward_the_count(study.get_trials(deepcopy=False)) if t.state != TrialState.WAITING]
     trials.sort(key=lambda t: (order.get(t.state, 2), sign * t.value if t.value is not None else 0.0, t.number))
     rows = []
     for trial in trials:

@@ -286,7 +286,7 @@ def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial | optuna.Trial)
     study.enqueue_trial(trial.params, user_attrs={**attrs, "queued": True, "retry_of": trial.number})
 
 
-def counted(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+def trials_toward_the_count(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
     """The trials that count toward num_trials: not those cut short and queued again, nor surplus ones."""
     retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
     return [t for t in trials if t.number not in retried and not t.user_attrs.get("surplus")]

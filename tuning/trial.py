@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 
 from utils.stop_signals import StopSignals
 from tuning.results import write_results
-from tuning.study import Sweep, SweepError, counted, distributions, open_study, override_flags, requeue, with_overrides
+from tuning.study import Sweep, SweepError, trials_toward_the_count, distributions, open_study, override_flags, requeue, with_overrides
 
 HEARTBEAT_S = 30  # a running trial's worker says it is alive this often
 HEARTBEAT_GRACE_S = 300  # ... and is taken for dead after this long without
@@ -151,10 +151,10 @@ def work_until_done(args, sweep: Sweep, stop: StopSignals) -> None:
         recover_dead_trials(study)
         trials = study.get_trials(deepcopy=False)
         waiting = any(t.state == TrialState.WAITING for t in trials)
-        if not waiting and (sweep.method == "grid" or len(counted(trials)) >= sweep.num_trials):
+        if not waiting and (sweep.method == "grid" or len(trials_toward_the_count(trials)) >= sweep.num_trials):
             break
         trial = study.ask(space)
-        earlier = counted([t for t in study.get_trials(deepcopy=False) if t.number < trial.number])
+        earlier = trials_toward_the_count([t for t in study.get_trials(deepcopy=False) if t.number < trial.number])
         if not trial.user_attrs.get("queued") and (sweep.method == "grid" or len(earlier) >= sweep.num_trials):
             trial.set_user_attr("surplus", True)  # another worker took the last one meanwhile
             study.tell(trial, state=TrialState.FAIL)
