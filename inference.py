@@ -67,7 +67,7 @@ def translate_file(settings: Settings, workdir: str | Path, input_file: str) -> 
         raise DataError(f"--input_file {input_file} holds no source line")
     checkpoints = settings.checkpoints
     translator = load(workdir, step=checkpoints.step_to_restore, best=checkpoints.restore_best, average_last=checkpoints.average_last,
-                      settings=settings)  # fmt: skip
+                      settings=settings)
     hypotheses = translator.translate(sources)
     name = "stdin" if input_file == "-" else Path(input_file).stem
     path = Path(workdir) / "predictions" / f"step_{translator.step}_{name}.tsv"
@@ -82,11 +82,13 @@ def _read_text(path: str) -> str:
         raise DataError(f"--input_file {path} cannot be read: {error}") from error
 
 
-FLAGS = flags.FlagValues()  # the command's own (train.py imports this module and has a --workdir of its own)
+# the command's own (train.py imports this module and has a --workdir of its own)
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("workdir", None, "a run folder", required=True, flag_values=FLAGS)
-for _kind in KINDS.values():  # a flag per input kind, named by it: --text, --image, --features
+# a flag per input kind, named by it: --text, --image, --features
+for _kind in KINDS.values():
     flags.DEFINE_string(_kind.name, None, f"the source of a run on {_kind.name} inputs: {_kind.from_command_line.__doc__.splitlines()[0]}",
-                        flag_values=FLAGS)  # fmt: skip
+                        flag_values=FLAGS)
 flags.DEFINE_integer("step", None, "the checkpoint (default: the latest)", flag_values=FLAGS)
 flags.DEFINE_bool("self_attention", False, "draw self-attention too", flag_values=FLAGS)
 flags.mark_flags_as_mutual_exclusive(list(KINDS), required=True, flag_values=FLAGS)

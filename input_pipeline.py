@@ -63,7 +63,7 @@ def select(lengths: np.ndarray, settings: PipelineSettings, policy: str, what: s
             "%s: %d of %d examples are longer than max_source_length=%d / max_target_length=%d: %s",
             what, too_long.sum(), len(lengths), settings.max_source_length, settings.max_target_length,
             "dropped" if policy == "drop" else "trimmed",
-        )  # fmt: skip
+        )
     return indices, report
 
 
@@ -81,14 +81,16 @@ def pad_batch(examples: Sequence[Batch], lengths: Mapping[str, int], batch_size:
             array = np.zeros((batch_size, lengths[key]), first.dtype)
             for row, example in enumerate(examples):
                 array[row, : len(example[key])] = example[key]
-        else:  # fixed-shape extras (index, alignment)
+        else:
+            # fixed-shape extras (index, alignment)
             array = np.zeros((batch_size,) + first.shape, first.dtype)
             array[: len(examples)] = [example[key] for example in examples]
         batch[key] = array
     return batch
 
 
-PACK_CHUNK = 8192  # examples whose lengths are read into Python at a time while packing
+# examples whose lengths are read into Python at a time while packing
+PACK_CHUNK = 8192
 
 
 def pack_batches(order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]) -> Iterator[list[list[int]]]:
@@ -158,7 +160,8 @@ class LazyPlan:
         return self._made[index]
 
     def __len__(self) -> int:
-        self.reaches(sys.maxsize)  # makes them all
+        # makes them all
+        self.reaches(sys.maxsize)
         return len(self._made)
 
 
@@ -174,7 +177,8 @@ class EpochPlans(grain.MapDataset):
     def __init__(self, plan: Callable[[int], Iterable]):
         super().__init__()
         self._plan = functools.lru_cache(maxsize=4)(lambda epoch: LazyPlan(plan(epoch)))
-        self._epoch_starts = [0]  # first item of each epoch whose predecessors are wholly planned
+        # first item of each epoch whose predecessors are wholly planned
+        self._epoch_starts = [0]
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -186,7 +190,8 @@ class EpochPlans(grain.MapDataset):
     def __getitem__(self, index: int):
         with self._lock:
             epoch = bisect.bisect_right(self._epoch_starts, index) - 1
-            while not self._plan(epoch).reaches(index - self._epoch_starts[epoch]):  # `index` is past this epoch
+            # `index` is past this epoch
+            while not self._plan(epoch).reaches(index - self._epoch_starts[epoch]):
                 if epoch + 1 == len(self._epoch_starts):
                     self._epoch_starts.append(self._epoch_starts[epoch] + len(self._plan(epoch)))
                 epoch += 1
@@ -208,7 +213,8 @@ def bucket_plan(
     longest = lengths.max(axis=1)  # [N]
     if longest.max(initial=0) > boundaries[-1]:
         raise ConfigError(f"data.bucket_boundaries end at {boundaries[-1]}, below an example of {longest.max()} tokens")
-    bucket_of = np.searchsorted(boundaries, longest)  # first boundary >= length
+    # first boundary >= length
+    bucket_of = np.searchsorted(boundaries, longest)
     buckets = [(boundaries[b], rows[b], indices[bucket_of == b]) for b in range(len(boundaries))]
 
     def plan(epoch: int) -> list[tuple[int, np.ndarray]]:
@@ -291,8 +297,10 @@ def train_dataset(
             f"max_target_length={settings.max_target_length}"
         )
     encode = kind.encoder(task, "train", tokenizers, settings.max_source_length, settings.max_target_length)
-    blank = {"inputs": kind.blank(task, "train"), "targets": np.zeros(0, np.int32)}  # a padding row
-    lengths = np.minimum(lengths, [[settings.max_source_length, settings.max_target_length]])  # after trimming
+    # a padding row
+    blank = {"inputs": kind.blank(task, "train"), "targets": np.zeros(0, np.int32)}
+    # after trimming
+    lengths = np.minimum(lengths, [[settings.max_source_length, settings.max_target_length]])
     limits = kind.padded_keys(settings.max_source_length, settings.max_target_length)
     if settings.batching == "pack" and not kind.packs:
         raise ConfigError(f"task {task.name} reads {kind.name} sources, which do not pack; set data.batching='bucket'")
@@ -351,7 +359,8 @@ def eval_batches(
     limits = kind.padded_keys(settings.max_source_length, settings.max_target_length)
     extras = {name: get for name, get in (("alignment", task.alignment), ("boxes", task.boxes)) if get is not None}
     blank = {"inputs": kind.blank(task, split), "targets": np.zeros(0, np.int32), "index": np.int32(-1)}
-    for name, get in extras.items():  # alignment spans [K, 4], boxes [K, 4]: a padding row's score nothing
+    # alignment spans [K, 4], boxes [K, 4]: a padding row's score nothing
+    for name, get in extras.items():
         blank[name] = np.full_like(get(records[0]), 0 if name == "alignment" else -1)
 
     def example(index: int) -> Batch:

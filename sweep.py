@@ -68,7 +68,8 @@ from tuning.trial import visible_gpus, work, worker_environment
 PROJECT_ROOT = Path(__file__).resolve().parent
 
 
-FLAGS = flags.FlagValues()  # the command's own, parsed by run_setup.command_line like every script's
+# the command's own, parsed by run_setup.command_line like every script's
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("config", None, "the experiment config file train.py runs (FILE.py or FILE.py:ARG)", required=True, flag_values=FLAGS)
 flags.DEFINE_string("sweep", None, "the sweep file (configs/sweeps/NAME.py)", required=True, flag_values=FLAGS)
 flags.DEFINE_string("workdir", None, "the sweep folder: study, trials, results", required=True, flag_values=FLAGS)
@@ -77,7 +78,8 @@ flags.DEFINE_string("storage", "", "database URL of a shared study, e.g. postgre
 flags.DEFINE_string("study_name", "", "the study's name in the storage (default: the workdir's name)", flag_values=FLAGS)
 flags.DEFINE_string("train_script", str(PROJECT_ROOT / "train.py"), "what runs a trial (train.py's flags)", flag_values=FLAGS)
 flags.DEFINE_integer("worker_index", None, "internal: set for the worker processes", flag_values=FLAGS)
-POLL_SECONDS = 2.0  # how often the sweep's progress looks at the study
+# how often the sweep's progress looks at the study
+POLL_SECONDS = 2.0
 
 
 def parse_args(argv: list[str]) -> flags.FlagValues:
@@ -110,10 +112,12 @@ def launch_workers(argv: list[str], environments: list[dict[str, str]], study: o
             if worker.poll() is None:
                 worker.send_signal(signal.SIGTERM)
 
-    done_before = finished_trials(study)  # a resumed sweep: what earlier runs finished
+    # a resumed sweep: what earlier runs finished
+    done_before = finished_trials(study)
     with StopSignals(on_signal=forward), progress.phase("sweep", total=max(num_trials - done_before, 0), unit="trials") as shown:
         while running := [worker for worker in workers if worker.poll() is None]:
-            try:  # a progress line every POLL_SECONDS, and the sweep ends as soon as its last worker does
+            # a progress line every POLL_SECONDS, and the sweep ends as soon as its last worker does
+            try:
                 running[0].wait(timeout=POLL_SECONDS)
             except subprocess.TimeoutExpired:
                 pass
@@ -126,7 +130,8 @@ def main(argv: list[str]) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         args = parse_args(argv)
-        base.load(args.config)  # a config file that does not load stops here, named
+        # a config file that does not load stops here, named
+        base.load(args.config)
         sweep = load_sweep(args.sweep, args.config)
         if args.worker_index is not None:
             work(args, sweep)
@@ -135,8 +140,10 @@ def main(argv: list[str]) -> int:
         environments = [worker_environment(index, args.parallel, os.environ, gpus) for index in range(args.parallel)]
         if gpus and args.parallel > 1:
             print("GPUs by worker: " + "; ".join(f"{i}: {e['CUDA_VISIBLE_DEVICES']}" for i, e in enumerate(environments)), flush=True)
-        study = open_study(args, sweep)  # creates the study (and queues the grid) once, before the workers
-        logging.getLogger().setLevel(logging.INFO)  # the sweep's progress lines (absl's handler shows them on stderr)
+        # creates the study (and queues the grid) once, before the workers
+        study = open_study(args, sweep)
+        # the sweep's progress lines (absl's handler shows them on stderr)
+        logging.getLogger().setLevel(logging.INFO)
         status = launch_workers(argv, environments, study, sweep.num_trials)
         results = write_results(study, sweep, args)
     except ConfigError as error:

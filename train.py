@@ -19,7 +19,8 @@ and `--stderrthreshold` work.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: glibc reads its tunables at process start, before any thread exists
+# first: glibc reads its tunables at process start, before any thread exists
+if __name__ == "__main__":
     from utils import allocator
 
     allocator.restart_with_huge_pages(__file__)
@@ -43,7 +44,8 @@ from utils.errors import ConfigError, UserError  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.py"
-COMPILATION_CACHE = Path.home() / ".cache" / "attend" / "jax"  # unless JAX_COMPILATION_CACHE_DIR names another
+# unless JAX_COMPILATION_CACHE_DIR names another
+COMPILATION_CACHE = Path.home() / ".cache" / "attend" / "jax"
 COMPILATION_CACHE_BYTES = 2 * 2**30
 
 flags.DEFINE_string("config", str(DEFAULT_CONFIG), "Experiment config file (eval/predict: default the run's config.json).")
@@ -51,7 +53,8 @@ flags.DEFINE_string("workdir", None, "Run folder (default: a fresh runs/<config>
 flags.DEFINE_enum("mode", "train", ["train", "eval", "predict"], "What to do.")
 flags.DEFINE_string("input_file", None, "--mode=predict: decode these lines (one source each; - = standard input) instead of a split.")
 FLAGS = flags.FLAGS
-OVERRIDES: list[str] = []  # the --config.a.b=value arguments, taken out before absl parses the rest
+# the --config.a.b=value arguments, taken out before absl parses the rest
+OVERRIDES: list[str] = []
 
 
 def one_line(error: BaseException) -> str:
@@ -106,23 +109,28 @@ def run_mode(run_settings: settings.Settings, workdir: Path):
 
 def set_up_process() -> None:
     """What every training process sets before JAX's backend starts (the benchmarks too)."""
-    allocator.set_up()  # shown in the start-up summary (a bad flag's error stays the only line on stderr)
-    if not jax.config.jax_compilation_cache_dir:  # the next run loads its programs instead of compiling them
+    # shown in the start-up summary (a bad flag's error stays the only line on stderr)
+    allocator.set_up()
+    # the next run loads its programs instead of compiling them
+    if not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE))
-        jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)  # the least recently used go
+        # the least recently used go
+        jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)
 
 
 def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     set_up_process()
-    if FLAGS.verbosity < 1:  # the libraries' INFO lines (Orbax and TFDS log through absl's logger) with --verbosity=1
+    # the libraries' INFO lines (Orbax and TFDS log through absl's logger) with --verbosity=1
+    if FLAGS.verbosity < 1:
         for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
             logging.getLogger(library).setLevel(logging.WARNING)
     workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
     try:
         result = run_mode(settings_for(FLAGS.mode, workdir), workdir)
-    except UserError as error:  # the message names the culprit; anything else is a bug and keeps its traceback
+    except UserError as error:
+        # the message names the culprit; anything else is a bug and keeps its traceback
         exit_with_error(error)
     if FLAGS.mode == "eval":
         print({k: v for k, v in result.items() if not k.endswith("signature")})

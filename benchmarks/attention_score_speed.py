@@ -53,7 +53,8 @@ def compiled_peak(fn, args) -> int:
     return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("lengths", "128,512,2048", "", flag_values=FLAGS)
 flags.DEFINE_integer("batch", 2, "", flag_values=FLAGS)
 flags.DEFINE_integer("heads", 4, "", flag_values=FLAGS)

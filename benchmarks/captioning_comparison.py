@@ -35,15 +35,17 @@ def run_variant(attention: str, penalty: float, steps: int, workdir: Path) -> tu
         return json.loads(final.read_text())["test"], None
     command = [sys.executable, str(PROJECT_ROOT / "train.py"), f"--config={PROJECT_ROOT / CONFIGS[attention]}",
                f"--workdir={workdir}", f"--config.num_train_steps={steps}", f"--config.model.doubly_stochastic={penalty}",
-               f"--config.eval_every_steps={steps}", f"--config.checkpoint_every_steps={steps}"]  # fmt: skip
+               f"--config.eval_every_steps={steps}", f"--config.checkpoint_every_steps={steps}"]
     start = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)
-    with open(workdir.parent / f"{workdir.name}.log", "w") as log:  # the run's own log.txt starts after set-up
+    # the run's own log.txt starts after set-up
+    with open(workdir.parent / f"{workdir.name}.log", "w") as log:
         subprocess.run(command, cwd=PROJECT_ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
     return json.loads(final.read_text())["test"], time.perf_counter() - start
 
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("workdir", "runs/captioning", "", flag_values=FLAGS)
 flags.DEFINE_integer("steps", 3000, "", flag_values=FLAGS)
 flags.DEFINE_float("doubly_stochastic", 1.0, "lambda of the variants with the penalty", flag_values=FLAGS)
@@ -65,7 +67,7 @@ def main() -> None:
     for attention, penalty, results, seconds in rows:
         wall = "reused" if seconds is None else f"{seconds / 60:.1f} min"
         print(f"| {attention} | {penalty:g} | {results['bleu']:.1f} | {results['exact_match']:.3f} | "
-              f"{results['localization_accuracy']:.3f} | {wall} |")  # fmt: skip
+              f"{results['localization_accuracy']:.3f} | {wall} |")
 
 
 if __name__ == "__main__":

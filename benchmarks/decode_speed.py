@@ -66,17 +66,19 @@ def decode_run(workdir: str, split: str, beams: list[int]) -> None:
 
     import train
 
-    train.set_up_process()  # as train.py: the allocator and the persistent compilation cache
+    # as train.py: the allocator and the persistent compilation cache
+    train.set_up_process()
     import inference
 
     translator = inference.load(workdir)
     startup = time.time() - psutil.Process().create_time()
     sources = [line.split("\t")[0] for line in Path(split).read_text(encoding="utf-8").splitlines() if line.strip()]
     print(f"{workdir} (step {translator.step}) on {jax.devices()[0].platform}: {len(sources)} sources of {split}; "
-          f"start-up {startup:.1f} s")  # fmt: skip
+          f"start-up {startup:.1f} s")
     print("| search | compilations (s) | decode s | sentences/s | generated tokens/s | generated tokens |")
     print("|---|---:|---:|---:|---:|---:|")
-    compilations = []  # seconds of each compilation (cache hits are not compilations)
+    # seconds of each compilation (cache hits are not compilations)
+    compilations = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, seconds, **_: compilations.append(seconds) if event == "/jax/core/compile/backend_compile_duration" else None
     )
@@ -88,10 +90,11 @@ def decode_run(workdir: str, split: str, beams: list[int]) -> None:
         generated = sum(len(hypotheses[0][0]) for hypotheses in outputs if hypotheses)
         name = "greedy" if beam == 1 else f"beam {beam}"
         print(f"| {name} | {len(compilations)} ({sum(compilations):.1f}) | {seconds:.1f} | {len(sources) / seconds:,.1f} | "
-              f"{generated / seconds:,.0f} | {generated:,} |", flush=True)  # fmt: skip
+              f"{generated / seconds:,.0f} | {generated:,} |", flush=True)
 
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("lengths", "16,64,256", "", flag_values=FLAGS)
 flags.DEFINE_integer("batch", 8, "", flag_values=FLAGS)
 flags.DEFINE_integer("repeats", 3, "", flag_values=FLAGS)
@@ -108,7 +111,7 @@ def main() -> None:
     model = models.create_model(
         "transformer", rngs=nnx.Rngs(0), vocab_size=8000, d_model=256, num_heads=4, d_ff=1024,
         num_encoder_layers=3, num_decoder_layers=3, dropout_rate=0.0,
-    )  # fmt: skip
+    )
     graphdef, params = nnx.split(model)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; batch {args.batch}; output length = source length")
     print("| source length | search | cache | sentences/s | generated tokens/s |")
@@ -136,5 +139,6 @@ def main() -> None:
 if __name__ == "__main__":
     from utils import allocator
 
-    allocator.restart_with_huge_pages(__file__)  # as train.py runs (the imports above are paid twice)
+    # as train.py runs (the imports above are paid twice)
+    allocator.restart_with_huge_pages(__file__)
     main()

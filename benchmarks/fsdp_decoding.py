@@ -24,7 +24,8 @@ from absl import flags  # noqa: E402
 from configs import base  # noqa: E402
 from run_setup import command_line  # noqa: E402
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_integer("devices", 8, "forced host devices", flag_values=FLAGS)
 flags.DEFINE_integer("repeats", 5, "timed calls of each search (median)", flag_values=FLAGS)
 flags.DEFINE_string("config", "configs/default.py", "FILE.py[:ARG]", flag_values=FLAGS)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         batch, _, _ = next(evaluator.batches("dev"))
         options, key = settings.decode.search_options(), jax.random.key(0)
         print(f"{args.config} under fsdp on {args.devices} devices: a dev batch of {batch['inputs'].shape[0]} rows, "
-              f"{settings.decode.method} (beam {settings.decode.beam_size}), output length {evaluator.output_length}\n")  # fmt: skip
+              f"{settings.decode.method} (beam {settings.decode.beam_size}), output length {evaluator.output_length}\n")
         print("| parameters in the search | collectives in the loop | collectives in all | s per batch | same tokens |")
         print("|---|---:|---:|---:|---|")
         reference = None
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             search = jax.jit(
                 lambda params, inputs, key, model_of=model_of: decoding.decode(model_of(params), inputs, length=evaluator.output_length, key=key, **options),
                 in_shardings=(run.param_shardings, run.batch_sharding, None),
-            )  # fmt: skip
+            )
             inside, total = collectives(search.lower(run.params, batch["inputs"], key).compile().as_text())
             seconds = median_seconds(search, (run.params, batch["inputs"], key), args.repeats)
             tokens = np.asarray(search(run.params, batch["inputs"], key)[0])

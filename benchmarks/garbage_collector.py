@@ -43,7 +43,7 @@ def small_config(data_dir: Path):
     config.data_dir = str(data_dir)
     overrides = {"task.train_size": 600, "task.dev_size": 24, "task.test_size": 24, "model.d_model": 16, "model.num_heads": 2,
                  "model.d_ff": 32, "model.num_encoder_layers": 1, "model.num_decoder_layers": 1, "batch_size": 16,
-                 "num_train_steps": 20, "eval_every_steps": 10, "checkpoint_every_steps": 10, "warmup_steps": 5, "visualize_examples": 0}  # fmt: skip
+                 "num_train_steps": 20, "eval_every_steps": 10, "checkpoint_every_steps": 10, "warmup_steps": 5, "visualize_examples": 0}
     for name, value in overrides.items():
         base.set_field(config, name, value)
     return config
@@ -72,7 +72,8 @@ def main(argv: list[str]) -> None:
     measured = {"defaults": [], "tuned": []}
     with tempfile.TemporaryDirectory() as temporary:
         data_dir = Path(temporary) / "tfds"
-        for number in range(FLAGS.runs + 1):  # the first run builds the data and compiles: not counted
+        # the first run builds the data and compiles: not counted
+        for number in range(FLAGS.runs + 1):
             setting = "tuned" if number % 2 else "defaults"
             gc.unfreeze()
             if setting == "tuned":
@@ -90,7 +91,7 @@ def main(argv: list[str]) -> None:
     for setting, thresholds in (("defaults", DEFAULTS), ("tuned", allocator.GC_THRESHOLDS)):
         runs = measured[setting]
         print(f"| {setting} | {thresholds} | {statistics.median(r[0] for r in runs):.2f} | {statistics.median(r[1] for r in runs):.2f} "
-              f"| {statistics.median(r[2] for r in runs):g} |")  # fmt: skip
+              f"| {statistics.median(r[2] for r in runs):g} |")
 
 
 if __name__ == "__main__":

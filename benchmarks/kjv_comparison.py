@@ -69,19 +69,24 @@ from run_setup import command_line, preflight  # noqa: E402
 from run_setup.run import model_fields, prepare_run  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
 
-COLUMNS = {  # column: (config module, model fields over the config's)
+# column: (config module, model fields over the config's)
+COLUMNS = {
     "transformer": ("kjv_web_transformer", {}),
     "rnnsearch": ("rnnsearch_kjv_web", {}),
     "lstmn_shallow": ("lstmn_kjv_web", {"fusion": "shallow"}),
     "lstmn_deep": ("lstmn_kjv_web", {"fusion": "deep", "inter_query": "word_and_context"}),
 }
 RATE_FACTORS = (0.5, 1.0, 2.0)
-MAX_RATES = 5  # the grid grows by doubling (or halving) while its best rate is at an edge
-SHORT_RUN = 200  # steps: a probe or tuning run below it checkpoints only at its end
-TIE = 0.01  # tuning runs whose dev losses are this close (relative) do not tell their rates apart
+# the grid grows by doubling (or halving) while its best rate is at an edge
+MAX_RATES = 5
+# steps: a probe or tuning run below it checkpoints only at its end
+SHORT_RUN = 200
+# tuning runs whose dev losses are this close (relative) do not tell their rates apart
+TIE = 0.01
 BEAM = 4
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("workdir", "runs/kjv_comparison", "", flag_values=FLAGS)
 flags.DEFINE_float("minutes", 30.0, "training wall time of each column's run", flag_values=FLAGS)
 flags.DEFINE_float("tune_minutes", 2.0, "training wall time of each learning-rate trial", flag_values=FLAGS)
@@ -108,7 +113,8 @@ def column_config(column: str, learning_rate: float | None, steps: int, data_dir
     # the budget's run every tenth (it resumes); the short probe and tuning runs at their end only,
     # so that no save falls in the rows that measure their speed
     config.checkpoint_every_steps = max(1, steps // 10) if steps >= SHORT_RUN else steps
-    config.eval_decode_examples = 32  # the dev loss picks the rate; the test split is decoded whole below
+    # the dev loss picks the rate; the test split is decoded whole below
+    config.eval_decode_examples = 32
     config.visualize_examples = 0
     config.decode.beam_size = BEAM
     config.lock()
@@ -132,14 +138,16 @@ def in_fresh_process(function, *args) -> None:
 
 
 def set_up_and_call(function, *args) -> None:
-    train_py.set_up_process()  # the allocator's settings, the collector and the compilation cache
+    # the allocator's settings, the collector and the compilation cache
+    train_py.set_up_process()
     function(*args)
 
 
 def train_or_mark_diverged(config, workdir: Path) -> None:
     try:
         training_loop.train_and_evaluate(parse(config), workdir)
-    except NonFiniteLoss as error:  # a rate too large: the worst, and not retried on a rerun
+    except NonFiniteLoss as error:
+        # a rate too large: the worst, and not retried on a rerun
         (workdir / "diverged.json").write_text(json.dumps({"error": str(error)}))
 
 
@@ -151,7 +159,8 @@ def train(config, workdir: Path) -> dict:
     finished, diverged = workdir / "eval" / f"step_{config.num_train_steps}.json", workdir / "diverged.json"
     if not finished.exists() and not diverged.exists():
         in_fresh_process(train_or_mark_diverged, config, workdir)
-        if not finished.exists() and not diverged.exists():  # stopped by a signal, its checkpoint saved
+        # stopped by a signal, its checkpoint saved
+        if not finished.exists() and not diverged.exists():
             sys.exit(f"stopped before the end of {workdir}: the same command resumes it")
     rows = metric_writer.read_jsonl(workdir)
     train_rows = [r for r in rows if r["split"] == "train"]
@@ -161,7 +170,8 @@ def train(config, workdir: Path) -> dict:
     return {
         "dev_loss": math.inf if diverged.exists() else json.loads(finished.read_text())["dev"]["loss"],
         "steps_per_second": sum(steps for _, steps in timed) / seconds(timed) if timed else math.nan,
-        "train_seconds": seconds(windows),  # compilation included
+        # compilation included
+        "train_seconds": seconds(windows),
         "target_tokens": sum(steps * row["tokens_per_second"] / row["steps_per_second"] for row, steps in windows),
     }
 
@@ -179,10 +189,11 @@ def plan(column: str, args) -> dict:
         planned = json.loads(path.read_text())
         if (planned["minutes"], planned["tune_minutes"]) != (args.minutes, args.tune_minutes):
             raise SystemExit(f"{path} was planned for --minutes={planned['minutes']:g} --tune_minutes={planned['tune_minutes']:g}: "
-                             "rerun with those, or delete the column's folder to plan again")  # fmt: skip
+                             "rerun with those, or delete the column's folder to plan again")
         return planned
     base_rate = column_config(column, None, 1, args.data_dir).learning_rate
-    probe = column_config(column, base_rate, 40, args.data_dir)  # the speed that sizes the tuning runs
+    # the speed that sizes the tuning runs
+    probe = column_config(column, base_rate, 40, args.data_dir)
     speed = train(probe, Path(args.workdir) / column / "probe")["steps_per_second"]
     tune_steps = max(20, round(args.tune_minutes * 60 * speed))
     trials = {}
@@ -193,14 +204,17 @@ def plan(column: str, args) -> dict:
     for factor in RATE_FACTORS:
         try_rate(base_rate * factor)
     best = min(trials, key=lambda rate: trials[rate]["dev_loss"])
-    while best in (min(trials), max(trials)) and len(trials) < MAX_RATES:  # the best at an edge: one more step out
+    # the best at an edge: one more step out
+    while best in (min(trials), max(trials)) and len(trials) < MAX_RATES:
         try_rate(best * 2 if best == max(trials) else best / 2)
         best = min(trials, key=lambda rate: trials[rate]["dev_loss"])
-    speed = statistics.median(trial["steps_per_second"] for trial in trials.values() if math.isfinite(trial["steps_per_second"]))  # of 3 to 5 runs
+    # of 3 to 5 runs
+    speed = statistics.median(trial["steps_per_second"] for trial in trials.values() if math.isfinite(trial["steps_per_second"]))
     result = {"learning_rate": best, "steps": max(20, round(args.minutes * 60 * speed)), "steps_per_second": speed,
               "minutes": args.minutes, "tune_minutes": args.tune_minutes, "tune_steps": tune_steps,
-              "best_at_edge": best in (min(trials), max(trials)),  # the grid stopped at MAX_RATES
-              "dev_loss_by_rate": {f"{rate:g}": trial["dev_loss"] for rate, trial in trials.items()}}  # fmt: skip
+              # the grid stopped at MAX_RATES
+              "best_at_edge": best in (min(trials), max(trials)),
+              "dev_loss_by_rate": {f"{rate:g}": trial["dev_loss"] for rate, trial in trials.items()}}
     path.write_text(json.dumps(result, indent=2))
     return result
 
@@ -221,7 +235,8 @@ def test_scores(config, workdir: Path) -> dict:
     path = workdir / "test.json"
     if not path.exists():
         in_fresh_process(write_test_scores, config, workdir)
-        if not path.exists():  # stopped by a signal
+        # stopped by a signal
+        if not path.exists():
             sys.exit(f"stopped while decoding the test split of {workdir}: the same command decodes it again")
     return json.loads(path.read_text())
 
@@ -232,7 +247,8 @@ def write_test_scores(config, workdir: Path) -> None:
     _, params = run.restore_params()
     run.checkpoints.close()
     evaluator = evaluation.Evaluator(run)
-    evaluation.evaluate_split(evaluator, params, "test", max_decoded=1)  # compiles the loss pass and the search
+    # compiles the loss pass and the search
+    evaluation.evaluate_split(evaluator, params, "test", max_decoded=1)
     start = time.perf_counter()
     results, decoded = evaluation.evaluate_split(evaluator, params, "test")
     seconds = time.perf_counter() - start
@@ -270,7 +286,8 @@ def copy_scores(config) -> dict:
 
 def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
-    train_py.set_up_process()  # as train.py's runs: the allocator, the collector and the compilation cache
+    # as train.py's runs: the allocator, the collector and the compilation cache
+    train_py.set_up_process()
     args = FLAGS
     columns = args.columns.split(",")
     unknown = [c for c in columns if c not in COLUMNS]
@@ -289,12 +306,12 @@ def main() -> None:
             epochs = trained["target_tokens"] / split_target_tokens(config, workdir)
             rows.append((column, label, chosen, trained, epochs, test_scores(config, workdir), parameter_count(config, workdir)))
     print(f"kjv_web, {args.minutes:g} minutes of training each (steps fixed from the measured speed); "
-          f"test split ({rows[0][5]['sentences'] if rows else 0} verses), beam {BEAM}")  # fmt: skip
+          f"test split ({rows[0][5]['sentences'] if rows else 0} verses), beam {BEAM}")
     print("| model | parameters | learning rate (tuned) | steps | epochs | train min | dev loss | test BLEU | test chrF | decode sentences/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for column, rate, chosen, trained, epochs, test, parameters in rows:
         print(f"| {column} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {epochs:.1f} | {trained['train_seconds'] / 60:.1f} "
-              f"| {trained['dev_loss']:.3f} | {test['bleu']:.2f} | {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |")  # fmt: skip
+              f"| {trained['dev_loss']:.3f} | {test['bleu']:.2f} | {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |")
     if rows:
         floor = copy_scores(column_config(columns[0], None, 1, args.data_dir))
         print(f"| the source copied (no model) | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
@@ -303,5 +320,6 @@ def main() -> None:
 if __name__ == "__main__":
     from utils import allocator
 
-    allocator.restart_with_huge_pages(__file__)  # as train.py runs (the imports above are paid twice)
+    # as train.py runs (the imports above are paid twice)
+    allocator.restart_with_huge_pages(__file__)
     main()

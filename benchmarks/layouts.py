@@ -73,7 +73,8 @@ def token_major(q, k, v, mask):
     return jnp.einsum("BNTS,BSNH->BTNH", weights, v)
 
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_integer("repeats", 10, "", flag_values=FLAGS)
 
 
@@ -90,9 +91,9 @@ def main() -> None:
         ("self-attention", "jax.nn.dot_product_attention", attention_seconds(attention.library_scaled_dot_product_attention, x, args.repeats),
          "heads-major einsums (explicit path)",
          attention_seconds(lambda *a: attention.scaled_dot_product_attention(*a)[0], x, args.repeats)),
-    ]  # fmt: skip
+    ]
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {B} x {T} tokens, d_model {D}, {N} heads, d_ff {F}; "
-          "forward + backward, median ms")  # fmt: skip
+          "forward + backward, median ms")
     print("| block | alternative | ms | attend's | ms |")
     print("|---|---|---:|---|---:|")
     for block, other, other_s, ours, ours_s in rows:

@@ -48,17 +48,19 @@ from run_setup.settings import parse  # noqa: E402
 FAMILIES = ("rnnencdec", "rnnsearch", "lstmn", "transformer")
 # LSTMN's variants: model fields over the family's config (section 4's queries; the tapes' first state)
 LSTMN_QUERIES = {
-    "shallow_state": dict(fusion="shallow", inter_query="previous_state"),  # eq. 11', Bahdanau's query: the default
-    "shallow_word_context": dict(fusion="shallow", inter_query="word_and_context"),  # eq. 11's
+    # eq. 11', Bahdanau's query: the default
+    "shallow_state": dict(fusion="shallow", inter_query="previous_state"),
+    # eq. 11's
+    "shallow_word_context": dict(fusion="shallow", inter_query="word_and_context"),
     "deep": dict(fusion="deep", inter_query="word_and_context"),
 }
 LSTMN_VARIANTS = {
     f"{name}{suffix}": dict(fields, seed_tapes=bool(suffix))
     for suffix in ("", "_seeded") for name, fields in LSTMN_QUERIES.items()
-}  # fmt: skip
+}
 MAX_SOURCE = 100
 STYLES = [dict(marker="o", linestyle="-", markersize=7), dict(marker="s", linestyle="--", markersize=9, fillstyle="none"),
-          dict(marker="D", linestyle="-.", markersize=6, fillstyle="none"), dict(marker="^", linestyle=":", markersize=5)]  # fmt: skip
+          dict(marker="D", linestyle="-.", markersize=6, fillstyle="none"), dict(marker="^", linestyle=":", markersize=5)]
 
 
 def experiment_config(family: str, task: str, steps: int, data_dir: str, model_fields: dict | None = None):
@@ -67,7 +69,8 @@ def experiment_config(family: str, task: str, steps: int, data_dir: str, model_f
     if task == "copy":
         config = recurrent.get_config(family, "reverse") if family != "transformer" else default.get_config()
         config.task = base.task("copy", min_length=5, max_length=MAX_SOURCE, vocab_size=20)
-        config.data.max_source_length = config.data.max_target_length = MAX_SOURCE + 1  # eos
+        # eos
+        config.data.max_source_length = config.data.max_target_length = MAX_SOURCE + 1
         config.data.bucket_boundaries = (16, 32, 48, 64, 80, MAX_SOURCE + 1)
         config.best_metric = "exact_match"
         config.learning_rate = 2e-3 if family == "transformer" else 3e-3
@@ -78,16 +81,19 @@ def experiment_config(family: str, task: str, steps: int, data_dir: str, model_f
     else:
         raise ValueError(f"--task must be copy or kjv_web, got {task!r}")
     config.model.update(model_fields or {})
-    if family == "lstmn":  # the tapes hold the longest source, or the longest output decoded
+    # the tapes hold the longest source, or the longest output decoded
+    if family == "lstmn":
         config.model.max_length = config.data.max_source_length + config.decode.max_length_offset
     config.data_dir = data_dir
     config.num_train_steps = steps
     config.batch_size = 64
-    config.data.batching = "bucket"  # the same examples per step for every family
+    # the same examples per step for every family
+    config.data.batching = "bucket"
     config.warmup_steps = min(200, steps // 10)
     config.schedule = "cosine"
     config.eval_every_steps = config.checkpoint_every_steps = steps
-    config.eval_decode_examples = 100  # the full test split is decoded by predict() below
+    # the full test split is decoded by predict() below
+    config.eval_decode_examples = 100
     config.visualize_examples = 0
     config.length_bucket_width = 10
     config.lock()
@@ -100,7 +106,8 @@ def train_and_score(config, workdir: Path) -> dict:
     if not (finished.exists() and "by_source_length" in json.loads(finished.read_text()).get("test", {})):
         training_loop.train_and_evaluate(parse(config), workdir)
         whole_split = ml_collections.ConfigDict(config.to_dict())
-        whole_split.eval_decode_examples = 0  # training evaluated a subset; the table scores every example
+        # training evaluated a subset; the table scores every example
+        whole_split.eval_decode_examples = 0
         evaluation.predict(parse(whole_split), workdir)
     return json.loads(finished.read_text())["test"]["by_source_length"]
 
@@ -127,7 +134,8 @@ def columns(families: list[str], lstmn_variants: str) -> dict[str, tuple[str, di
     return result
 
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("workdir", "runs/length_experiment", "", flag_values=FLAGS)
 flags.DEFINE_enum("task", "copy", ("copy", "kjv_web"), "", flag_values=FLAGS)
 flags.DEFINE_integer("steps", 3000, "", flag_values=FLAGS)
@@ -141,7 +149,8 @@ def main() -> None:
     args = FLAGS
     workdir = Path(args.workdir)
     runs = columns(args.families.split(","), args.lstmn_variants)
-    families = list(runs)  # the table's and the plot's columns
+    # the table's and the plot's columns
+    families = list(runs)
     metrics = ("exact_match", "symbol_accuracy") if args.task == "copy" else ("bleu",)
     results = {
         column: train_and_score(experiment_config(family, args.task, args.steps, args.data_dir, fields), workdir / column)
@@ -158,13 +167,14 @@ def main() -> None:
             f"{results[f][bucket][m]:.3f}" if bucket in results[f] and m != "bleu" else
             f"{results[f][bucket][m]:.1f}" if bucket in results[f] else "-"
             for m in metrics for f in families
-        ]  # fmt: skip
+        ]
         print(f"| {bucket} | {examples} | " + " | ".join(cells) + " |")
 
     figure = pictures.new_figure(figsize=(5.5 * len(metrics), 4))
     axes = figure.subplots(1, len(metrics), squeeze=False)
     for axis, metric in zip(axes[0], metrics):
-        for family, style in zip(families, itertools.cycle(STYLES)):  # distinct styles: equal curves stay visible
+        # distinct styles: equal curves stay visible
+        for family, style in zip(families, itertools.cycle(STYLES)):
             points = sorted((bucket_start(b) + 5, s[metric]) for b, s in results[family].items())
             axis.plot(*zip(*points), label=family, **style)
         axis.set_xlabel("source length (tokens)")

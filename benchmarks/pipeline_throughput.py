@@ -50,7 +50,8 @@ def pipeline_rates(config: str | Path, overrides: list[str], batches: int, windo
         task, tokens = load_task_and_tokenizers(settings, Path(workdir))
         data, _ = input_pipeline.train_dataset(task, tokens, settings.data, settings.source)
         iterator = iter(data)
-        for _ in range(window):  # warm-up: threads started, buffers filled
+        # warm-up: threads started, buffers filled
+        for _ in range(window):
             next(iterator)
         example_rates, target_rates, all_rates = [], [], []
         for _ in range(batches // window):
@@ -78,7 +79,8 @@ def training_tokens_per_second(config_name: str, steps: int) -> float:
     return json.loads(output.strip().splitlines()[-1])["tokens_per_s"]
 
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("configs", "default,kjv_web_transformer", "", flag_values=FLAGS)
 flags.DEFINE_integer("batches", 300, "", flag_values=FLAGS)
 flags.DEFINE_integer("window", 20, "", flag_values=FLAGS)

@@ -69,7 +69,8 @@ def build_run(workdir: Path) -> None:
         weights = {m: softmax_weights(rng, n, t, t, FLAGS.logit_scale, r is AttentionRole.TARGET_SELF) for m, r in roles.items()}
         pictures.save_weights(folder / f"example_{example}.npz", weights, roles, words, words)
     train = ("loss", "nll", "token_accuracy", "grad_norm", "update_norm", "param_norm", "learning_rate", "tokens_per_second", "steps_per_second")
-    dev = ("loss", "perplexity", "token_accuracy", "bleu", "chrf", "exact_match")  # a training run's rows: one panel each in curves.png
+    # a training run's rows: one panel each in curves.png
+    dev = ("loss", "perplexity", "token_accuracy", "bleu", "chrf", "exact_match")
     rows = [{"step": s, "split": "train", **{m: float(rng.random()) for m in train}} for s in range(100, 1001, 100)]
     rows += [{"step": s, "split": "dev", **{m: float(rng.random()) for m in dev}} for s in range(200, 1001, 200)]
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -121,7 +122,7 @@ def main(argv: list[str]) -> None:
         print("|---|---|---|---|---|---|---|---|---|---|")
         print(f"| {FLAGS.examples} | {FLAGS.tokens} | {FLAGS.layers} x {FLAGS.heads} | {numbers / 1e6:.1f}M | {keep or 'all'} "
               f"| {path.stat().st_size / 2**20:.2f} | {written:.1f} | {curves:.2f} | {statistics.median(t[0] for t in times):.2f} "
-              f"| {statistics.median(t[1] for t in times):.2f} |")  # fmt: skip
+              f"| {statistics.median(t[1] for t in times):.2f} |")
 
 
 if __name__ == "__main__":

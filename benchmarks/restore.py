@@ -30,7 +30,8 @@ import jax.numpy as jnp  # noqa: E402
 from utils import files  # noqa: E402
 from run_setup.checkpoints import Checkpoints  # noqa: E402
 
-LAYER = 4_194_304  # parameters per array: a 2048 x 2048 matrix, the size of Transformer-big's larger blocks
+# parameters per array: a 2048 x 2048 matrix, the size of Transformer-big's larger blocks
+LAYER = 4_194_304
 
 
 def train_state(parameters: int) -> dict:
@@ -42,7 +43,8 @@ def train_state(parameters: int) -> dict:
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": (params, jax.tree.map(jnp.square, params))}
 
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_integer("params", 214_000_000, "", flag_values=FLAGS)
 flags.DEFINE_integer("repeats", 3, "", flag_values=FLAGS)
 
@@ -56,16 +58,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=PROJECT_ROOT) as folder:
         writer = Checkpoints(Path(folder) / "checkpoints", async_save=False)
         writer.save(1, state, None)
-        writer.close()  # writes the digest
+        # writes the digest
+        writer.close()
         del state
         reader = Checkpoints(Path(folder) / "checkpoints")
         times = {True: [], False: [], "hashing": [], "sha256": []}
         for _ in range(args.repeats):
             start = time.perf_counter()
-            assert reader._damage(1) is None  # hashing alone: what a check before the restore adds
+            # hashing alone: what a check before the restore adds
+            assert reader._damage(1) is None
             times["hashing"].append(time.perf_counter() - start)
             start = time.perf_counter()
-            files.file_digests(Path(folder) / "checkpoints" / "1", algorithm="sha256")  # the same files by SHA-256
+            # the same files by SHA-256
+            files.file_digests(Path(folder) / "checkpoints" / "1", algorithm="sha256")
             times["sha256"].append(time.perf_counter() - start)
             for verify in (False, True):
                 start = time.perf_counter()

@@ -71,10 +71,12 @@ def length_table(lengths: list[int], tokens: int, repeats: int) -> None:
         rows = max(tokens // length, 1)
         dot = measure(rows, length, repeats, **shape)
         additive = measure(rows, length, repeats, score="additive", **shape)
-        layers = shape["num_encoder_layers"] + 2 * shape["num_decoder_layers"]  # self (and cross) attention layers
-        unchunked = layers * rows * length * length * shape["d_model"] * 4 / MIB  # [B, T, S, N, A] float32, N x A = d_model
+        # self (and cross) attention layers
+        layers = shape["num_encoder_layers"] + 2 * shape["num_decoder_layers"]
+        # [B, T, S, N, A] float32, N x A = d_model
+        unchunked = layers * rows * length * length * shape["d_model"] * 4 / MIB
         print(f"| {length} | {rows} | {dot['seconds']:.3f} | {dot['peak_mib']:,.0f} | {additive['seconds']:.3f} | "
-              f"{additive['peak_mib']:,.0f} | {unchunked:,.0f} |", flush=True)  # fmt: skip
+              f"{additive['peak_mib']:,.0f} | {unchunked:,.0f} |", flush=True)
 
 
 def size_table(sizes: list[int], tokens: int, repeats: int) -> None:
@@ -87,10 +89,11 @@ def size_table(sizes: list[int], tokens: int, repeats: int) -> None:
         shape = dict(d_model=size, num_heads=max(size // 64, 1), d_ff=4 * size, num_encoder_layers=3, num_decoder_layers=3)
         r = measure(rows, length, repeats, **shape)
         print(f"| {size} | {r['parameters'] / 1e6:.1f}M | {r['seconds']:.3f} | {r['peak_mib']:,.0f} | {r['flop'] / 1e9:.1f} | "
-              f"{r['flop'] / r['seconds'] / 1e9:.0f} |", flush=True)  # fmt: skip
+              f"{r['flop'] / r['seconds'] / 1e9:.0f} |", flush=True)
 
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("lengths", "64,128,256,512,1024,2048", "", flag_values=FLAGS)
 flags.DEFINE_string("sizes", "128,256,512,1024", "", flag_values=FLAGS)
 flags.DEFINE_integer("tokens", 4096, "", flag_values=FLAGS)
@@ -102,7 +105,8 @@ def main() -> None:
     args = FLAGS
     import train
 
-    train.set_up_process()  # as a training process: the allocator and the compilation cache
+    # as a training process: the allocator and the compilation cache
+    train.set_up_process()
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
     length_table([int(n) for n in args.lengths.split(",")], args.tokens, args.repeats)
     size_table([int(n) for n in args.sizes.split(",")], args.tokens, args.repeats)
@@ -111,5 +115,6 @@ def main() -> None:
 if __name__ == "__main__":
     from utils import allocator
 
-    allocator.restart_with_huge_pages(__file__)  # as train.py runs (the imports above are paid twice)
+    # as train.py runs (the imports above are paid twice)
+    allocator.restart_with_huge_pages(__file__)
     main()

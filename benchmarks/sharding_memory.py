@@ -23,7 +23,8 @@ from run_setup import command_line  # noqa: E402
 
 MIB = 2**20
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_integer("devices", 8, "forced host devices", flag_values=FLAGS)
 flags.DEFINE_integer("tensor_parallel", 2, "the model axis of fsdp_tp", flag_values=FLAGS)
 flags.DEFINE_integer("vocab_size", 37000, "the vocabulary (SentencePiece pieces)", flag_values=FLAGS)
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = parse(base.load(args.config))
     fields = {**settings.model.fields, "vocab_size": args.vocab_size, "source_vocab_size": args.vocab_size,
-              "bos_id": vocabularies.BOS_ID, "pad_id": vocabularies.PAD_ID}  # fmt: skip
+              "bos_id": vocabularies.BOS_ID, "pad_id": vocabularies.PAD_ID}
     _, abstract_params, _ = split_model(nnx.eval_shape(lambda: models.create_model(settings.model.name, rngs=nnx.Rngs(0), **fields)))
     tx = training_loop.make_optimizer(settings.optimization)
     count = sum(leaf.size for leaf in jax.tree.leaves(abstract_params))

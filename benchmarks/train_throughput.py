@@ -99,10 +99,13 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
             start, tokens, source_tokens = time.perf_counter(), 0.0, 0
             for _ in range(window):
                 local = next(batches)
-                source_tokens += int(np.count_nonzero(local["inputs"])) if local["inputs"].ndim == 2 else 0  # pad id 0
+                # pad id 0
+                source_tokens += int(np.count_nonzero(local["inputs"])) if local["inputs"].ndim == 2 else 0
                 state, step_metrics = train_step(state, run.global_batch(local))
-                tokens += step_metrics["tokens"]  # stays on device: no sync inside the window
-            tokens = float(tokens)  # waits for the window's last step
+                # stays on device: no sync inside the window
+                tokens += step_metrics["tokens"]
+            # waits for the window's last step
+            tokens = float(tokens)
             elapsed = time.perf_counter() - start
             rates.append(window / elapsed)
             token_rates.append(tokens / elapsed)
@@ -149,7 +152,8 @@ def recurrent_table(lengths: list[int], width: int, repeats: int) -> None:
         print(f"| {length} | {rnnsearch:.3f} | {shallow:.3f} | {deep:.3f} | {shallow / rnnsearch:.2f}x | {deep / rnnsearch:.2f}x |", flush=True)
 
 
-REFERENCE_STEP_FLOP = 412.7e9  # the Flax WMT example's kjv_web_transformer step, XLA's count (docs/performance.md)
+# the Flax WMT example's kjv_web_transformer step, XLA's count (docs/performance.md)
+REFERENCE_STEP_FLOP = 412.7e9
 
 
 def train_py_check(steps: int, overrides: list[str]) -> None:
@@ -163,15 +167,17 @@ def train_py_check(steps: int, overrides: list[str]) -> None:
     from run_setup.run import prepare_run
 
     config = base.load(PROJECT_ROOT / "configs" / "kjv_web_transformer.py", overrides)
-    dtype = config.model.dtype  # the peak the step is held against: float32's, or bfloat16's for a bfloat16 run
+    # the peak the step is held against: float32's, or bfloat16's for a bfloat16 run
+    dtype = config.model.dtype
     before = [matmul_peak_flops(dtype=dtype) for _ in range(3)]
     with tempfile.TemporaryDirectory() as workdir:
         command = [sys.executable, "train.py", "--config=configs/kjv_web_transformer.py", f"--workdir={workdir}",
                    f"--config.num_train_steps={steps}", "--config.log_every_steps=10", "--config.eval_every_steps=100000",
-                   "--config.checkpoint_every_steps=100000", "--config.eval_decode_examples=8", *overrides]  # fmt: skip
+                   "--config.checkpoint_every_steps=100000", "--config.eval_decode_examples=8", *overrides]
         subprocess.run(command, cwd=PROJECT_ROOT, check=True, capture_output=True, text=True)
         rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-        run = prepare_run(parse(config), workdir)  # the run's own vocabulary: the same batches, to count their tokens
+        # the run's own vocabulary: the same batches, to count their tokens
+        run = prepare_run(parse(config), workdir)
         batches = iter(input_pipeline.train_dataset(run.task, run.tokens, run.settings.data, run.settings.source)[0])
         counts = [(int((b["inputs"] > 0).sum()), int((b["targets"] > 0).sum())) for b in (next(batches) for _ in range(20))]
     after = [matmul_peak_flops(dtype=dtype) for _ in range(3)]
@@ -183,12 +189,12 @@ def train_py_check(steps: int, overrides: list[str]) -> None:
     source, target = (statistics.mean(c[i] for c in counts) for i in (0, 1))
     print(f"{dtype} matmul peak (2048^3; medians before {statistics.median(before) / 1e9:.0f}, after "
           f"{statistics.median(after) / 1e9:.0f}): {peak / 1e9:.0f} GFLOP/s; {other} after them: "
-          f"{other_peak / 1e9:.0f} GFLOP/s")  # fmt: skip
+          f"{other_peak / 1e9:.0f} GFLOP/s")
     print("| run | steps/s (median of rows >= 20) | s/step | source+target tok/s | target tok/s | reference FLOP x steps/s / peak |")
     print("|---|---:|---:|---:|---:|---:|")
     print(f"| train.py kjv_web_transformer, {steps} steps {' '.join(overrides)} | {steps_per_second:.3f} | {1 / steps_per_second:.2f} | "
           f"{steps_per_second * (source + target):,.0f} | {steps_per_second * target:,.0f} | "
-          f"{REFERENCE_STEP_FLOP * steps_per_second / peak:.3f} |")  # fmt: skip
+          f"{REFERENCE_STEP_FLOP * steps_per_second / peak:.3f} |")
 
 
 def startup_check(overrides: list[str]) -> None:
@@ -217,7 +223,8 @@ def startup_check(overrides: list[str]) -> None:
             print(f"| {start} | {r['first_step_s']:.1f} | {r['compilations']} |", flush=True)
 
 
-FLAGS = flags.FlagValues()  # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("configs", "default,kjv_web_transformer", "", flag_values=FLAGS)
 flags.DEFINE_integer("steps", 60, "steady-state steps measured per config", flag_values=FLAGS)
 flags.DEFINE_integer("window", 10, "steps per timing window", flag_values=FLAGS)
@@ -231,7 +238,8 @@ flags.DEFINE_string("one", None, "internal: measure one config in this process",
 
 
 def main() -> None:
-    overrides = command_line.parse(FLAGS, sys.argv, __doc__, overrides=True)  # the rest: --config.a.b=value overrides
+    # the rest: --config.a.b=value overrides
+    overrides = command_line.parse(FLAGS, sys.argv, __doc__, overrides=True)
     args = FLAGS
     if args.train_py:
         train_py_check(args.steps, overrides)
@@ -249,7 +257,7 @@ def main() -> None:
     peak = matmul_peak_flops()
     print(f"float32 matmul peak of this machine (2048^3, median of 10): {peak / 1e9:.1f} GFLOP/s\n")
     print("| config | batch | first step s | compilations | steps/s | non-pad source+target tokens/s | target tokens/s | "
-          "GFLOP/step | achieved GFLOP/s | of peak |")  # fmt: skip
+          "GFLOP/step | achieved GFLOP/s | of peak |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.configs.split(","):
         command = [sys.executable, __file__, "--one", name, "--steps", str(args.steps), "--window", str(args.window)]
@@ -267,5 +275,6 @@ def main() -> None:
 if __name__ == "__main__":
     from utils import allocator
 
-    allocator.restart_with_huge_pages(__file__)  # as train.py runs (the imports above are paid twice)
+    # as train.py runs (the imports above are paid twice)
+    allocator.restart_with_huge_pages(__file__)
     main()

@@ -56,7 +56,8 @@ CONFIG = PROJECT_ROOT / "configs" / "kjv_web_transformer.py"
 SHIPPED = PROJECT_ROOT / "data" / "kjv_web" / "train.tsv"
 STEP_LINE = re.compile(r"step (\d+)/\d+ loss .* ([\d,.]+) tok/s")
 DATA_LINE = re.compile(r"step 0 data: train_examples")
-PHASE_LINE = re.compile(r"\] (.+): done, ([\d,]+) (\S+) in (\d+):(\d\d):(\d\d)")  # utils/progress.py's closing line
+# utils/progress.py's closing line
+PHASE_LINE = re.compile(r"\] (.+): done, ([\d,]+) (\S+) in (\d+):(\d\d):(\d\d)")
 
 
 def write_corpus(path: Path, pairs: int) -> None:
@@ -102,7 +103,7 @@ def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: i
     the tokens/s of its logged steps."""
     command = [sys.executable, "train.py", f"--config={CONFIG}", f"--workdir={workdir}", f"--config.task.train={corpus}",
                f"--config.data_dir={data_dir}", f"--config.num_train_steps={steps}", "--config.log_every_steps=1",
-               "--config.eval_every_steps=1000000", "--config.checkpoint_every_steps=1000000", "--config.eval_decode_examples=8"]  # fmt: skip
+               "--config.eval_every_steps=1000000", "--config.checkpoint_every_steps=1000000", "--config.eval_decode_examples=8"]
     environment = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache)}
     started = time.time()
     child = subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -125,7 +126,8 @@ def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: i
         if phase:
             hours, minutes, seconds = map(int, phase.groups()[3:])
             phases.append(f"{phase.group(1)} ({phase.group(2)} {phase.group(3)}): {3600 * hours + 60 * minutes + seconds} s")
-        if DATA_LINE.search(line):  # the data are ready (built, vocabulary, token ids); compiling comes next
+        # the data are ready (built, vocabulary, token ids); compiling comes next
+        if DATA_LINE.search(line):
             data_peak = peak[0]
         found = STEP_LINE.search(line)
         if found:
@@ -133,11 +135,13 @@ def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: i
             if first_step is None:
                 first_step, first_step_cpu = time.time() - started, tree_cpu_seconds(watched)
             rates[step] = float(found.group(2).replace(",", ""))
-            if step >= steps:  # the last step: what follows (final evaluation, report) is not measured
+            # the last step: what follows (final evaluation, report) is not measured
+            if step >= steps:
                 break
     done.set()
     sampler.join()
-    for member in [*watched.children(recursive=True), watched]:  # our own child and its workers
+    # our own child and its workers
+    for member in [*watched.children(recursive=True), watched]:
         try:
             member.kill()
         except psutil.NoSuchProcess:
@@ -145,12 +149,13 @@ def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: i
     child.wait()
     if first_step is None:
         raise SystemExit(f"train.py took no step; its output:\n{''.join(log[-40:])}")
-    (workdir.parent / f"{workdir.name}.log").write_text("".join(log))  # the run's console, for a closer look
+    # the run's console, for a closer look
+    (workdir.parent / f"{workdir.name}.log").write_text("".join(log))
     later = [rate for step, rate in rates.items() if step > 2]
     return {
         "first_step_s": first_step, "first_step_cpu_s": first_step_cpu, "peak_bytes": peak[0], "data_peak_bytes": data_peak,
         "train_tokens_per_s": statistics.median(later) if later else float("nan"), "phases": phases,
-    }  # fmt: skip
+    }
 
 
 def size_of(folder: Path) -> int:
@@ -162,7 +167,8 @@ def main(argv: list[str]) -> None:
     root = Path(FLAGS.folder) if FLAGS.folder else Path(tempfile.mkdtemp(prefix="wmt_scale_"))
     root.mkdir(parents=True, exist_ok=True)
     corpus, data_dir, cache = root / "train.tsv", root / "tfds", root / "jax_cache"
-    for stale in (data_dir, cache, root / "cold", root / "warm"):  # cold means cold
+    # cold means cold
+    for stale in (data_dir, cache, root / "cold", root / "warm"):
         shutil.rmtree(stale, ignore_errors=True)
     try:
         start = time.time()
@@ -188,7 +194,7 @@ def main(argv: list[str]) -> None:
     print(f"on disk: built data {data / gib:.2f} GiB, token ids {tokenized / gib:.2f} GiB")
     print(f"input pipeline {pipeline['all_tokens_per_s']:,.0f} source+target tokens/s ({pipeline['target_tokens_per_s']:,.0f} target); "
           f"the train step consumes {warm['train_tokens_per_s']:,.0f} tokens/s (its log's tok/s): "
-          f"{pipeline['target_tokens_per_s'] / warm['train_tokens_per_s']:.1f}x")  # fmt: skip
+          f"{pipeline['target_tokens_per_s'] / warm['train_tokens_per_s']:.1f}x")
 
 
 if __name__ == "__main__":

@@ -250,12 +250,14 @@ def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     saved = {name: value for name, value in config.to_dict().items() if name not in RETIRED_FIELDS}
     families = {name: saved.pop(name) for name in ("task", "model") if name in saved}
     completed.update(saved)
-    if "model" in families:  # an absent field whose default changed meaning reads as it did; an old value name as the new
+    # an absent field whose default changed meaning reads as it did; an old value name as the new
+    if "model" in families:
         import models
 
         name = families["model"]["name"]
         families["model"] = models.with_new_value_names(name, {**models.fields_before(name), **families["model"]})
-    for name, fields in families.items():  # a task's or model's fields as saved, not merged with others'
+    # a task's or model's fields as saved, not merged with others'
+    for name, fields in families.items():
         completed[name] = ml_collections.ConfigDict(fields)
     return completed
 
@@ -305,7 +307,8 @@ def load(source: str | Path | ml_collections.ConfigDict, overrides: Sequence[str
     for name in assignments:
         if not has_field(config, name):
             group, path = config, []
-            for part in name.split(".")[:-1]:  # the deepest group the name does reach
+            # the deepest group the name does reach
+            for part in name.split(".")[:-1]:
                 if not isinstance(group.get(part), ml_collections.ConfigDict):
                     break
                 group, path = group[part], [*path, part]
@@ -314,10 +317,12 @@ def load(source: str | Path | ml_collections.ConfigDict, overrides: Sequence[str
     argv = ["load", *overrides]
     flag_values = flags.FlagValues()
     defaults = {name: _field_value(config, name) for name in assignments}
-    try:  # the override flags are made from `argv` when the flag is defined
+    # the override flags are made from `argv` when the flag is defined
+    try:
         config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, lock_config=True, sys_argv=argv)
         flag_values(argv)
-    except Exception as error:  # ml_collections and absl raise many types; all are about these flags
+    except Exception as error:
+        # ml_collections and absl raise many types; all are about these flags
         root = error.__cause__ or error.__context__ or error
         raise ConfigError(f"{where} {' '.join(overrides)}: {root}") from error
     for name, default in defaults.items():
@@ -389,7 +394,8 @@ def _switch_families(config: ml_collections.ConfigDict, assignments: dict[str, s
     for field, make in (("task", task), ("model", model)):
         name = assignments.get(f"{field}.name")
         if name is None or not has_field(config, f"{field}.name"):
-            continue  # not switched (a config without this group reports the field as unknown later)
+            # not switched (a config without this group reports the field as unknown later)
+            continue
         previous = config[field].name
         if name != previous:
             dropped = sorted(set(config[field]) - {"name"})

@@ -28,8 +28,10 @@ def get_config(attention: str = "soft"):
     config.tokenizer.kind = "word"
     config.tokenizer.vocab_size = 64
     config.data.batching = "bucket"
-    config.data.max_source_length = 1  # an image
-    config.data.max_target_length = 8  # five digit words and eos, with room
+    # an image
+    config.data.max_source_length = 1
+    # five digit words and eos, with room
+    config.data.max_target_length = 8
     config.data.bucket_boundaries = (8,)
     # Two departures from the paper, stated here though they are the model's defaults too
     # (models/captioner.py says why, with the measurements): no gating scalar beta (on the features of

@@ -12,7 +12,8 @@ from configs import base
 
 def get_config():
     config = base.get_config()
-    config.task = base.task("parallel_text")  # defaults: data/kjv_web/{train,dev,test}.tsv
+    # defaults: data/kjv_web/{train,dev,test}.tsv
+    config.task = base.task("parallel_text")
     config.num_train_steps = 20_000
     config.batch_size = 64
     # The 64 rows as two microbatches of 32, their gradients summed: the same update, and on a

@@ -22,7 +22,7 @@ def _dates():
     """configs/default.py's task and schedule, with 64 bucketed examples a step."""
     config = default.get_config()
     config.update(num_train_steps=3_000, batch_size=64, learning_rate=3e-3, eval_every_steps=1_000,
-                  checkpoint_every_steps=1_000)  # fmt: skip
+                  checkpoint_every_steps=1_000)
     config.data.max_target_length = 16
     config.data.bucket_boundaries = (16, 24, 32, 40, 48)
     return config
@@ -40,7 +40,8 @@ def _reverse():
 def _kjv_web():
     """configs/kjv_web_transformer.py's corpus, vocabulary, schedule and search."""
     config = kjv_web_transformer.get_config()
-    config.grad_accum_steps = 1  # the Transformer's microbatches are its CPU tuning, not the recurrent families'
+    # the Transformer's microbatches are its CPU tuning, not the recurrent families'
+    config.grad_accum_steps = 1
     config.data.max_source_length = config.data.max_target_length = 96
     config.data.bucket_boundaries = (16, 32, 48, 64, 96)
     return config
@@ -61,7 +62,8 @@ def model_fields(family: str, task: str) -> dict:
     if family == "luong":
         layers = 1 if small else 2
         return dict(common, cell="lstm", num_encoder_layers=layers, num_decoder_layers=layers, score="general")
-    if family == "lstmn":  # tapes as long as the longest sequence the task's data settings allow
+    # tapes as long as the longest sequence the task's data settings allow
+    if family == "lstmn":
         return dict(common, attention_dim=hidden, max_length=128 if small else 160)
     raise ConfigError(f"unknown recurrent family {family!r}; valid: {', '.join(FAMILIES)}")
 
@@ -69,9 +71,12 @@ def model_fields(family: str, task: str) -> dict:
 def get_config(family: str, task: str, **model_overrides):
     config = TASKS[task]()
     config.model = base.model(family, **{**model_fields(family, task), **model_overrides})
-    config.data.batching = "bucket"  # the recurrent models read one example per row
-    config.visualize_self_attention = family == "lstmn"  # its intra-attention, as the paper's figure 1 draws it
-    config.grad_clip_norm = 1.0  # Bahdanau et al. appendix B.2 clip the gradient norm at 1
+    # the recurrent models read one example per row
+    config.data.batching = "bucket"
+    # its intra-attention, as the paper's figure 1 draws it
+    config.visualize_self_attention = family == "lstmn"
+    # Bahdanau et al. appendix B.2 clip the gradient norm at 1
+    config.grad_clip_norm = 1.0
     # None of Cho, Bahdanau, Luong or Cheng et al. smooth the labels; base.py's 0.1 is the
     # Transformer's (Vaswani et al. section 5.4).
     config.label_smoothing = 0.0

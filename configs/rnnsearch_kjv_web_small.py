@@ -14,6 +14,7 @@ from configs import recurrent
 
 def get_config():
     config = recurrent.get_config("rnnsearch", "kjv_web", hidden_dim=256, attention_dim=256, maxout_dim=128)
-    config.batch_size = 8  # the rows of a token batch are a multiple of it (and of the devices)
+    # the rows of a token batch are a multiple of it (and of the devices)
+    config.batch_size = 8
     config.data.batch_tokens = 4096
     return config

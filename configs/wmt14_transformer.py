@@ -38,7 +38,8 @@ def get_config(size: str | None = None):
         raise ConfigError(f"configs/wmt14_transformer.py:{size}: the size must be one of {', '.join(SIZES)}")
 
     config = base.get_config()
-    config.task = base.task("wmt14_translate/de-en", reverse=True)  # en -> de
+    # en -> de
+    config.task = base.task("wmt14_translate/de-en", reverse=True)
     config.num_train_steps = 100_000
     config.batch_size = 200
     config.learning_rate = 512**-0.5 * 4000**-0.5

@@ -66,9 +66,11 @@ class Evaluator:
 
         self.loss_sums = jax.jit(loss_sums, in_shardings=(params_sharding, batch_sharding))
         self.decode = jax.jit(decode, in_shardings=(params_sharding, batch_sharding, None))
-        self.sampling_key = jax.random.key(settings.seed + 3)  # sampling: one key per batch, folded from here
+        # sampling: one key per batch, folded from here
+        self.sampling_key = jax.random.key(settings.seed + 3)
         self.attention = jax.jit(attention, in_shardings=(params_sharding, batch_sharding))
-        self.concrete_model = nnx.merge(run.graphdef, run.params, run.rngs)  # outside jit: roles, grid geometry
+        # outside jit: roles, grid geometry
+        self.concrete_model = nnx.merge(run.graphdef, run.params, run.rngs)
         self.roles = attention_roles(self.concrete_model)
         self.kind = settings.source
 
@@ -91,16 +93,18 @@ class Evaluator:
         decode_text = self.run.tokens.target.decode
         texts = [
             (int(i), [(decode_text(t), float(s)) for t, s in zip(row_tokens, row_scores) if s > decoding.NEVER / 2])
-            for i, row_tokens, row_scores in zip(index, gathered(tokens), gathered(hypothesis_scores))  # [B, N, L], [B, N]
+            # [B, N, L], [B, N]
+            for i, row_tokens, row_scores in zip(index, gathered(tokens), gathered(hypothesis_scores))
             if i >= 0
-        ]  # fmt: skip
+        ]
         return tokens[:, 0], texts
 
     def localization(self, params: nnx.State, batch: dict, decoded: jax.Array, boxes: np.ndarray, index: np.ndarray) -> tuple[int, int]:
         """`(localised words, words scored)` of the generated captions `decoded [B, T]` of a batch
         (their own attention, from a teacher-forced pass) against the true boxes `[B, K, 4]`."""
         weights = self.attention(params, {"inputs": batch["inputs"], "targets": decoded})
-        (cross,) = [gathered(v).mean(axis=1) for k, v in weights.items() if self.roles[k] is AttentionRole.CROSS]  # [B, T, L]
+        # [B, T, L]
+        (cross,) = [gathered(v).mean(axis=1) for k, v in weights.items() if self.roles[k] is AttentionRole.CROSS]
         captions = gathered(decoded)
         height, width = batch["inputs"].shape[1:3]
         centres = self.concrete_model.cell_centres(height, width)
@@ -152,7 +156,8 @@ def evaluate_split(
     results.update(text_metrics(run, split, best_hypotheses(decoded)))
     results["decoded_examples"] = len(decoded)
     results.update(alignment_results(alignment))
-    if localizing:  # no caption with as many words as boxes: nothing scored, no accuracy
+    # no caption with as many words as boxes: nothing scored, no accuracy
+    if localizing:
         results.update({"localization_accuracy": float(localized[0] / localized[1])} if localized[1] else {})
         results["localized_words"] = int(localized[1])
     return results, decoded
@@ -165,7 +170,8 @@ def shown_batches(evaluator: Evaluator, split: str) -> Iterator[tuple[dict, np.n
     with progress.phase(f"evaluating {split}", total=len(run.task.splits[split]), unit="examples", enabled=run.is_chief) as shown:
         for batch, index, local in evaluator.batches(split):
             yield batch, index, local
-            shown.advance(int((index >= 0).sum()))  # the real rows; -1 marks padding
+            # the real rows; -1 marks padding
+            shown.advance(int((index >= 0).sum()))
 
 
 def best_hypotheses(decoded: list[tuple[int, list[tuple[str, float]]]]) -> list[tuple[int, str]]:
@@ -177,7 +183,7 @@ def text_metrics(run: Run, split: str, decoded: list[tuple[int, str]], *, signat
     """The task's text scores (scoring/score_registry.py) of the hypotheses against their references."""
     references = run.task.references(split, [i for i, _ in decoded])
     return score_registry.text_scores(run.task.metric, [h for _, h in decoded], references,
-                              bleu_tokenize=run.settings.evaluation.bleu_tokenize, signatures=signatures)  # fmt: skip
+                              bleu_tokenize=run.settings.evaluation.bleu_tokenize, signatures=signatures)
 
 
 def alignment_results(alignment: dict[str, list[float]]) -> dict:
@@ -198,7 +204,8 @@ def draw_attention(evaluator: Evaluator, params: nnx.State, split: str, step: in
     decoded, _ = evaluator.hypotheses(params, batch, index)
     weights = {k: gathered(v) for k, v in evaluator.attention(params, {"inputs": batch["inputs"], "targets": decoded}).items()}
     inputs, hypotheses = gathered(batch["inputs"]), gathered(decoded)
-    known = {key: gathered(run.global_batch({key: local[key]})[key]) for key in ("alignment", "boxes") if key in local}  # gold, for report/pages.py
+    # gold, for report/pages.py
+    known = {key: gathered(run.global_batch({key: local[key]})[key]) for key in ("alignment", "boxes") if key in local}
     if not run.is_chief:
         return
     drawn = {}
@@ -211,7 +218,7 @@ def draw_attention(evaluator: Evaluator, params: nnx.State, split: str, step: in
             directory, f"example_{row}", inputs[row], example, evaluator.roles, run.tokens.target.pieces(output), run.tokens,
             evaluator.concrete_model, self_attention=run.settings.evaluation.visualize_self_attention,
             extras={key: value[row] for key, value in known.items()},
-        ))  # fmt: skip
+        ))
     if reporter is not None:
         reporter.images(step, drawn)
 
@@ -257,7 +264,8 @@ def evaluate(settings: Settings, workdir: str | Path) -> dict:
         outcome = {}
         for name, params in evaluated.items():
             outcome[name], decoded = evaluate_split(evaluator, params, split, max_decoded=max_decoded)
-            if run.is_chief:  # the decoded examples, for the report page
+            # the decoded examples, for the report page
+            if run.is_chief:
                 write_predictions(run, split, decoded, run.workdir / "predictions" / f"step_{step}_{name}.tsv")
         report(run, step, outcome)
     return outcome[split] if len(outcome) == 1 else outcome
@@ -271,7 +279,8 @@ def predict(settings: Settings, workdir: str | Path) -> Path:
     check_split(run, split)
     with metric_writer.log_file(run.workdir, enabled=run.is_chief):
         step, evaluated = evaluated_params(run)
-        name = list(evaluated)[-1]  # the averaged parameters when asked for
+        # the averaged parameters when asked for
+        name = list(evaluated)[-1]
         results, decoded = evaluate_split(Evaluator(run), evaluated[name], split, max_decoded=settings.evaluation.eval_decode_examples)
     path = run.workdir / "predictions" / f"step_{step}.tsv"
     if run.is_chief:
@@ -290,7 +299,7 @@ def write_predictions(run: Run, split: str, decoded: list[tuple[int, list[tuple[
     (`evaluate_split`'s second result): `--mode=predict`'s file, and each training evaluation's for report/pages.py."""
     records, kind = run.task.splits[split], run.settings.source
     metric_writer.write_predictions(path, [(kind.shown(run.task, split, i), run.task.pair(records[i])[1], hypothesis)
-                                       for i, hypothesis in best_hypotheses(decoded)])  # fmt: skip
+                                       for i, hypothesis in best_hypotheses(decoded)])
 
 
 def check_split(run: Run, split: str) -> None:

@@ -24,7 +24,8 @@ from run_setup.settings import DecodeSettings, Settings
 from run_setup.input_kinds import padded_ids
 from tasks.vocabularies import EOS_ID, PAD_ID
 
-BATCH_ROWS = 32  # sources decoded together; batches are padded to this many rows (one compilation)
+# sources decoded together; batches are padded to this many rows (one compilation)
+BATCH_ROWS = 32
 
 
 class Translator:
@@ -33,8 +34,10 @@ class Translator:
     def __init__(self, run: Run, step: int, params):
         self.run, self.step, self.params = run, step, params
         self.roles = attention_roles(run.model(params))
-        self._searches: dict[tuple, object] = {}  # compiled searches by decode settings
-        self.kind = run.settings.source  # text, images or feature grids
+        # compiled searches by decode settings
+        self._searches: dict[tuple, object] = {}
+        # text, images or feature grids
+        self.kind = run.settings.source
 
     @property
     def settings(self) -> Settings:
@@ -42,7 +45,8 @@ class Translator:
 
     def _target_ids(self, targets: Sequence[str]) -> list[np.ndarray]:
         ids = [np.append(self.run.tokens.target.encode(text), EOS_ID).astype(np.int32) for text in targets]
-        limit = self.settings.model.hyperparameters.length_limit  # learned positions, LSTMN tapes
+        # learned positions, LSTMN tapes
+        limit = self.settings.model.hyperparameters.length_limit
         if limit is not None and max(map(len, ids)) > limit:
             raise UserError(f"a target of {max(map(len, ids))} tokens is longer than model.max_length = {limit}")
         return ids
@@ -88,13 +92,15 @@ class Translator:
     def translate_ids(self, sources: Sequence, **decode_options) -> list[list[tuple[np.ndarray, float]]]:
         """As `n_best`, with output ids ending in eos instead of text."""
         search = self._search(self.settings.decode.with_options(**decode_options))
-        key = jax.random.key(self.settings.seed + 3)  # sampling: one key per batch, so a sample depends on its batch
+        # sampling: one key per batch, so a sample depends on its batch
+        key = jax.random.key(self.settings.seed + 3)
         rows = self._source_rows(sources)
         # Sources of similar length decode together: a batch's search runs until its longest
         # output ends, and its sources are padded to the next power of two of its longest.
         order = np.argsort([len(row) for row in rows], kind="stable") if self.kind.has_length else np.arange(len(rows))
         outputs = [None] * len(rows)
-        batches = range(0, len(rows), BATCH_ROWS)  # a progress phase when there are several (--mode=predict --input_file)
+        # a progress phase when there are several (--mode=predict --input_file)
+        batches = range(0, len(rows), BATCH_ROWS)
         for start in progress.track(batches, "decoding", unit="batches", enabled=len(batches) > 1):
             chunk = order[start : start + BATCH_ROWS]
             batch = jnp.asarray(self._source_batch([rows[i] for i in chunk]))
@@ -103,7 +109,7 @@ class Translator:
                 outputs[i] = [
                     (ids[: int(np.argmax(ids == EOS_ID)) + 1], float(score))
                     for ids, score in zip(row_tokens, row_scores) if score > decoding.NEVER / 2
-                ]  # fmt: skip
+                ]
         return outputs
 
     @functools.cached_property
@@ -149,8 +155,9 @@ class Translator:
     def draw_attention(self, source, directory: Path, *, self_attention: bool = False) -> str:
         """Decodes `source` and draws its attention into `directory`; returns the output text."""
         inputs, output = self._attention_inputs(source, None)
-        weights = self._attention_of(inputs, output)  # the decoded ids themselves, not their text re-encoded
+        # the decoded ids themselves, not their text re-encoded
+        weights = self._attention_of(inputs, output)
         tokens = self.run.tokens
         self.kind.draw(directory, f"step_{self.step}", inputs, weights, self.roles, tokens.target.pieces(output), tokens,
-                       self.run.model(self.params), self_attention=self_attention)  # fmt: skip
+                       self.run.model(self.params), self_attention=self_attention)
         return tokens.target.decode(output)

@@ -44,7 +44,8 @@ from run_setup.compatibility import check_init, check_resume
 from run_setup.settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
 from utils.stop_signals import SIGNALS, StopSignals
 
-TrainState = dict  # {"step": int32 [], "params": nnx.State, "opt_state": optax state[, "model_state": dict]}
+# {"step": int32 [], "params": nnx.State, "opt_state": optax state[, "model_state": dict]}
+TrainState = dict
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -75,7 +76,7 @@ def make_optimizer(optimization: OptimizationSettings) -> optax.GradientTransfor
     adam = optax.adamw(
         learning_rate_schedule(optimization), b1=optimization.adam_b1, b2=optimization.adam_b2, eps=optimization.adam_eps,
         weight_decay=optimization.weight_decay,
-    )  # fmt: skip
+    )
     if optimization.grad_clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(optimization.grad_clip_norm), adam)
     return adam
@@ -118,7 +119,8 @@ def make_train_step(run: Run, tx: optax.GradientTransformation) -> Callable[[Tra
         else:
             micro = jax.tree.map(lambda x: x.reshape(accumulate, -1, *x.shape[1:]), batch)  # [K, B/K, ...]
 
-            def add(total, inputs):  # every microbatch starts from the step's model state
+            # every microbatch starts from the step's model state
+            def add(total, inputs):
                 index, microbatch = inputs
                 grads, (sums, new_state) = grad_fn(state["params"], model_state, microbatch, jax.random.fold_in(key, index))
                 return jax.tree.map(jnp.add, total, (grads, sums)), new_state
@@ -173,7 +175,8 @@ def initial_state(run: Run, tx: optax.GradientTransformation) -> TrainState:
     opt_state = jax.jit(tx.init, out_shardings=sharding.optimizer_shardings(tx, params, run.param_shardings, run.replicated))(params)
     state = {"step": jax.device_put(jnp.zeros((), jnp.int32), run.replicated), "params": params, "opt_state": opt_state}
     model = run.model(run.params)
-    model_state = model.initial_model_state() if model.config.has_objective else {}  # e.g. hard attention's baseline
+    # e.g. hard attention's baseline
+    model_state = model.initial_model_state() if model.config.has_objective else {}
     if model_state:
         state["model_state"] = jax.device_put(model_state, run.replicated)
     return state
@@ -219,12 +222,14 @@ def unfinished_window(workdir: Path, start_step: int) -> tuple[list[tuple[int, d
     path = workdir / UNFINISHED_WINDOW
     try:
         kept = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError) as error:  # a damaged file costs only the mean of one log row
+    except (OSError, ValueError) as error:
+        # a damaged file costs only the mean of one log row
         logging.warning("ignoring %s (%s): the next training row covers only the steps after %d", path, error, start_step)
         kept = {}
     if kept.get("step") != start_step:
         return [], 0.0
-    window = [(s, {name: np.float32(value) for name, value in values.items()}) for s, values in kept["window"]]  # as the step gave them
+    # as the step gave them
+    window = [(s, {name: np.float32(value) for name, value in values.items()}) for s, values in kept["window"]]
     return window, float(kept.get("seconds", 0.0))
 
 
@@ -245,9 +250,11 @@ def evaluate_during_training(
         if split == "dev" and settings.visualize_examples:
             evaluation.draw_attention(evaluator, params, "dev", step, reporter)
     if run.is_chief:
-        final = step == run.settings.optimization.num_train_steps and "test" in splits  # nothing is written after it
+        # nothing is written after it
+        final = step == run.settings.optimization.num_train_steps and "test" in splits
         due = curves.due(final)
-        pages.write(run.workdir, curves=due)  # report.html as of this evaluation, and curves.png when due
+        # report.html as of this evaluation, and curves.png when due
+        pages.write(run.workdir, curves=due)
         if due:
             curves.drawn(final)
     return results
@@ -314,8 +321,10 @@ def train_and_evaluate(settings: Settings, workdir: str | Path) -> dict:
     task, tokenizer, data or seed field before anything is written; config.json records the rest.
     """
     check_resume(settings, Path(workdir))
-    check_init(settings, Path(workdir))  # a run to start from that does not fit stops here, before anything is written
-    run = prepare_run(settings, workdir, lock=True)  # a second run on the workdir stops here, having written nothing
+    # a run to start from that does not fit stops here, before anything is written
+    check_init(settings, Path(workdir))
+    # a second run on the workdir stops here, having written nothing
+    run = prepare_run(settings, workdir, lock=True)
     try:
         with metric_writer.log_file(run.workdir, enabled=run.is_chief):
             return train(run)
@@ -345,20 +354,23 @@ def train(run: Run) -> dict:
     reporter = Reporter(run.workdir, num_steps=optimization.num_train_steps, start_step=start_step, enabled=run.is_chief)
     training_dev_rows = [r for r in metric_writer.read_jsonl(run.workdir) if r["split"] == "dev" and "mode" not in r and r["step"] <= start_step]
     early_stopping = EarlyStopping(evaluation_settings, training_dev_rows)
-    if early_stopping.stopped:  # a rerun of a run that stopped early: nothing more to train
+    # a rerun of a run that stopped early: nothing more to train
+    if early_stopping.stopped:
         logging.info("the run stopped early at step %d (dev %s not improved for %d evaluations); not training further",
-                     start_step, evaluation_settings.best_metric, early_stopping.waited)  # fmt: skip
+                     start_step, evaluation_settings.best_metric, early_stopping.waited)
         start_step = optimization.num_train_steps
     summary.log_start(run, start_step)
     if start_step == 0:
         reporter.write(0, "data", {f"train_{k}": v for k, v in length_report.items() if k != "policy"})
     schedule = learning_rate_schedule(optimization)
     final: dict = {}
-    window, seconds_before = unfinished_window(run.workdir, start_step)  # seconds_before: the window's steps before a stop
+    # seconds_before: the window's steps before a stop
+    window, seconds_before = unfinished_window(run.workdir, start_step)
     window_start = time.time()
     curves = CurvesPicture(run.workdir, enabled=run.is_chief and run.settings.evaluation.curves_png)
     try:
-        several = jax.process_count() > 1  # then SIGTERM is JAX's preemption notice, which the processes agree on
+        # then SIGTERM is JAX's preemption notice, which the processes agree on
+        several = jax.process_count() > 1
         with StopSignals(message="saving a checkpoint, then stopping", signals=() if several else SIGNALS) as stop:
             for step in range(start_step + 1, optimization.num_train_steps + 1):
                 state, step_metrics = train_step(state, run.global_batch(next(data_iterator)))
@@ -371,12 +383,14 @@ def train(run: Run) -> dict:
                 save_now = step % run.settings.checkpoints.checkpoint_every_steps == 0 or last or stop.requested
                 if step % optimization.log_every_steps == 0 or evaluate_now or save_now:
                     window = jax.device_get(window)
-                    check_finite(window)  # before any save: a checkpoint never holds a diverged state
+                    # before any save: a checkpoint never holds a diverged state
+                    check_finite(window)
                     seconds = seconds_before + time.time() - window_start
                     row = summarize_window(window, float(schedule(step - 1)), seconds)
                     if not stop.requested or step % optimization.log_every_steps == 0:
                         reporter.write(step, "train", row)
-                    elif run.is_chief:  # stopped between two rows: the rerun's next row takes these steps in
+                    elif run.is_chief:
+                        # stopped between two rows: the rerun's next row takes these steps in
                         keep_unfinished_window(run.workdir, step, window, seconds)
                     reporter.progress(step, row["loss"], row["learning_rate"], row["tokens_per_second"], row["steps_per_second"])
                     window, window_start, seconds_before = [], time.time(), 0.0
@@ -387,20 +401,25 @@ def train(run: Run) -> dict:
                     stop_early = early_stopping.update(step, final["dev"]) and not last
                     if stop_early:
                         logging.info("early stopping at step %d: dev %s has not improved for %d evaluations (best %.4g at step %d)",
-                                     step, evaluation_settings.best_metric, early_stopping.waited, early_stopping.best, early_stopping.best_step)  # fmt: skip
+                                     step, evaluation_settings.best_metric, early_stopping.waited, early_stopping.best, early_stopping.best_step)
                         final.update(evaluate_during_training(evaluator, state["params"], step, ("test",), reporter, curves))
-                if save_now or stop.requested or stop_early:  # a signal may have come during this step's eval
+                # a signal may have come during this step's eval
+                if save_now or stop.requested or stop_early:
                     run.checkpoints.save(step, state, data_iterator, metrics=eval_metrics)
                 if stop.requested or stop_early:
                     logging.info("stopped at step %d after saving a checkpoint", step)
                     break
     finally:
         try:
-            run.checkpoints.close()  # waits for pending saves, which may still read the data iterator's state
-        finally:  # also after a failed save
-            data_iterator.close()  # stops the prefetch threads now, not at interpreter exit
+            # waits for pending saves, which may still read the data iterator's state
+            run.checkpoints.close()
+        finally:
+            # also after a failed save
+            # stops the prefetch threads now, not at interpreter exit
+            data_iterator.close()
             reporter.close()
-            curves.finish()  # also after an error (a diverged loss): the picture of every row written
+            # also after an error (a diverged loss): the picture of every row written
+            curves.finish()
     if run.is_chief:
         print_outputs(run.workdir)
     return final

@@ -35,7 +35,8 @@ MODELS = {
 
 # Fields that come from the vocabulary, not from the config.
 FROM_VOCABULARY = ("vocab_size", "source_vocab_size", "bos_id", "pad_id")
-MAX_LAYERS = 1000  # a deeper stack is a typo, and would take minutes to build
+# a deeper stack is a typo, and would take minutes to build
+MAX_LAYERS = 1000
 
 
 def _family(name: str) -> tuple[type, type]:
@@ -69,7 +70,8 @@ def checked_config(name: str, **fields):
     unknown = sorted(set(fields) - set(fields_of(name)))
     if unknown:
         raise ConfigError(f"unknown field(s) for model {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(fields_of(name)))}")
-    for field, value in fields.items():  # before a huge depth makes building even an abstract model slow
+    # before a huge depth makes building even an abstract model slow
+    for field, value in fields.items():
         if field.startswith("num_") and field.endswith("layers") and isinstance(value, int) and value > MAX_LAYERS:
             raise ConfigError(f"model.{field} must be at most {MAX_LAYERS}, got {value}")
     return config_class(vocab_size=1, **fields)
@@ -89,7 +91,8 @@ def create_model(name: str, *, rngs: nnx.Rngs, **fields) -> EncoderDecoder:
     return model_class(config_class(**fields), rngs=rngs)
 
 
-SOURCE_KINDS = {"tokens": "text", "pixels": "image", "features": "features"}  # ModelConfig.reads -> sources.KINDS
+# ModelConfig.reads -> sources.KINDS
+SOURCE_KINDS = {"tokens": "text", "pixels": "image", "features": "features"}
 
 
 def source_kind_of(name: str, fields: dict) -> str:

@@ -58,9 +58,12 @@ class AttentionWeights(nnx.Intermediate):
 class AttentionRole(enum.Enum):
     """What an attention module relates: its weights' query and key axes."""
 
-    CROSS = "cross"  # output positions over the source (or an image's locations): [T, S]
-    SOURCE_SELF = "source_self"  # source positions over the source: [S, S]
-    TARGET_SELF = "target_self"  # output positions over earlier outputs: [T, T]
+    # output positions over the source (or an image's locations): [T, S]
+    CROSS = "cross"
+    # source positions over the source: [S, S]
+    SOURCE_SELF = "source_self"
+    # output positions over earlier outputs: [T, T]
+    TARGET_SELF = "target_self"
 
 
 # --------------------------------------------------------------------------
@@ -548,7 +551,8 @@ def capture_attention(model: nnx.Module, batch: Mapping[str, Any], **call_args) 
     _, recorded = nnx.capture(model, AttentionWeights)(batch, **call_args)
     weights = {}
     for path, variable in nnx.to_flat_state(recorded):
-        (value,) = variable.get_value()  # one call of each module per forward pass
+        # one call of each module per forward pass
+        (value,) = variable.get_value()
         weights[_path_name(path[:-1])] = value
     return weights
 

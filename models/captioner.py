@@ -80,28 +80,49 @@ class CaptionerConfig(ModelConfig):
     sizes: a 14x14x512 VGG grid, 512 embedding, 1800 hidden units for Flickr8k...) and what
     `configs/captioner_*` train; where they depart from the paper, the module docstring says why."""
 
-    roles = frozenset({AttentionRole.CROSS})  # f_att, each word over the image's annotation cells
-    has_objective = True  # `Captioner.objective`: the doubly stochastic penalty, hard attention's estimator
+    # f_att, each word over the image's annotation cells
+    roles = frozenset({AttentionRole.CROSS})
+    # `Captioner.objective`: the doubly stochastic penalty, hard attention's estimator
+    has_objective = True
 
-    vocab_size: int  # caption vocabulary
-    source_vocab_size: int | None = None  # unused: the inputs are images (kept for the common interface)
-    attention: str = "soft"  # "soft" (section 4.2) or "hard" (section 4.1)
-    inputs: str = "pixels"  # "pixels": images through the CNN; "features": given [L, D] annotation grids
-    channels: int = 1  # image channels (pixels)
-    feature_dim: int = 0  # D of given feature grids (features)
-    conv_widths: tuple[int, ...] = (32, 64, 64, 64)  # 3x3 conv + ReLU layers of the CNN
-    pools: int = 2  # 2x2 max pools, after each of the first `pools` conv layers: the grid is (H, W) / 2^pools
-    coordinates: bool = True  # the pixels' (x, y) as two more input channels
-    embed_dim: int = 64  # E (the paper's m)
-    hidden_dim: int = 256  # N (the paper's n)
-    attention_dim: int = 128  # A of f_att
-    selector: bool = False  # the gating scalar beta_t (section 4.2.1); off, unlike the paper (see the module docstring)
-    doubly_stochastic: float = 0.0  # lambda of the penalty of section 4.2.1; 0 (off), unlike the paper (see the module docstring)
-    reinforce_weight: float = 1.0  # lambda_r of section 4.1's final learning rule (hard attention)
-    entropy_weight: float = 0.01  # lambda_e of the same rule (hard attention)
-    baseline_decay: float = 0.9  # b_k = decay b_{k-1} + (1 - decay) log p(y | s_k, a) (section 4.1)
-    expectation_probability: float = 0.5  # hard attention: per image, s is set to its expectation alpha (see objective)
-    dropout_rate: float = 0.0  # on the deep output's input, in [0, 1)
+    # caption vocabulary
+    vocab_size: int
+    # unused: the inputs are images (kept for the common interface)
+    source_vocab_size: int | None = None
+    # "soft" (section 4.2) or "hard" (section 4.1)
+    attention: str = "soft"
+    # "pixels": images through the CNN; "features": given [L, D] annotation grids
+    inputs: str = "pixels"
+    # image channels (pixels)
+    channels: int = 1
+    # D of given feature grids (features)
+    feature_dim: int = 0
+    # 3x3 conv + ReLU layers of the CNN
+    conv_widths: tuple[int, ...] = (32, 64, 64, 64)
+    # 2x2 max pools, after each of the first `pools` conv layers: the grid is (H, W) / 2^pools
+    pools: int = 2
+    # the pixels' (x, y) as two more input channels
+    coordinates: bool = True
+    # E (the paper's m)
+    embed_dim: int = 64
+    # N (the paper's n)
+    hidden_dim: int = 256
+    # A of f_att
+    attention_dim: int = 128
+    # the gating scalar beta_t (section 4.2.1); off, unlike the paper (see the module docstring)
+    selector: bool = False
+    # lambda of the penalty of section 4.2.1; 0 (off), unlike the paper (see the module docstring)
+    doubly_stochastic: float = 0.0
+    # lambda_r of section 4.1's final learning rule (hard attention)
+    reinforce_weight: float = 1.0
+    # lambda_e of the same rule (hard attention)
+    entropy_weight: float = 0.01
+    # b_k = decay b_{k-1} + (1 - decay) log p(y | s_k, a) (section 4.1)
+    baseline_decay: float = 0.9
+    # hard attention: per image, s is set to its expectation alpha (see objective)
+    expectation_probability: float = 0.5
+    # on the deep output's input, in [0, 1)
+    dropout_rate: float = 0.0
     bos_id: int = 1
     pad_id: int = 0
 
@@ -114,7 +135,7 @@ class CaptionerConfig(ModelConfig):
             raise ConfigError("model.inputs = 'features' needs model.feature_dim, the size of a given annotation")
         if self.inputs == "pixels" and (not self.conv_widths or min(self.conv_widths) < 1 or self.channels < 1):
             raise ConfigError(f"model.conv_widths must be positive widths and model.channels positive, got "
-                              f"{self.conv_widths}, {self.channels}")  # fmt: skip
+                              f"{self.conv_widths}, {self.channels}")
         if not 0 <= self.pools <= len(self.conv_widths):
             raise ConfigError(f"model.pools must be between 0 and len(model.conv_widths), got {self.pools}")
         for name in ("embed_dim", "hidden_dim", "attention_dim"):
@@ -142,8 +163,10 @@ class CaptionerConfig(ModelConfig):
 class CaptionMemory(NamedTuple):
     """The encoded image: its annotations and their attention keys."""
 
-    annotations: Array  # a_i [B, L, D]
-    keys: Array  # W_a a_i [B, L, A], once per image
+    # a_i [B, L, D]
+    annotations: Array
+    # W_a a_i [B, L, A], once per image
+    keys: Array
     mask: Array  # [B, L] bool, all True (every cell is real)
 
 
@@ -160,20 +183,31 @@ class Captioner(nnx.Module):
         E, N, D = config.embed_dim, config.hidden_dim, config.annotation_dim
         if config.inputs == "pixels":
             widths = (config.channels + 2 * config.coordinates, *config.conv_widths)
-            he = nnx.initializers.kaiming_normal()  # keeps the responses' scale through the ReLUs (He et al. 2015)
+            # keeps the responses' scale through the ReLUs (He et al. 2015)
+            he = nnx.initializers.kaiming_normal()
             self.convs = nnx.List(nnx.Conv(a, b, (3, 3), padding="SAME", use_bias=False, kernel_init=he, kernel_metadata=logical(None, None, "embed", "mlp"), rngs=rngs)
-                                  for a, b in zip(widths, widths[1:]))  # no bias: the centring would cancel it
+                                  # no bias: the centring would cancel it
+                                  for a, b in zip(widths, widths[1:]))
         else:
             self.convs = nnx.List([])
-        self.embed = nnx.Embed(config.vocab_size, E, embedding_init=nnx.initializers.normal(0.1), embedding_metadata=logical("vocab", "embed"), rngs=rngs)  # E
-        self.init_hidden = Linear(D, N, rngs=rngs)  # f_init_h
-        self.init_cell = Linear(D, N, rngs=rngs)  # f_init_c
-        self.attention = Attention(N, D, score="additive", attention_dim=config.attention_dim, role=AttentionRole.CROSS, rngs=rngs)  # f_att
-        self.beta = nnx.data(Linear(N, 1, rngs=rngs) if config.selector else None)  # f_beta
-        self.lstm = LSTMCell(E + D, N, rngs=rngs)  # T of eq. 1 over [E y_{t-1}; z_t] (and h_{t-1} inside)
-        self.output_hidden = Linear(N, E, rngs=rngs)  # L_h
-        self.output_context = Linear(D, E, use_bias=False, rngs=rngs)  # L_z
-        self.output = Linear(E, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)  # L_o
+        # E
+        self.embed = nnx.Embed(config.vocab_size, E, embedding_init=nnx.initializers.normal(0.1), embedding_metadata=logical("vocab", "embed"), rngs=rngs)
+        # f_init_h
+        self.init_hidden = Linear(D, N, rngs=rngs)
+        # f_init_c
+        self.init_cell = Linear(D, N, rngs=rngs)
+        # f_att
+        self.attention = Attention(N, D, score="additive", attention_dim=config.attention_dim, role=AttentionRole.CROSS, rngs=rngs)
+        # f_beta
+        self.beta = nnx.data(Linear(N, 1, rngs=rngs) if config.selector else None)
+        # T of eq. 1 over [E y_{t-1}; z_t] (and h_{t-1} inside)
+        self.lstm = LSTMCell(E + D, N, rngs=rngs)
+        # L_h
+        self.output_hidden = Linear(N, E, rngs=rngs)
+        # L_z
+        self.output_context = Linear(D, E, use_bias=False, rngs=rngs)
+        # L_o
+        self.output = Linear(E, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
     # -- the encoder -------------------------------------------------------------
@@ -195,7 +229,8 @@ class Captioner(nnx.Module):
             x = jnp.concatenate([x, jnp.broadcast_to(jnp.stack([xs, ys], -1), (batch, height, width, 2))], axis=-1)
         for index, conv in enumerate(self.convs):
             response = conv(x)
-            x = jax.nn.relu(response - response.mean(axis=(1, 2), keepdims=True))  # centred over the image
+            # centred over the image
+            x = jax.nn.relu(response - response.mean(axis=(1, 2), keepdims=True))
             if index < self.config.pools:
                 x = nnx.max_pool(x, (2, 2), strides=(2, 2))
         return x.reshape(x.shape[0], -1, x.shape[-1])
@@ -236,7 +271,8 @@ class Captioner(nnx.Module):
         """Eqs. 1-3 and 7 from `E y_{t-1} [B, E]` and `z_t [B, D]`: `(logits [B, V], state)`; `mask [B, E]`:
         dropout on the deep output's input (drawn before the scan, as NNX's RNG cannot be used inside it)."""
         lstm = self.lstm(self.lstm.project(jnp.concatenate([embedded, context], axis=-1)), state.lstm)
-        deep = embedded + self.output_hidden(lstm.hidden) + self.output_context(context)  # eq. 7's sum
+        # eq. 7's sum
+        deep = embedded + self.output_hidden(lstm.hidden) + self.output_context(context)
         if mask is not None:
             deep = deep * mask
         logits = self.output(deep)
@@ -249,7 +285,7 @@ class Captioner(nnx.Module):
         return self._advance(self.embed(token), beta * expected, state)
 
     def teacher_forced(self, batch: dict[str, Array], *, deterministic: bool = True, key: Array | None = None,
-                       locations: Array | None = None, expectation: Array | bool = False) -> dict[str, Array]:  # fmt: skip
+                       locations: Array | None = None, expectation: Array | bool = False) -> dict[str, Array]:
         """A pass over the reference captions, with the expected context (soft attention, and hard
         attention's decoding), or hard attention's `z_t = a_{s_t}` (eq. 9) at locations sampled
         `s_t ~ alpha_t` with `key`, or given `locations [B, T]` (for tests). `expectation`, a bool per
@@ -280,7 +316,8 @@ class Captioner(nnx.Module):
             else:
                 chosen = jnp.argmax(weights, axis=-1)
             context = expected
-            if hard:  # phi = a_{s_t}
+            # phi = a_{s_t}
+            if hard:
                 sampled = jnp.take_along_axis(memory.annotations, chosen[:, None, None], axis=1)[:, 0]
                 context = jnp.where(jnp.reshape(expectation, (-1, 1)), expected, sampled)
             logits, state = self._advance(embedded_t, beta * context, state, mask_t)
@@ -304,7 +341,7 @@ class Captioner(nnx.Module):
         return {"baseline": jnp.zeros((), jnp.float32)} if self.config.attention == "hard" else {}
 
     def objective(self, batch: dict[str, Array], model_state: dict, key: Array,
-                  token_sums) -> tuple[Array, dict, dict]:  # fmt: skip
+                  token_sums) -> tuple[Array, dict, dict]:
         """The summed loss to minimise, the token sums, and the next model state.
 
         `token_sums(logits, targets)` is the trainer's likelihood (label smoothing included).
@@ -329,7 +366,8 @@ class Captioner(nnx.Module):
         expectation_key, sample_key = jax.random.split(key)
         hard = config.attention == "hard"
         if hard:
-            use_expectation = jax.random.bernoulli(expectation_key, config.expectation_probability, targets.shape[:1])  # [B]
+            # [B]
+            use_expectation = jax.random.bernoulli(expectation_key, config.expectation_probability, targets.shape[:1])
             outputs = self.teacher_forced(batch, deterministic=False, key=sample_key, expectation=use_expectation)
         else:
             outputs = self.teacher_forced(batch, deterministic=False)
@@ -365,4 +403,4 @@ def hard_attention_terms(logits: Array, weights: Array, locations: Array, target
     chosen = jnp.take_along_axis(log_weights, locations[..., None], axis=-1)[..., 0]
     entropy = -jnp.sum(weights * log_weights, axis=-1)
     return {name: jnp.sum(value * real, axis=-1) for name, value in
-            (("log_likelihood", picked), ("log_locations", chosen), ("entropy", entropy))}  # fmt: skip
+            (("log_likelihood", picked), ("log_locations", chosen), ("entropy", entropy))}

@@ -99,7 +99,8 @@ def sinusoidal_encoding(positions: Array, features: int, max_timescale: float = 
     """
     if features % 2:
         raise ValueError(f"sinusoidal encoding needs an even model dim, got {features}")
-    even_dims = jnp.arange(0, features, 2, dtype=jnp.float32)  # the 2i of the formula
+    # the 2i of the formula
+    even_dims = jnp.arange(0, features, 2, dtype=jnp.float32)
     inverse_wavelengths = max_timescale ** (-even_dims / features)  # [D/2]
     angles = positions.astype(jnp.float32)[..., None] * inverse_wavelengths  # [..., T, D/2]
     return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*angles.shape[:-1], features)
@@ -138,7 +139,7 @@ class FeedForward(nnx.Module):
 def layer_norm(features: int, *, dtype=None, rngs: nnx.Rngs) -> nnx.LayerNorm:
     """LayerNorm (Ba et al. 2016) with float32 statistics and parameters."""
     return nnx.LayerNorm(features, epsilon=1e-6, dtype=dtype, param_dtype=jnp.float32,
-                         scale_metadata=logical("norm"), bias_metadata=logical("norm"), rngs=rngs)  # fmt: skip
+                         scale_metadata=logical("norm"), bias_metadata=logical("norm"), rngs=rngs)
 
 
 def shift_right(targets: Array, bos_id: int, segment_ids: Array | None = None) -> Array:

@@ -102,7 +102,8 @@ from models.rnn import time_major
 
 Array = jax.Array
 FUSIONS = ("shallow", "deep")
-INTER_QUERIES = ("previous_state", "word_and_context")  # eq. 11' (Bahdanau's query) and eq. 11
+# eq. 11' (Bahdanau's query) and eq. 11
+INTER_QUERIES = ("previous_state", "word_and_context")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +119,12 @@ class LSTMNConfig(ModelConfig):
     # "eq13": the value's name in runs saved before the equations were numbered as v7 numbers them
     renamed_values = {"inter_query": {"eq13": "word_and_context"}}
 
-    vocab_size: int  # target vocabulary
-    source_vocab_size: int | None = None  # None: same as vocab_size
-    fusion: str = "shallow"  # "shallow" or "deep" (section 4)
+    # target vocabulary
+    vocab_size: int
+    # None: same as vocab_size
+    source_vocab_size: int | None = None
+    # "shallow" or "deep" (section 4)
+    fusion: str = "shallow"
     # Inter-attention's query: "previous_state" (eq. 11', Bahdanau's: the top decoder layer's previous
     # hidden state) or "word_and_context" (eq. 11's [x_t; gamma~_{t-1}]: the previous output word and the
     # previous inter-attention summary); None: the fusion's own, "previous_state" for shallow fusion,
@@ -131,11 +135,14 @@ class LSTMNConfig(ModelConfig):
     seed_tapes: bool = False
     embed_dim: int = 500
     hidden_dim: int = 500
-    attention_dim: int = 500  # v, W_h, W_x, W_h~ of eq. 4 and u, W_gamma, W_x, W_gamma~ of eq. 11
+    # v, W_h, W_x, W_h~ of eq. 4 and u, W_gamma, W_x, W_gamma~ of eq. 11
+    attention_dim: int = 500
     num_encoder_layers: int = 1
     num_decoder_layers: int = 1
-    dropout_rate: float = 0.0  # on embeddings, between layers and before the output layer
-    max_length: int = 512  # the longest source, target or decoded output (eos included) the model accepts
+    # on embeddings, between layers and before the output layer
+    dropout_rate: float = 0.0
+    # the longest source, target or decoded output (eos included) the model accepts
+    max_length: int = 512
     bos_id: int = 1
     pad_id: int = 0
 
@@ -149,7 +156,7 @@ class LSTMNConfig(ModelConfig):
         if self.seed_tapes and self.num_encoder_layers != self.num_decoder_layers:
             raise ConfigError(f"model.seed_tapes seeds decoder layer l with encoder layer l's final state: "
                               f"num_encoder_layers ({self.num_encoder_layers}) must equal num_decoder_layers "
-                              f"({self.num_decoder_layers})")  # fmt: skip
+                              f"({self.num_decoder_layers})")
         for name in ("embed_dim", "hidden_dim", "attention_dim", "num_encoder_layers", "num_decoder_layers", "max_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name} must be at least 1, got {getattr(self, name)}")
@@ -184,12 +191,16 @@ class LSTMNConfig(ModelConfig):
 class Tapes(NamedTuple):
     """One LSTMN layer's memory of the tokens read so far (written at `position`)."""
 
-    hidden: Array  # h_1 .. [B, L, H]
-    memory: Array  # c_1 .. [B, L, H]
-    keys: Array  # W_h h_i, [B, L, A]
+    # h_1 .. [B, L, H]
+    hidden: Array
+    # c_1 .. [B, L, H]
+    memory: Array
+    # W_h h_i, [B, L, A]
+    keys: Array
     written: Array  # [B, L], 1.0 where position i holds a real token's state (float, so that it has a gradient
     #                 type in `tape_scan`; it is read only as a mask)
-    summary: Array  # h~_{t-1} [B, H], the previous adaptive summary (eq. 4's last term)
+    # h~_{t-1} [B, H], the previous adaptive summary (eq. 4's last term)
+    summary: Array
 
     @property
     def positions(self) -> tuple[Array, Array, Array, Array]:
@@ -200,7 +211,7 @@ class Tapes(NamedTuple):
 def empty_tapes(batch: int, length: int, hidden: int, attention: int) -> Tapes:
     zeros = lambda *shape: jnp.zeros(shape)  # noqa: E731
     return Tapes(zeros(batch, length, hidden), zeros(batch, length, hidden), zeros(batch, length, attention),
-                 zeros(batch, length), zeros(batch, hidden))  # fmt: skip
+                 zeros(batch, length), zeros(batch, hidden))
 
 
 def write_at(tape: Array, position: Array, value: Array, real: Array | None = None) -> Array:
@@ -218,7 +229,8 @@ def split_arrays(*modules: nnx.Module) -> tuple[Callable[[list[Array]], tuple[nn
     from it: what `tape_scan`'s step reads must be an argument (a custom VJP cannot close over
     traced values). Each module is split alone: under `nnx.capture`, a list of modules gets a
     string key beside its int ones, which `nnx.split` cannot sort."""
-    parts = [nnx.split(module, nnx.Param, ...) for module in modules]  # the rest: capture markers, no arrays
+    # the rest: capture markers, no arrays
+    parts = [nnx.split(module, nnx.Param, ...) for module in modules]
     leaves, treedef = jax.tree.flatten([params for _, params, _ in parts])
 
     def rebuild(arrays: list[Array]) -> tuple[nnx.Module, ...]:
@@ -245,7 +257,8 @@ def tape_scan(step: Callable, consts: Any, carry: Any, tapes: Any, xs: Any, flag
     since only later steps read it. Memory O(L), and each step's work is recomputed once.
     """
     leaves, treedef = jax.tree.flatten(consts)
-    inexact = [jnp.issubdtype(leaf.dtype, jnp.inexact) for leaf in leaves]  # the others (masks) get no gradient
+    # the others (masks) get no gradient
+    inexact = [jnp.issubdtype(leaf.dtype, jnp.inexact) for leaf in leaves]
 
     def step_on_parts(parts, carry, tapes, x, flag, t):
         differentiable, fixed = iter(parts[0]), iter(parts[1])
@@ -314,32 +327,41 @@ class LSTMNCell(nnx.Module):
     """One LSTMN layer, eqs. 4-9 (with deep fusion's gate, eqs. 14-15, when `fused_memory`)."""
 
     def __init__(self, input_dim: int, hidden_dim: int, attention_dim: int, *, role: AttentionRole,
-                 context_dim: int = 0, fusion_gate: bool = False, rngs: nnx.Rngs):  # fmt: skip
+                 context_dim: int = 0, fusion_gate: bool = False, rngs: nnx.Rngs):
         """`context_dim`: the inter-attention summary's size for the first decoder layer (0 elsewhere),
         read by the gates (shallow fusion) or by the fusion gate r_t (`fusion_gate`, deep fusion)."""
         self.hidden_dim, self.attention_dim, self.role = hidden_dim, attention_dim, role
-        self.key_proj = Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)  # W_h
-        self.input_attention = Linear(input_dim, attention_dim, rngs=rngs)  # W_x (and the bias inside tanh)
-        self.summary_attention = Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)  # W_h~
+        # W_h
+        self.key_proj = Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)
+        # W_x (and the bias inside tanh)
+        self.input_attention = Linear(input_dim, attention_dim, rngs=rngs)
+        # W_h~
+        self.summary_attention = Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)
         self.v = nnx.Param(nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,)), **logical("mlp"))
         # W of eq. 7 over [h~_t; x_t] (and the context, in shallow fusion): gates i, f, o, c^
         gate_inputs = hidden_dim + input_dim + (0 if fusion_gate else context_dim)
         self.gates = Linear(gate_inputs, 4 * hidden_dim, rngs=rngs)
-        self.gates.bias[...] = jnp.zeros(4 * hidden_dim).at[hidden_dim : 2 * hidden_dim].set(1.0)  # forget bias 1
-        self.fusion = nnx.data(Linear(context_dim + input_dim, hidden_dim, rngs=rngs) if fusion_gate else None)  # W_r
+        # forget bias 1
+        self.gates.bias[...] = jnp.zeros(4 * hidden_dim).at[hidden_dim : 2 * hidden_dim].set(1.0)
+        # W_r
+        self.fusion = nnx.data(Linear(context_dim + input_dim, hidden_dim, rngs=rngs) if fusion_gate else None)
 
     def intra_attention(self, tapes: Tapes, x: Array, first: tuple[Array, Array] | None = None) -> tuple[Array, Array, Array]:
         """Eqs. 4-6: `(h~_t [B, H], c~_t [B, H], s^t [B, L])` over the written positions, and over the
         tape's first slot `first = (h_0 [B, H], c_0 [B, H])` when given (`seed_tapes`). The first slot is
         read beside the tape, not copied into it, and its weight is left out of the `s^t` returned."""
-        query = self.input_attention(x) + self.summary_attention(tapes.summary)  # W_x x_t + W_h~ h~_{t-1}
-        scores = jnp.tanh(tapes.keys + query[:, None, :]) @ self.v[...]  # a^t [B, L]
+        # W_x x_t + W_h~ h~_{t-1}
+        query = self.input_attention(x) + self.summary_attention(tapes.summary)
+        # a^t [B, L]
+        scores = jnp.tanh(tapes.keys + query[:, None, :]) @ self.v[...]
         written = tapes.written > 0
         if first is None:
-            weights = masked_softmax(scores, written)  # s^t; empty tape (t = 1): zeros
+            # s^t; empty tape (t = 1): zeros
+            weights = masked_softmax(scores, written)
             return jnp.einsum("BL,BLH->BH", weights, tapes.hidden), jnp.einsum("BL,BLH->BH", weights, tapes.memory), weights
         h_0, c_0 = first
-        score_0 = jnp.tanh(self.key_proj(h_0) + query) @ self.v[...]  # a_0^t [B]
+        # a_0^t [B]
+        score_0 = jnp.tanh(self.key_proj(h_0) + query) @ self.v[...]
         with_first = jnp.pad(written, ((0, 0), (1, 0)), constant_values=True)  # [B, 1 + L]: the first slot always
         everything = masked_softmax(jnp.concatenate([score_0[:, None], scores], 1), with_first)
         weight_0, weights = everything[:, :1], everything[:, 1:]  # [B, 1], [B, L]
@@ -349,7 +371,7 @@ class LSTMNCell(nnx.Module):
 
     def read(self, tapes: Tapes, x: Array, real: Array, *, context: Array | None = None,
              fused_memory: Array | None = None, first: tuple[Array, Array] | None = None
-             ) -> tuple[tuple[Array, ...], Array, Array, Array]:  # fmt: skip
+             ) -> tuple[tuple[Array, ...], Array, Array, Array]:
         """One step's reading of the tapes and its new state, without writing them.
 
         `x [B, Din]`; rows where `real [B]` is False write zeros and keep their summary.
@@ -362,12 +384,16 @@ class LSTMNCell(nnx.Module):
         summary, memory_summary, weights = self.intra_attention(tapes, x, first)
         extra = [] if context is None or self.fusion is not None else [context]
         i, f, o, candidate = jnp.split(self.gates(jnp.concatenate([summary, x, *extra], axis=-1)), 4, axis=-1)
-        cell = jax.nn.sigmoid(f) * memory_summary + jax.nn.sigmoid(i) * jnp.tanh(candidate)  # eq. 8
-        if self.fusion is not None:  # eqs. 14-15
+        # eq. 8
+        cell = jax.nn.sigmoid(f) * memory_summary + jax.nn.sigmoid(i) * jnp.tanh(candidate)
+        # eqs. 14-15
+        if self.fusion is not None:
             cell = cell + jax.nn.sigmoid(self.fusion(jnp.concatenate([context, x], axis=-1))) * fused_memory
-        hidden = jax.nn.sigmoid(o) * jnp.tanh(cell)  # eq. 9 (eq. 16 under deep fusion)
+        # eq. 9 (eq. 16 under deep fusion)
+        hidden = jax.nn.sigmoid(o) * jnp.tanh(cell)
         keep = real[:, None]
-        writes = tuple(jnp.where(keep, value, 0.0) for value in (hidden, cell, self.key_proj(hidden)))  # W_h h_t, once
+        # W_h h_t, once
+        writes = tuple(jnp.where(keep, value, 0.0) for value in (hidden, cell, self.key_proj(hidden)))
         writes += (real.astype(tapes.written.dtype),)
         return writes, jnp.where(keep, summary, tapes.summary), hidden, weights
 
@@ -383,19 +409,27 @@ class LSTMNMemory(NamedTuple):
     """What the encoder hands the decoder: the top layer's tapes, their inter-attention keys, the mask;
     with `seed_tapes`, the zero slot first (S' = S + 1) and the decoder's first slots."""
 
-    hidden: Array  # gamma_j [B, S', H]
-    memory: Array  # alpha_j [B, S', H]
-    keys: Array  # W_gamma gamma_j [B, S', A], computed once per source
+    # gamma_j [B, S', H]
+    hidden: Array
+    # alpha_j [B, S', H]
+    memory: Array
+    # W_gamma gamma_j [B, S', A], computed once per source
+    keys: Array
     mask: Array  # [B, S'] bool
-    first: tuple[tuple[Array, Array], ...] = ()  # per decoder layer, its tapes' first slot (h_0, c_0) [B, H]
+    # per decoder layer, its tapes' first slot (h_0, c_0) [B, H]
+    first: tuple[tuple[Array, Array], ...] = ()
     #                                              each: encoder layer l's final state (seed_tapes), or ()
 
 
 class LSTMNDecodeState(NamedTuple):
-    tapes: tuple[Tapes, ...]  # per decoder layer
-    context: Array  # gamma~_{t-1} [B, H]
-    position: Array  # int32, the next position to write
-    hidden: Array  # the top decoder layer's h_{t-1} [B, H], the query of eq. 11'
+    # per decoder layer
+    tapes: tuple[Tapes, ...]
+    # gamma~_{t-1} [B, H]
+    context: Array
+    # int32, the next position to write
+    position: Array
+    # the top decoder layer's h_{t-1} [B, H], the query of eq. 11'
+    hidden: Array
 
 
 class LSTMN(nnx.Module):
@@ -415,12 +449,13 @@ class LSTMN(nnx.Module):
             LSTMNCell(E if l == 0 else H, H, A, role=AttentionRole.TARGET_SELF, context_dim=H if l == 0 else 0,
                       fusion_gate=deep and l == 0, rngs=rngs)
             for l in range(config.num_decoder_layers)
-        )  # fmt: skip
+        )
         # Inter-attention: keys W_gamma gamma_j (once per source); query W_x x_t + W_gamma~ gamma~_{t-1} (eq. 11)
         # or W_s h_{t-1} (eq. 11')
         query_dim = E + H if config.query == "word_and_context" else H
         self.cross_attention = Attention(query_dim, H, score="additive", attention_dim=A, role=AttentionRole.CROSS, rngs=rngs)
-        self.output = Linear(2 * H, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)  # over [h_t; gamma~_t]
+        # over [h_t; gamma~_t]
+        self.output = Linear(2 * H, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
     # -- pieces ----------------------------------------------------------------
@@ -435,7 +470,8 @@ class LSTMN(nnx.Module):
         def step(params, summary, positions, x_t, real, t):
             tapes = Tapes(*positions, summary)
             (cell_copy,) = rebuild(params)
-            first = (jnp.zeros_like(summary), jnp.zeros_like(summary)) if zero_slot else None  # h_0 = c_0 = 0
+            # h_0 = c_0 = 0
+            first = (jnp.zeros_like(summary), jnp.zeros_like(summary)) if zero_slot else None
             writes, summary, _, weights = cell_copy.read(tapes, x_t, real, first=first)
             return summary, writes, weights
 
@@ -500,14 +536,14 @@ class LSTMN(nnx.Module):
             tapes = tuple(Tapes(*layer, summary) for layer, summary in zip(positions, summaries))
             state = LSTMNDecodeState(tapes, context, t, hidden)
             writes, summaries, context, hidden, features, weights, intra = decoder_step(
-                cells, cross_attention, config, memory, embedded_t, state, real_t, layer_masks)  # fmt: skip
+                cells, cross_attention, config, memory, embedded_t, state, real_t, layer_masks)
             return (context, summaries, hidden), writes, (features, weights, intra)
 
         start = self.init_decode_state(memory, targets.shape[0], targets.shape[1])
         carry = (start.context, tuple(tapes.summary for tapes in start.tapes), start.hidden)
         positions = tuple(tapes.positions for tapes in start.tapes)
         _, _, (features, weights, intra) = tape_scan(
-            step, (params, memory), carry, positions, time_major((embedded, masks)), time_major(real))  # fmt: skip
+            step, (params, memory), carry, positions, time_major((embedded, masks)), time_major(real))
         self.cross_attention.record(jnp.swapaxes(weights, 0, 1)[..., self.first_column :])  # [B, T, S], no zero slot
         for cell, layer_weights in zip(self.decoder_cells, intra):
             record_intra(cell, layer_weights)
@@ -537,7 +573,7 @@ class LSTMN(nnx.Module):
 
 
 def decoder_step(cells: Sequence[LSTMNCell], cross_attention: Attention, config: LSTMNConfig, memory: LSTMNMemory,
-                 embedded: Array, state: LSTMNDecodeState, real: Array, masks: tuple) -> tuple:  # fmt: skip
+                 embedded: Array, state: LSTMNDecodeState, real: Array, masks: tuple) -> tuple:
     """Decoder step t of the decoder `cells`, reading the tapes without writing them:
 
     1. inter-attention over the encoder's tapes (eqs. 12-13) from `config.query`'s query: eq. 11's
@@ -553,16 +589,20 @@ def decoder_step(cells: Sequence[LSTMNCell], cross_attention: Attention, config:
     if config.query == "word_and_context":
         query = jnp.concatenate([embedded, state.context], axis=-1)  # [x_t; gamma~_{t-1}], eq. 11
     else:
-        query = state.hidden  # h_{t-1}, eq. 11'
-    context, weights = cross_attention(query, memory.keys, memory.hidden, memory.mask)  # 1. gamma~_t
-    fused = jnp.einsum("BS,BSH->BH", weights, memory.memory) if config.fusion == "deep" else None  # alpha~_t
+        # h_{t-1}, eq. 11'
+        query = state.hidden
+    # 1. gamma~_t
+    context, weights = cross_attention(query, memory.keys, memory.hidden, memory.mask)
+    # alpha~_t
+    fused = jnp.einsum("BS,BSH->BH", weights, memory.memory) if config.fusion == "deep" else None
     firsts = memory.first or (None,) * len(cells)
     x, writes, summaries, intra = embedded, [], [], []
     for index, (cell, tapes, first) in enumerate(zip(cells, state.tapes, firsts)):
         if index > 0 and masks:
             x = x * masks[index - 1]
         arguments = dict(context=context, fused_memory=fused) if index == 0 else {}
-        layer_writes, summary, x, layer_weights = cell.read(tapes, x, real, first=first, **arguments)  # 2., 3.
+        # 2., 3.
+        layer_writes, summary, x, layer_weights = cell.read(tapes, x, real, first=first, **arguments)
         writes.append(layer_writes)
         summaries.append(summary)
         intra.append(layer_weights)

@@ -41,7 +41,8 @@ from models.layers import Linear, logical, shift_right
 
 Array = jax.Array
 CELLS = ("gru", "lstm")
-LUONG_SCORES = ("dot", "general", "concat")  # Luong et al. section 3.1's content-based scores
+# Luong et al. section 3.1's content-based scores
+LUONG_SCORES = ("dot", "general", "concat")
 
 
 # --------------------------------------------------------------------------
@@ -54,11 +55,15 @@ class RNNConfig(ModelConfig):
     A.2.3. (The capabilities of models/interface.py are its defaults: token sources, no limit on
     length, no attention.)"""
 
-    vocab_size: int  # target vocabulary
-    source_vocab_size: int | None = None  # None: same as vocab_size
-    cell: str = "gru"  # "gru" or "lstm"
+    # target vocabulary
+    vocab_size: int
+    # None: same as vocab_size
+    source_vocab_size: int | None = None
+    # "gru" or "lstm"
+    cell: str = "gru"
     embed_dim: int = 620
-    hidden_dim: int = 1000  # per direction
+    # per direction
+    hidden_dim: int = 1000
     num_encoder_layers: int = 1
     num_decoder_layers: int = 1
     dropout_rate: float = 0.0
@@ -77,13 +82,16 @@ class RNNConfig(ModelConfig):
 
 @dataclasses.dataclass(frozen=True)
 class RNNEncDecConfig(RNNConfig):
-    maxout_dim: int = 500  # l, the maxout units of the deep output (Bahdanau appendix A.2.2; 500 in A.2.3)
+    # l, the maxout units of the deep output (Bahdanau appendix A.2.2; 500 in A.2.3)
+    maxout_dim: int = 500
 
 
 @dataclasses.dataclass(frozen=True)
 class RNNSearchConfig(RNNEncDecConfig):
-    roles = frozenset({AttentionRole.CROSS})  # the additive attention over the annotations
-    attention_dim: int = 1000  # n', the alignment model's hidden size (appendix A.2.2; 1000 in A.2.3)
+    # the additive attention over the annotations
+    roles = frozenset({AttentionRole.CROSS})
+    # n', the alignment model's hidden size (appendix A.2.2; 1000 in A.2.3)
+    attention_dim: int = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +103,15 @@ class LuongConfig(RNNConfig):
     num_encoder_layers: int = 4
     num_decoder_layers: int = 4
     dropout_rate: float = 0.2
-    score: str = "general"  # "dot", "general" or "concat" (section 3.1)
-    attention_dim: int = 0  # concat's hidden size; 0: hidden_dim
-    input_feeding: bool = True  # section 3.3
+    # "dot", "general" or "concat" (section 3.1)
+    score: str = "general"
+    # concat's hidden size; 0: hidden_dim
+    attention_dim: int = 0
+    # section 3.3
+    input_feeding: bool = True
 
-    roles = frozenset({AttentionRole.CROSS})  # global attention over the encoder's states
+    # global attention over the encoder's states
+    roles = frozenset({AttentionRole.CROSS})
 
     def __post_init__(self):
         super().__post_init__()
@@ -117,8 +129,10 @@ class LuongConfig(RNNConfig):
 
 
 class LSTMState(NamedTuple):
-    hidden: Array  # h [B, H]
-    cell: Array  # c [B, H]
+    # h [B, H]
+    hidden: Array
+    # c [B, H]
+    cell: Array
 
 
 class GRUCell(nnx.Module):
@@ -293,8 +307,10 @@ class RNNMemory(NamedTuple):
 
 
 class RNNDecodeState(NamedTuple):
-    layers: tuple  # each decoder layer's cell state
-    feed: Array | None  # Luong's previous attentional state (input feeding); else None
+    # each decoder layer's cell state
+    layers: tuple
+    # Luong's previous attentional state (input feeding); else None
+    feed: Array | None
 
 
 class RNNEncoderDecoder(nnx.Module):
@@ -318,7 +334,8 @@ class RNNEncoderDecoder(nnx.Module):
             config.cell, first_decoder_input, config.hidden_dim, config.num_decoder_layers, rngs
         )
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
-        self.cross_attention = nnx.data(None)  # set by the families that attend
+        # set by the families that attend
+        self.cross_attention = nnx.data(None)
 
     def _step(self, memory: RNNMemory, projected: Array, state: RNNDecodeState, masks: tuple) -> tuple:
         """One decoder step: `projected [B, G*H]` (the first cell's projected embedding of the
@@ -395,8 +412,10 @@ class RNNEncoderDecoder(nnx.Module):
 
 
 class ReadoutFeatures(NamedTuple):
-    hidden: Array  # s_i of the top decoder layer
-    context: Array  # c_i
+    # s_i of the top decoder layer
+    hidden: Array
+    # c_i
+    context: Array
 
 
 class ContextDecoderModel(RNNEncoderDecoder):
@@ -417,12 +436,18 @@ class ContextDecoderModel(RNNEncoderDecoder):
         super().__init__(config, first_decoder_input=config.embed_dim, rngs=rngs)
         hidden, maxout = config.hidden_dim, config.maxout_dim
         gates = self.decoder_cells[0].gates * hidden
-        self.context_proj = Linear(context_dim, gates, use_bias=False, rngs=rngs)  # C, C_z, C_r
-        self.initial_proj = Linear(initial_dim, config.num_decoder_layers * hidden, rngs=rngs)  # W_s
-        self.readout_hidden = Linear(hidden, 2 * maxout, rngs=rngs)  # U_o (and the bias)
-        self.readout_embedding = Linear(config.embed_dim, 2 * maxout, use_bias=False, rngs=rngs)  # V_o
-        self.readout_context = Linear(context_dim, 2 * maxout, use_bias=False, rngs=rngs)  # C_o
-        self.output = Linear(maxout, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)  # W_o
+        # C, C_z, C_r
+        self.context_proj = Linear(context_dim, gates, use_bias=False, rngs=rngs)
+        # W_s
+        self.initial_proj = Linear(initial_dim, config.num_decoder_layers * hidden, rngs=rngs)
+        # U_o (and the bias)
+        self.readout_hidden = Linear(hidden, 2 * maxout, rngs=rngs)
+        # V_o
+        self.readout_embedding = Linear(config.embed_dim, 2 * maxout, use_bias=False, rngs=rngs)
+        # C_o
+        self.readout_context = Linear(context_dim, 2 * maxout, use_bias=False, rngs=rngs)
+        # W_o
+        self.output = Linear(maxout, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)
 
     def _context(self, memory: RNNMemory, previous_hidden: Array) -> tuple[Array, Array | None]:
         """`c_i` `[B, Dc]` and the attention weights `[B, S]` (None without attention)."""
@@ -443,17 +468,22 @@ class ContextDecoderModel(RNNEncoderDecoder):
            (already in `projected`) `+ C c_i`; layers above read the layer below;
         3. the readout features `(s_i, c_i)` for the deep output (`_readout`, appendix A.2.2's `t~_i`).
         """
-        context, weights = self._context(memory, self._top_hidden(state.layers))  # 1. c_i from s_{i-1}
-        layers = self._stack_step(projected + self.context_proj(context), state.layers, masks)  # 2. s_i
-        return RNNDecodeState(layers, None), ReadoutFeatures(self._top_hidden(layers), context), weights  # 3.
+        # 1. c_i from s_{i-1}
+        context, weights = self._context(memory, self._top_hidden(state.layers))
+        # 2. s_i
+        layers = self._stack_step(projected + self.context_proj(context), state.layers, masks)
+        # 3.
+        return RNNDecodeState(layers, None), ReadoutFeatures(self._top_hidden(layers), context), weights
 
     def _readout(self, features: ReadoutFeatures, embedded: Array, deterministic: bool) -> Array:
         pre_maxout = (
             self.readout_hidden(features.hidden)
             + self.readout_embedding(embedded)
             + self.readout_context(features.context)
-        )  # t~ [..., 2l]
-        maxout = pre_maxout.reshape(*pre_maxout.shape[:-1], -1, 2).max(axis=-1)  # t [..., l]
+        # t~ [..., 2l]
+        )
+        # t [..., l]
+        maxout = pre_maxout.reshape(*pre_maxout.shape[:-1], -1, 2).max(axis=-1)
         return self.output(self.dropout(maxout, deterministic=deterministic)).astype(jnp.float32)
 
 
@@ -465,13 +495,15 @@ class RNNEncDec(ContextDecoderModel):
     def __init__(self, config: RNNEncDecConfig, *, rngs: nnx.Rngs):
         super().__init__(config, context_dim=config.hidden_dim, initial_dim=config.hidden_dim, rngs=rngs)
         self.encoder = Encoder(config, bidirectional=False, rngs=rngs)
-        self.summary_proj = Linear(config.hidden_dim, config.hidden_dim, rngs=rngs)  # V
+        # V
+        self.summary_proj = Linear(config.hidden_dim, config.hidden_dim, rngs=rngs)
 
     def encode(self, inputs: Array, *, deterministic: bool = True) -> RNNMemory:
         """`inputs [B, S]` -> memory whose `initial` is the summary `c [B, H]`."""
         x, mask = self._embed_source(inputs, deterministic)
         _, forward_finals = self.encoder(x, mask, deterministic=deterministic)
-        last_hidden = self.encoder.forward_cells[-1].hidden(forward_finals[-1])  # h_N of the top layer
+        # h_N of the top layer
+        last_hidden = self.encoder.forward_cells[-1].hidden(forward_finals[-1])
         return RNNMemory(None, None, mask, jnp.tanh(self.summary_proj(last_hidden)))
 
     def _context(self, memory, previous_hidden):
@@ -498,7 +530,8 @@ class RNNSearch(ContextDecoderModel):
         """`inputs [B, S]` -> annotations `[B, S, 2H]`, `U h_j` (once), and `backward h_1` for `s_0`."""
         x, mask = self._embed_source(inputs, deterministic)
         annotations, _ = self.encoder(x, mask, deterministic=deterministic)
-        backward_first = annotations[:, 0, self.config.hidden_dim :]  # backward h_1 [B, H]
+        # backward h_1 [B, H]
+        backward_first = annotations[:, 0, self.config.hidden_dim :]
         return RNNMemory(annotations, self.cross_attention.project_keys(annotations), mask, backward_first)
 
     def _context(self, memory, previous_hidden):
@@ -526,10 +559,13 @@ class Luong(RNNEncoderDecoder):
         gates = self.decoder_cells[0].gates * hidden
         self.feed_proj = nnx.data(
             Linear(hidden, gates, use_bias=False, rngs=rngs) if config.input_feeding else None
-        )  # the h~_{t-1} half of the first layer's input weights
+        # the h~_{t-1} half of the first layer's input weights
+        )
         self.cross_attention = Attention(hidden, hidden, score=config.score, attention_dim=config.attention_dim or None, rngs=rngs)
-        self.attentional = Linear(2 * hidden, hidden, use_bias=False, rngs=rngs)  # W_c
-        self.output = Linear(hidden, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)  # W_s
+        # W_c
+        self.attentional = Linear(2 * hidden, hidden, use_bias=False, rngs=rngs)
+        # W_s
+        self.output = Linear(hidden, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)
 
     def encode(self, inputs: Array, *, deterministic: bool = True) -> RNNMemory:
         """`inputs [B, S]` -> the top layer's states `h_s [B, S, H]`, their key projection, and the final states."""
@@ -550,11 +586,15 @@ class Luong(RNNEncoderDecoder):
         4. the attentional state `h~_t = tanh(W_c [c_t; h_t])` (eq. 5), read out by `_readout` (eq. 6).
         """
         if state.feed is not None:
-            projected = projected + self.feed_proj(state.feed)  # 1.
+            # 1.
+            projected = projected + self.feed_proj(state.feed)
         layers = self._stack_step(projected, state.layers, masks)
-        hidden = self._top_hidden(layers)  # 2. h_t
-        context, weights = self.cross_attention(hidden, memory.keys, memory.annotations, memory.mask)  # 3.
-        attentional = jnp.tanh(self.attentional(jnp.concatenate([context, hidden], axis=-1)))  # 4. h~_t
+        # 2. h_t
+        hidden = self._top_hidden(layers)
+        # 3.
+        context, weights = self.cross_attention(hidden, memory.keys, memory.annotations, memory.mask)
+        # 4. h~_t
+        attentional = jnp.tanh(self.attentional(jnp.concatenate([context, hidden], axis=-1)))
         return RNNDecodeState(layers, attentional if state.feed is not None else None), attentional, weights
 
     def _readout(self, features: Array, embedded: Array, deterministic: bool) -> Array:

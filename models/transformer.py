@@ -35,26 +35,36 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 class TransformerConfig(ModelConfig):
     """Hyperparameters; the defaults are the paper's base model (table 3)."""
 
-    has_decode = True  # `Transformer.decode`, the teacher-forced decoder stack (models/interface.py)
+    # `Transformer.decode`, the teacher-forced decoder stack (models/interface.py)
+    has_decode = True
 
-    vocab_size: int  # target vocabulary (and source, when shared)
-    source_vocab_size: int | None = None  # None: same as vocab_size
+    # target vocabulary (and source, when shared)
+    vocab_size: int
+    # None: same as vocab_size
+    source_vocab_size: int | None = None
     d_model: int = 512
     num_heads: int = 8
     num_encoder_layers: int = 6
     num_decoder_layers: int = 6
     d_ff: int = 2048
-    dropout_rate: float = 0.1  # residual dropout, P_drop of section 5.4
+    # residual dropout, P_drop of section 5.4
+    dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.0
     relu_dropout_rate: float = 0.0
     pre_layer_norm: bool = False
-    share_embeddings: bool = True  # one embedding for source and target (section 3.4)
-    tie_output: bool = True  # the target embedding is also the pre-softmax projection
-    positional: str = "sinusoidal"  # or "learned"
-    max_length: int = 512  # for learned positions
+    # one embedding for source and target (section 3.4)
+    share_embeddings: bool = True
+    # the target embedding is also the pre-softmax projection
+    tie_output: bool = True
+    # or "learned"
+    positional: str = "sinusoidal"
+    # for learned positions
+    max_length: int = 512
     score: str = "scaled_dot"
-    use_bias: bool = True  # biases on the attention projections
-    dtype: str = "float32"  # compute dtype; parameters and softmax stay float32
+    # biases on the attention projections
+    use_bias: bool = True
+    # compute dtype; parameters and softmax stay float32
+    dtype: str = "float32"
     bos_id: int = 1
     pad_id: int = 0
 
@@ -119,7 +129,8 @@ class DecodeState(NamedTuple):
     `PerSource`, so beam search does not reorder them)."""
 
     caches: tuple[KVCache, ...]
-    cross_keys_values: PerSource  # of tuple[tuple[Array, Array], ...]
+    # of tuple[tuple[Array, Array], ...]
+    cross_keys_values: PerSource
 
 
 class Residual(nnx.Module):

@@ -38,7 +38,8 @@ from utils.files import write_whole
 # `metrics` (JAX) and `visualize` (matplotlib) are imported by the functions of the run's page that
 # use them, not here: a sweep's processes write the sweep's page (`write_sweep`) without either.
 
-ATTENTION_BUDGET_BYTES = 7 * 2**20  # deflated, before base64 (x 4/3): the page stays under ~10 MB
+# deflated, before base64 (x 4/3): the page stays under ~10 MB
+ATTENTION_BUDGET_BYTES = 7 * 2**20
 ROLE_LABELS = {"cross": "cross", "source_self": "source self", "target_self": "target self", "grid": "grid over the image"}
 SERIES_SKIPPED = ("step", "split", "mode", "decoded_examples", "localized_words")
 CURVE_ORDER = ("loss", "learning_rate", "tokens_per_second", "steps_per_second")
@@ -52,14 +53,20 @@ class RunFolder:
     """What the report shows of a run, read from its folder."""
 
     name: str
-    rows: list[dict]  # metrics.jsonl
-    damaged_lines: int  # metrics.jsonl lines that are not JSON objects with a step and a split
-    evaluation: dict  # the latest eval/step_<N>.json ({} before the first evaluation)
-    examples: list[dict]  # the latest decoded examples: source, reference, hypothesis, chrf
+    # metrics.jsonl
+    rows: list[dict]
+    # metrics.jsonl lines that are not JSON objects with a step and a split
+    damaged_lines: int
+    # the latest eval/step_<N>.json ({} before the first evaluation)
+    evaluation: dict
+    # the latest decoded examples: source, reference, hypothesis, chrf
+    examples: list[dict]
     examples_file: str
-    attention: list[dict]  # the latest drawn examples (`read_attention_example`)
+    # the latest drawn examples (`read_attention_example`)
+    attention: list[dict]
     attention_step: int | None
-    config: dict = dataclasses.field(default_factory=dict)  # config.json ({} where absent or unreadable)
+    # config.json ({} where absent or unreadable)
+    config: dict = dataclasses.field(default_factory=dict)
 
 
 def read_metrics(path: Path) -> tuple[list[dict], int]:
@@ -116,11 +123,12 @@ def read_attention_example(path: Path) -> dict:
     with np.load(path) as saved:
         data = {key: saved[key] for key in saved.files}
     example: dict[str, Any] = {"name": path.stem}
-    if "image" in data:  # the captioner: each word over the image's annotation grid
+    # the captioner: each word over the image's annotation grid
+    if "image" in data:
         words = [str(w) for w in data["words"]]
         weights = np.asarray(data["weights"], np.float32)[None]  # [1, T, L]
         example.update(queries=words, keys=[], image=data["image"], grid=[int(g) for g in data["grid"]],
-                       modules=[{"name": "attention (mean over heads)", "role": "grid", "weights": weights}])  # fmt: skip
+                       modules=[{"name": "attention (mean over heads)", "role": "grid", "weights": weights}])
         if "boxes" in data and "centres" in data:
             boxes = np.asarray(data["boxes"])
             example["boxes"] = boxes[boxes[:, 0] >= 0].tolist()
@@ -140,7 +148,7 @@ def read_attention_example(path: Path) -> dict:
         example["accuracy"] = {
             f"alignment accuracy, {m['name']}": metrics.alignment_accuracy(m["weights"].mean(axis=0), spans)
             for m in example["modules"] if m["role"] == "cross"
-        }  # fmt: skip
+        }
     return example
 
 
@@ -161,10 +169,11 @@ def read_run(workdir: str | Path) -> RunFolder:
         attention = [read_attention_example(p) for p in paths]
     try:
         config = json.loads((workdir / "config.json").read_text())
-    except (OSError, ValueError):  # before the run wrote it, or damaged: the page goes without
+    except (OSError, ValueError):
+        # before the run wrote it, or damaged: the page goes without
         config = {}
     return RunFolder(workdir.name, rows, damaged, evaluation, examples, examples_file, attention,
-                     latest_attention[0] if latest_attention else None, config if isinstance(config, dict) else {})  # fmt: skip
+                     latest_attention[0] if latest_attention else None, config if isinstance(config, dict) else {})
 
 
 # ----------------------------------------------------------------------------- the curves
@@ -205,7 +214,7 @@ def write_curves(rows: Sequence[Mapping], path: Path) -> None:
     width, height = panel_width * columns, panel_height * grid_rows
     figure = pictures.new_figure(figsize=(width, height))
     figure.subplots_adjust(left=0.5 / width, right=1 - 0.15 / width, bottom=0.45 / height, top=1 - 0.3 / height,
-                           wspace=0.55 / (panel_width - 0.65), hspace=0.75 / (panel_height - 0.75))  # fmt: skip
+                           wspace=0.55 / (panel_width - 0.65), hspace=0.75 / (panel_height - 0.75))
     axes = figure.subplots(grid_rows, columns, squeeze=False)
     for axis in axes.flat[len(series) :]:
         axis.axis("off")
@@ -229,7 +238,7 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 
 
 def svg_chart(title: str, series: Mapping[str, Sequence[tuple[float, float]]], *, lines: bool = True, log_x: bool = False,
-              x_label: str = "step", x_ticks: Sequence[str] | None = None, links: Mapping[str, Sequence[str]] | None = None) -> str:  # fmt: skip
+              x_label: str = "step", x_ticks: Sequence[str] | None = None, links: Mapping[str, Sequence[str]] | None = None) -> str:
     """An inline SVG of `series` ({label: [(x, y)]}), as lines or points; `x_ticks` names integer x
     positions (categories); `links` gives each point of a series a link (a trial's report)."""
     width, height, left, right, top, bottom = 330, 210, 52, 10, 22, 34
@@ -249,7 +258,7 @@ def svg_chart(title: str, series: Mapping[str, Sequence[tuple[float, float]]], *
 
     parts = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">',
              f'<text x="{width / 2}" y="14" text-anchor="middle" class="title">{html.escape(title)}</text>',
-             f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" class="frame"/>']  # fmt: skip
+             f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" class="frame"/>']
     for fraction in (0.0, 0.5, 1.0):
         value = y0 + fraction * (y1 - y0)
         _, y = at(10**x0 if log_x else x0, value)
@@ -293,7 +302,8 @@ def packed_weights(values: np.ndarray, keep: int | None) -> bytes:
     `keep` largest (ties: any of them) as `[N, Tq, keep]` key positions (uint16 little-endian) then their values."""
     if keep is None or keep >= values.shape[-1]:
         return values.tobytes()
-    positions = np.argpartition(-values.astype(np.int16), keep - 1, axis=-1)[..., :keep]  # [N, Tq, keep]; linear, not a sort
+    # [N, Tq, keep]; linear, not a sort
+    positions = np.argpartition(-values.astype(np.int16), keep - 1, axis=-1)[..., :keep]
     return positions.astype("<u2").tobytes() + np.take_along_axis(values, positions, axis=-1).tobytes()
 
 
@@ -302,7 +312,8 @@ def attention_payloads(examples: Sequence[dict], budget: int = ATTENTION_BUDGET_
     base64 weights; and the k largest weights kept per row (None: all), the most that fit `budget`."""
     keep: int | None = None
     longest = max((m["weights"].shape[-1] for e in examples for m in e["modules"]), default=0)
-    values = [[quantized(m["weights"]) for m in e["modules"]] for e in examples]  # once, whatever k
+    # once, whatever k
+    values = [[quantized(m["weights"]) for m in e["modules"]] for e in examples]
     while True:
         described, blobs, total = [], [], 0
         for example, example_values in zip(examples, values):
@@ -312,7 +323,7 @@ def attention_payloads(examples: Sequence[dict], budget: int = ATTENTION_BUDGET_
                 data = packed_weights(module_values, keep)
                 rows_kept = keep if keep is not None and keep < module["weights"].shape[-1] else None
                 description["modules"].append({"name": module["name"], "role": module["role"], "shape": list(module["weights"].shape),
-                                               "offset": offset, "keep": rows_kept})  # fmt: skip
+                                               "offset": offset, "keep": rows_kept})
                 chunks.append(data)
                 offset += len(data)
             if "image" in example:
@@ -361,7 +372,7 @@ def run_page(folder: RunFolder) -> str:
         named = [f"{part} {config[part]['name']}" for part in ("task", "model") if isinstance(config.get(part), dict) and "name" in config[part]]
         steps = [f"{config['num_train_steps']} steps" if "num_train_steps" in config else ""]
         sections.append(f'<div id="run-summary">{html.escape(", ".join(named + [s for s in steps if s]))}'
-                        f"<details><summary>config.json</summary><pre>{html.escape(json.dumps(config, indent=2))}</pre></details></div>")  # fmt: skip
+                        f"<details><summary>config.json</summary><pre>{html.escape(json.dumps(config, indent=2))}</pre></details></div>")
     if folder.damaged_lines:
         sections.append(f'<p class="warning" id="damaged">{folder.damaged_lines} damaged line(s) of metrics.jsonl skipped.</p>')
     series = curve_series(folder.rows)
@@ -378,14 +389,14 @@ def run_page(folder: RunFolder) -> str:
         sections.append(f"<h2>Attention explorer <small>(step {folder.attention_step})</small></h2>")
         sections.append('<p class="hint">Pick the kind, layer and head; hover an output token to see its weights over the keys, '
                         "hover a key token for the reverse (colour: relative to the largest weight shown; the exact weight on hover). "
-                        "Gold spans are underlined in green, boxes drawn in green.</p>")  # fmt: skip
+                        "Gold spans are underlined in green, boxes drawn in green.</p>")
         if keep is not None:
             sections.append(f'<p class="warning">To keep this page small, each row keeps its {keep} largest weights (the rest show as 0); '
-                            "the .npz files beside the pictures hold them all.</p>")  # fmt: skip
+                            "the .npz files beside the pictures hold them all.</p>")
         for number, example in enumerate(described):
             sections.append(f'<details class="example" data-example="{number}"><summary>{html.escape(example["name"])}: '
                             f'{html.escape(tokens_as_text(example.get("output", example.get("queries", []))))}</summary>'
-                            '<div class="explorer"></div></details>')  # fmt: skip
+                            '<div class="explorer"></div></details>')
     if folder.examples:
         sections.append(f"<h2>Decoded examples <small>({html.escape(folder.examples_file)}, sentence chrF)</small></h2>")
         sections.append('<button id="worst-first">worst first</button> <span class="hint">click a column to sort</span>')
@@ -397,7 +408,8 @@ def run_page(folder: RunFolder) -> str:
 
 def tokens_as_text(tokens: Sequence[str]) -> str:
     """Tokens as text: SentencePiece pieces ("▁" starts a word) and characters joined, words spaced."""
-    if any("▁" in t for t in tokens) or all(len(t) <= 1 or t.startswith("<") and t.endswith(">") for t in tokens):  # <s>, </s>: specials
+    # <s>, </s>: specials
+    if any("▁" in t for t in tokens) or all(len(t) <= 1 or t.startswith("<") and t.endswith(">") for t in tokens):
         return "".join(tokens).replace("▁", " ").strip()
     return " ".join(tokens)
 
@@ -452,7 +464,7 @@ def sweep_page(workdir: Path, rows: Sequence[Mapping], objective: str, space: Ma
 
     done = sorted((r for r in rows if r["state"] == "complete" and r.get(objective) is not None), key=lambda r: r["trial"])
     charts = [svg_chart(f"{objective} by trial", {objective: [(r["trial"], r[objective]) for r in done]}, lines=False,
-                        x_label="trial", links={objective: [link(r) for r in done]})]  # fmt: skip
+                        x_label="trial", links={objective: [link(r) for r in done]})]
     for name, kind in space.items():
         if kind[0] == "categorical":
             labels = [str(c) for c in kind[1]]
@@ -475,9 +487,9 @@ def sweep_page(workdir: Path, rows: Sequence[Mapping], objective: str, space: Ma
         body.append("<tr>" + "".join(cells) + "</tr>")
     sections = [f"<h1>Sweep {html.escape(workdir.name)}</h1>", f"<p>{len(rows)} trials; objective {html.escape(objective)}.</p>",
                 '<div class="charts">' + "".join(charts) + "</div>", "<h2>Trials</h2>",
-                f'<table id="trials" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>']  # fmt: skip
+                f'<table id="trials" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>']
     return PAGE.format(title=html.escape(f"sweep {workdir.name}"), style=STYLE, body="\n".join(sections),
-                       data=json.dumps({"examples": []}), blobs="", script=SCRIPT)  # fmt: skip
+                       data=json.dumps({"examples": []}), blobs="", script=SCRIPT)
 
 
 # ----------------------------------------------------------------------------- the page's fixed parts

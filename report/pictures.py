@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 # this module draw nothing (a run's other processes, a run stopped before its first evaluation).
 
 
-PICTURE_DPI = 90  # pictures and curves.png
+# pictures and curves.png
+PICTURE_DPI = 90
 
 
 def new_figure(**figure_args) -> Figure:
@@ -147,7 +148,7 @@ def draw_example(
 def save_weights(
     path: Path, weights: Mapping[str, np.ndarray], roles: Mapping[str, AttentionRole], source_tokens: Sequence[str],
     output_tokens: Sequence[str], extras: Mapping[str, np.ndarray] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """`path` (.npz): the tokens, each module's `[N, Tq, Tk]` weights under its path with every
     non-alphanumeric run as "_", `modules` (the paths) and `roles` (their `AttentionRole` values) in one
     order, and `extras` (e.g. the gold `alignment` spans `[K, 4]`): what report/pages.py's explorer reads."""
@@ -171,7 +172,8 @@ def draw_image_attention(
     directory.mkdir(parents=True, exist_ok=True)
     height, width = image.shape[:2]
     picture = image[..., 0] if image.shape[-1] == 1 else image
-    columns = max(1, min(len(words), round(8 / max(width / height, 1.0))))  # wide strips: fewer columns
+    # wide strips: fewer columns
+    columns = max(1, min(len(words), round(8 / max(width / height, 1.0))))
     rows = -(-len(words) // columns) or 1
     figure = new_figure(figsize=(columns * max(2.0, 2.0 * width / height), rows * 2.2))
     axes = figure.subplots(rows, columns, squeeze=False)
@@ -180,12 +182,12 @@ def draw_image_attention(
     for axis, word, row in zip(axes.flat, words, weights):
         axis.imshow(picture, cmap="gray", extent=(0, width, height, 0))
         axis.imshow(np.asarray(row).reshape(grid), cmap="magma", alpha=0.6, extent=(0, width, height, 0),
-                    vmin=0.0, vmax=max(float(np.max(row)), 1e-6), interpolation="bilinear")  # fmt: skip
+                    vmin=0.0, vmax=max(float(np.max(row)), 1e-6), interpolation="bilinear")
         axis.set_title(word, fontsize=9)
     figure.suptitle(name, fontsize=10)
     figure.tight_layout()
     stem = f"{name}_caption"
     pixels = save_picture(figure, directory / f"{stem}.png")
     np.savez(directory / f"{name}.npz", image=image, weights=np.asarray(weights), words=np.array(list(words)), grid=np.array(grid),
-             **dict(extras or {}))  # fmt: skip
+             **dict(extras or {}))
     return {stem: pixels}

@@ -30,9 +30,12 @@ from orbax.checkpoint import checkpoint_managers
 from utils.errors import CheckpointError
 from utils.files import file_digests, write_whole
 
-DIGEST_FILE = "attend_digest.json"  # in each checkpoint's folder: a flipped bit may read without an error
-DIGEST_ALGORITHM = "blake3"  # files.HASHES: about five times SHA-256's speed (benchmarks/restore.py)
-SHA256_DIGEST_FILE = "attend_sha256.json"  # what checkpoints saved before BLAKE3 hold: `{file: sha256}`, still verified
+# in each checkpoint's folder: a flipped bit may read without an error
+DIGEST_FILE = "attend_digest.json"
+# files.HASHES: about five times SHA-256's speed (benchmarks/restore.py)
+DIGEST_ALGORITHM = "blake3"
+# what checkpoints saved before BLAKE3 hold: `{file: sha256}`, still verified
+SHA256_DIGEST_FILE = "attend_sha256.json"
 
 
 class Checkpoints:
@@ -50,7 +53,8 @@ class Checkpoints:
         policies.append(
             checkpoint_managers.BestN(
                 get_metric_fn=lambda metrics: metrics[best_metric],
-                reverse=not larger_is_better,  # BestN sorts ascending and keeps the last n
+                # BestN sorts ascending and keeps the last n
+                reverse=not larger_is_better,
                 n=1,
                 keep_checkpoints_without_metrics=False,
             )
@@ -60,10 +64,12 @@ class Checkpoints:
             best_fn=lambda metrics: metrics[best_metric],
             best_mode="max" if larger_is_better else "min",
             enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=False,  # done before the manager starts: see _remove_unfinished_saves
+            # done before the manager starts: see _remove_unfinished_saves
+            cleanup_tmp_directories=False,
         )
         directory = Path(directory).absolute()
-        self._saved = False  # digests are written by a run that saves, never by eval or inference
+        # digests are written by a run that saves, never by eval or inference
+        self._saved = False
         self._remove_unfinished_saves(directory)
         self.manager = ocp.CheckpointManager(directory, options=options, item_names=("state", "data"))
 
@@ -75,7 +81,8 @@ class Checkpoints:
         would exit under, printing its traceback over the one-line message.
         """
         if jax.process_index() == 0 and directory.exists():
-            for unfinished in ocp.utils.tmp_checkpoints(directory):  # Orbax's TemporaryPath objects
+            # Orbax's TemporaryPath objects
+            for unfinished in ocp.utils.tmp_checkpoints(directory):
                 shutil.rmtree(str(unfinished.get()), ignore_errors=True)
 
     def steps(self) -> list[int]:
@@ -209,7 +216,8 @@ class Checkpoints:
         for candidate in candidates:
             try:
                 restored = self._verified_restore(candidate, arguments, verify)
-            except Exception as error:  # Orbax/TensorStore raise many types for damaged files
+            except Exception as error:
+                # Orbax/TensorStore raise many types for damaged files
                 logging.warning("checkpoint at step %d in %s is unreadable (%s: %s)", candidate,
                                 self.manager.directory, type(error).__name__, str(error).splitlines()[0][:300])
                 if step is not None:
@@ -228,7 +236,8 @@ class Checkpoints:
             for step in steps:
                 target = directory / f"{step}.unreadable"
                 if target.exists():
-                    shutil.rmtree(target)  # an older copy of the same step, also unreadable
+                    # an older copy of the same step, also unreadable
+                    shutil.rmtree(target)
                 (directory / str(step)).rename(target)
                 logging.warning("moved the unreadable checkpoint at step %d to %s", step, target)
         self.manager.reload()
@@ -243,5 +252,6 @@ class Checkpoints:
             with self._writing():
                 self.manager.wait_until_finished()
                 self._write_digests()
-        finally:  # a failed save raises again here: Orbax's threads are released all the same
+        finally:
+            # a failed save raises again here: Orbax's threads are released all the same
             self.manager.close()

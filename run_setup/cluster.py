@@ -25,7 +25,8 @@ def setup_distributed(cluster: ClusterSettings) -> None:
     if jax.distributed.is_initialized():
         return
     if cluster.coordinator_address:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
+        # CPU collectives across processes
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(
             coordinator_address=cluster.coordinator_address,
             num_processes=cluster.num_processes,
@@ -40,7 +41,8 @@ def detected_cluster() -> str | None:
     """The cluster that JAX's own detection (the one `jax.distributed.initialize()` runs) finds
     with more than one process, by name (`"slurm"`, `"ompi"`, ...), or None. A one-task job, such
     as a SLURM allocation without srun, is no cluster: it trains alone."""
-    from jax._src.clusters import ClusterEnv  # JAX exports no public name for its detection
+    # JAX exports no public name for its detection
+    from jax._src.clusters import ClusterEnv
 
     for cluster in ClusterEnv._cluster_types:
         if not cluster.opt_in_only_method and cluster.is_env_present():
@@ -70,7 +72,8 @@ def device_memory_bytes(mesh: Mesh) -> int:
     local = _local_memory_bytes(next(d for d in devices if d.process_index == jax.process_index()))
     if all(d.process_index == jax.process_index() for d in devices):
         return local
-    mebibytes = multihost_utils.process_allgather(np.int32(min(local >> 20, 2**31 - 1)))  # int32: JAX's default width
+    # int32: JAX's default width
+    mebibytes = multihost_utils.process_allgather(np.int32(min(local >> 20, 2**31 - 1)))
     return int(np.min(mebibytes)) << 20
 
 

@@ -34,7 +34,8 @@ def parse(flag_values: flags.FlagValues, argv: Sequence[str], doc: str, *, overr
     if any(arg in HELP for arg in argv[1:]):
         print(f"{doc.rstrip()}\n\nflags:\n{flag_values.get_help()}")
         sys.exit(0)
-    flag_values.unparse_flags()  # the defaults again (a second call in one process, e.g. from a test)
+    # the defaults again (a second call in one process, e.g. from a test)
+    flag_values.unparse_flags()
     try:
         arguments, found = split_overrides(argv, flag_values) if overrides else (list(argv), [])
         rest = flag_values(arguments)

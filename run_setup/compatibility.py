@@ -17,8 +17,9 @@ RUN_IDENTITY = ("seed", "model", "task", "tokenizer", "data")
 EVALUATION_FIELDS = (
     "eval_split", "restore_step", "restore_best", "average_last", "decode", "eval_decode_examples",
     "length_bucket_width", "visualize_examples", "visualize_self_attention", "curves_png", "data_dir", "metrics",
-    "coordinator_address", "num_processes", "process_id", "sharding", "tensor_parallel",  # how this command runs, not what the run is
-)  # fmt: skip
+    # how this command runs, not what the run is
+    "coordinator_address", "num_processes", "process_id", "sharding", "tensor_parallel",
+)
 
 
 def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -102,14 +103,14 @@ def check_init(settings: Settings, workdir: Path) -> Settings | None:
     if source is None:
         raise ConfigError(f"{what} {init.vocabulary_from} is not a run folder (no config.json there)")
     changed = differences(source, settings, ("tokenizer.kind", "tokenizer.vocab_size", "tokenizer.model_type", "tokenizer.shared",
-                                             "tokenizer.max_corpus_chars"))  # fmt: skip
+                                             "tokenizer.max_corpus_chars"))
     if changed:
         raise ConfigError(f"{what} {init.vocabulary_from}: its vocabulary was made with other settings: {'; '.join(changed)}; "
-                          "use the run's tokenizer fields")  # fmt: skip
+                          "use the run's tokenizer fields")
     if init.run and not same_parameter_shapes(source, settings):
         changed = differences(source, settings, ("model",))
         raise ConfigError(f"init_from {init.run}: its parameters do not fit this model ({'; '.join(changed)}); "
-                          "change only fields that shape no parameter (dropout rates, say)")  # fmt: skip
+                          "change only fields that shape no parameter (dropout rates, say)")
     return source
 
 

@@ -57,10 +57,14 @@ class SourceKind:
     """What differs by the kind of source. Subclasses set the class fields and override the methods."""
 
     name: ClassVar[str]
-    task_inputs: ClassVar[str]  # what a task's records hold for this kind: "text" or "image" (an array)
-    has_length: ClassVar[bool]  # a source has a length in tokens: decoding limits, batches by length, scores by length
-    packs: ClassVar[bool]  # several sources fit in one row
-    spatial: ClassVar[bool] = False  # attention is over grid cells at known pixel positions (localisation scores)
+    # what a task's records hold for this kind: "text" or "image" (an array)
+    task_inputs: ClassVar[str]
+    # a source has a length in tokens: decoding limits, batches by length, scores by length
+    has_length: ClassVar[bool]
+    # several sources fit in one row
+    packs: ClassVar[bool]
+    # attention is over grid cells at known pixel positions (localisation scores)
+    spatial: ClassVar[bool] = False
 
     # -- data
 
@@ -77,7 +81,8 @@ class SourceKind:
         records = task.splits[split]
 
         def encode(index: int) -> Batch:
-            record = records[index]  # read (and its image decoded) once
+            # read (and its image decoded) once
+            record = records[index]
             return {"inputs": task.image(record), "targets": target_ids(task.pair(record)[1], tokenizers, max_target_length)}
 
         return encode
@@ -107,7 +112,7 @@ class SourceKind:
 
     def draw(self, directory: Path, name: str, inputs: np.ndarray, weights: Mapping[str, np.ndarray],
              roles: Mapping[str, AttentionRole], output_words: Sequence[str], tokenizers: Tokenizers, model: Any,
-             *, self_attention: bool = False, extras: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+             *, self_attention: bool = False, extras: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Draws one example's attention (`weights` cut to its positions) into `directory`, with `extras`
         (the task's gold `alignment` or `boxes` of the example) kept beside the weights; returns the pictures."""
         return {}
@@ -138,7 +143,7 @@ class TextSource(SourceKind):
 
     def encoder(self, task, split, tokenizers, max_source_length, max_target_length):
         return functools.partial(token_ids(task, split, tokenizers).example, max_source_length=max_source_length,
-                                 max_target_length=max_target_length)  # fmt: skip
+                                 max_target_length=max_target_length)
 
     def lengths(self, task, split, tokenizers):
         return token_ids(task, split, tokenizers).lengths()
@@ -158,12 +163,13 @@ class TextSource(SourceKind):
     def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
         source = inputs[inputs != PAD_ID]
         return pictures.draw_example(directory, name, weights, roles, tokenizers.source.pieces(source), output_words,
-                                      self_attention=self_attention, extras=extras)  # fmt: skip
+                                      self_attention=self_attention, extras=extras)
 
     def user_rows(self, sources, model_fields, tokenizers, max_source_length):
         if not all(isinstance(source, str) for source in sources):
             raise UserError("this run translates text; give strings")
-        limit = max_source_length - 1  # room for eos, as in evaluation
+        # room for eos, as in evaluation
+        limit = max_source_length - 1
         return [np.append(tokenizers.source.encode(text)[:limit], EOS_ID).astype(np.int32) for text in sources]
 
     def user_batch(self, rows, size, length_limit):
@@ -176,7 +182,8 @@ class ImageSource(SourceKind):
     name, task_inputs, has_length, packs, spatial = "image", "image", False, False, True
 
     def tokenizer_pairs(self, pairs):
-        return ((target, target) for _, target in pairs)  # no source text: the (unused) source vocabulary learns the captions
+        # no source text: the (unused) source vocabulary learns the captions
+        return ((target, target) for _, target in pairs)
 
     def check_task(self, task, model_fields):
         shape = task.image(task.splits["train"][0]).shape
@@ -189,7 +196,8 @@ class ImageSource(SourceKind):
     def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
         (cross,) = [w.mean(axis=0) for module, w in weights.items() if roles[module] is AttentionRole.CROSS]
         grid = model.grid_shape(*inputs.shape[:2])
-        centres = {"centres": np.asarray(model.cell_centres(*inputs.shape[:2]))}  # where each cell is, for localisation
+        # where each cell is, for localisation
+        centres = {"centres": np.asarray(model.cell_centres(*inputs.shape[:2]))}
         return pictures.draw_image_attention(directory, name, inputs, cross, grid, output_words, {**centres, **dict(extras or {})})
 
     def from_command_line(self, given, task_params, model_fields):
@@ -225,7 +233,8 @@ class FeatureSource(SourceKind):
         return ((target, target) for _, target in pairs)
 
     def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
-        cells = [f"cell {i}" for i in range(inputs.shape[0])]  # a grid's positions have no text or pixels: named by index
+        # a grid's positions have no text or pixels: named by index
+        cells = [f"cell {i}" for i in range(inputs.shape[0])]
         return pictures.draw_example(directory, name, weights, roles, cells, output_words, self_attention=self_attention, extras=extras)
 
     def from_command_line(self, given, task_params, model_fields):

@@ -15,7 +15,8 @@ from utils.errors import ConfigError
 from run_setup.cluster import device_memory_bytes
 from run_setup.settings import Settings
 
-CHARACTER_VOCABULARY_GUESS = 256  # a character vocabulary's size before it is made: a few hundred at most
+# a character vocabulary's size before it is made: a few hundred at most
+CHARACTER_VOCABULARY_GUESS = 256
 
 
 def check(settings: Settings, mesh: Mesh, memory: int | None = None, *, training: bool = True) -> None:
@@ -23,9 +24,10 @@ def check(settings: Settings, mesh: Mesh, memory: int | None = None, *, training
     device's (`cluster.device_memory_bytes`, asked here if not given)."""
     memory = device_memory_bytes(mesh) if memory is None else memory
     hyperparameters = settings.model.hyperparameters
-    if training:  # LSTMN: the training step holds the tapes and their cotangents (0 bytes for the others)
+    # LSTMN: the training step holds the tapes and their cotangents (0 bytes for the others)
+    if training:
         rows, longest = max(((rows, max(lengths)) for rows, *lengths in microbatch_shapes(settings, mesh)),
-                            key=lambda shape: hyperparameters.tape_bytes(*shape))  # fmt: skip
+                            key=lambda shape: hyperparameters.tape_bytes(*shape))
         needed, available = hyperparameters.tape_bytes(rows, longest), memory
         if needed and needed > available // 2:
             raise ConfigError(
@@ -65,7 +67,8 @@ def check_memory(settings: Settings, mesh: Mesh, memory: int, *, training: bool)
     fields = {**model.fields, "vocab_size": vocab, "source_vocab_size": vocab, "bos_id": vocabularies.BOS_ID, "pad_id": vocabularies.PAD_ID}
     count = parameter_count(model.name, fields)
     available = memory // 2
-    copies = 4 if training else 1  # parameters, gradients, Adam's first and second moments (float32)
+    # parameters, gradients, Adam's first and second moments (float32)
+    copies = 4 if training else 1
     # fsdp and fsdp_tp split the large parameters (nearly all bytes) over every device of the mesh
     shards = 1 if settings.cluster.sharding == "replicated" else mesh.size
     per_device = count * 4 * copies // shards
@@ -76,8 +79,10 @@ def check_memory(settings: Settings, mesh: Mesh, memory: int, *, training: bool)
             f"of them (sharding {settings.cluster.sharding}), more than half of a device's {2 * available / 2**30:.1f} GiB; "
             f"lower {sizes}{'' if shards > 1 else ', or shard them: sharding=fsdp'}"
         )
-    positions = max(rows * target for rows, _, target in microbatch_shapes(settings, mesh))  # one device's microbatch
-    logits = positions * vocab * 4 * 3  # logits, softmax and their gradient
+    # one device's microbatch
+    positions = max(rows * target for rows, _, target in microbatch_shapes(settings, mesh))
+    # logits, softmax and their gradient
+    logits = positions * vocab * 4 * 3
     if logits > available:
         data = settings.data
         raise ConfigError(
@@ -102,7 +107,8 @@ def parameter_count(name: str, fields: dict) -> int:
     try:
         for stack, depth in stacks.items():
             total += (depth - 1) * (count(**{**shallow, stack: 2}) - shallowest)
-    except ConfigError:  # stacks that must be equally deep (Luong's): they grow together
+    except ConfigError:
+        # stacks that must be equally deep (Luong's): they grow together
         depth = max(stacks.values())
         total = shallowest + (depth - 1) * (count(**{k: 2 for k in stacks}) - shallowest)
     return total

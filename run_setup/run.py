@@ -34,7 +34,8 @@ from run_setup.cluster import device_memory_bytes, is_chief, make_mesh, setup_di
 from run_setup.settings import InitSettings, Settings
 from tasks import token_cache
 
-SEARCH_GATHER_SHARE = 0.25  # of a device's memory: the most that a search's whole parameters may take (Run.search_shardings)
+# of a device's memory: the most that a search's whole parameters may take (Run.search_shardings)
+SEARCH_GATHER_SHARE = 0.25
 
 
 # ----------------------------------------------------------------------------- data and vocabulary
@@ -49,9 +50,12 @@ def load_task_and_tokenizers(settings: Settings, workdir: Path) -> tuple[tasks.T
 
     def load() -> tuple[tasks.Task, vocabularies.Tokenizers]:
         task = tasks.load_task(settings.task.name, settings.task.data_dir, **settings.task.params)
-        settings.source.check_task(task, settings.model.fields)  # before a tokenizer is trained and written
-        pairs = settings.source.tokenizer_pairs(token_cache.pairs(task, "train"))  # a stream: read as far as the sample goes
-        shards = getattr(task.splits["train"], "shards", None)  # built data of our own: the vocabulary is shelved beside it
+        # before a tokenizer is trained and written
+        settings.source.check_task(task, settings.model.fields)
+        # a stream: read as far as the sample goes
+        pairs = settings.source.tokenizer_pairs(token_cache.pairs(task, "train"))
+        # built data of our own: the vocabulary is shelved beside it
+        shards = getattr(task.splits["train"], "shards", None)
         shelf = Path(shards[0]).parent / "vocabularies" if shards else None
         reuse_vocabulary(settings, workdir / "tokenizer")
         return task, vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer, pairs, shelf=shelf)
@@ -114,7 +118,8 @@ def create_model(settings: Settings, tokens: vocabularies.Tokenizers, mesh: Mesh
     output's: no device ever holds more than its shards); replicated ones as before, built once and
     copied to every device, so a replicated run is bit for bit what it was.
     """
-    abstract_model = nnx.eval_shape(lambda: build_model(settings, tokens))  # shapes and the parameters' axis names
+    # shapes and the parameters' axis names
+    abstract_model = nnx.eval_shape(lambda: build_model(settings, tokens))
     graphdef, abstract_params, _ = split_model(abstract_model)
     specs = sharding.partition_specs(abstract_params, mesh, settings.cluster.sharding)
     param_shardings = sharding.named_shardings(specs, mesh)
@@ -156,11 +161,14 @@ class Run:
     tokens: vocabularies.Tokenizers
     mesh: Mesh
     graphdef: nnx.GraphDef
-    params: nnx.State  # the initial parameters, placed over the mesh by `settings.cluster.sharding`
+    # the initial parameters, placed over the mesh by `settings.cluster.sharding`
+    params: nnx.State
     rngs: nnx.State
     checkpoints: Checkpoints
-    device_memory: int  # bytes one device may use, the same in every process (cluster.device_memory_bytes)
-    lock: WorkdirLock | None = None  # held while training (the chief's)
+    # bytes one device may use, the same in every process (cluster.device_memory_bytes)
+    device_memory: int
+    # held while training (the chief's)
+    lock: WorkdirLock | None = None
 
     @property
     def is_chief(self) -> bool:
@@ -266,6 +274,7 @@ def prepare_run(
         if held is not None:
             held.release()
         raise
-    if training and settings.init.run and not checkpoints.steps():  # fine-tuning; a run with checkpoints resumes
+    # fine-tuning; a run with checkpoints resumes
+    if training and settings.init.run and not checkpoints.steps():
         params = initial_params_from(settings.init, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params))
     return Run(settings, workdir, task, tokens, mesh, graphdef, params, rngs, checkpoints, memory, held)

@@ -34,9 +34,11 @@ import tasks
 from tasks.vocabularies import TokenizerSettings
 from utils.errors import ConfigError
 
-LARGEST_INT = 2**31 - 1  # sizes and counts beyond this overflow the int32 arithmetic of steps and shapes
+# sizes and counts beyond this overflow the int32 arithmetic of steps and shapes
+LARGEST_INT = 2**31 - 1
 SPLIT_NAMES = ("train", "dev", "test")
-SHARDINGS = ("replicated", "fsdp", "fsdp_tp")  # where parameters and optimizer state live: run_setup/sharding.py
+# where parameters and optimizer state live: run_setup/sharding.py
+SHARDINGS = ("replicated", "fsdp", "fsdp_tp")
 
 
 def _check_numbers(group: Any, prefix: str, *, at_least_one=(), not_negative=(), fractions=(), positive=()) -> None:
@@ -48,7 +50,7 @@ def _check_numbers(group: Any, prefix: str, *, at_least_one=(), not_negative=(),
         if isinstance(value, int) and abs(value) > LARGEST_INT:
             raise ConfigError(f"{prefix}{name} must be at most {LARGEST_INT}, got {value}")
     for names, holds, what in ((at_least_one, lambda v: v >= 1, "at least 1"), (not_negative, lambda v: v >= 0, "not negative"),
-                               (fractions, lambda v: 0.0 <= v < 1.0, "in [0, 1)"), (positive, lambda v: v > 0, "positive")):  # fmt: skip
+                               (fractions, lambda v: 0.0 <= v < 1.0, "in [0, 1)"), (positive, lambda v: v > 0, "positive")):
         for name in names:
             if not holds(getattr(group, name)):
                 raise ConfigError(f"{prefix}{name} must be {what}, got {getattr(group, name)}")
@@ -63,7 +65,8 @@ class TaskSettings:
 
     name: str
     data_dir: str
-    params: Mapping[str, Any]  # the task's own parameters (its dataclass's fields), name left out
+    # the task's own parameters (its dataclass's fields), name left out
+    params: Mapping[str, Any]
 
     def __post_init__(self):
         if not self.data_dir.strip():
@@ -76,9 +79,11 @@ class TaskSettings:
         return tasks.inputs_of(self.name)
 
 
-MAX_LENGTH = 65_536  # tokens: one row's [L, L] attention scores would already need 16 GiB per head
+# tokens: one row's [L, L] attention scores would already need 16 GiB per head
+MAX_LENGTH = 65_536
 MAX_THREADS = 256
-MAX_BATCH_TOKENS = 2**24  # padded slots per batch: beyond this one batch's float32 activations alone fill a device
+# padded slots per batch: beyond this one batch's float32 activations alone fill a device
+MAX_BATCH_TOKENS = 2**24
 BATCHINGS = ("pack", "bucket")
 LENGTH_POLICIES = ("drop", "trim")
 
@@ -87,9 +92,11 @@ LENGTH_POLICIES = ("drop", "trim")
 class PipelineSettings:
     """`config.data` with the global batch size and the seed: what the input pipeline needs."""
 
-    batch_size: int  # global: the sum over processes
+    # global: the sum over processes
+    batch_size: int
     seed: int
-    max_source_length: int  # tokens, eos included
+    # tokens, eos included
+    max_source_length: int
     max_target_length: int
     length_policy: str
     batching: str
@@ -106,7 +113,7 @@ class PipelineSettings:
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be positive, got {self.batch_size}")
         for name, highest in (("max_source_length", MAX_LENGTH), ("max_target_length", MAX_LENGTH), ("num_threads", MAX_THREADS),
-                              ("prefetch_batches", MAX_THREADS)):  # fmt: skip
+                              ("prefetch_batches", MAX_THREADS)):
             lowest = 0 if name == "prefetch_batches" else 1
             if not lowest <= getattr(self, name) <= highest:
                 raise ConfigError(f"data.{name} must be in [{lowest}, {highest}], got {getattr(self, name)}")
@@ -164,7 +171,8 @@ class OptimizationSettings:
     """The optimizer, its schedule and the loss: what one training step does, and how many."""
 
     num_train_steps: int
-    batch_size: int  # global rows per update
+    # global rows per update
+    batch_size: int
     grad_accum_steps: int
     learning_rate: float
     warmup_steps: int
@@ -180,7 +188,7 @@ class OptimizationSettings:
     def __post_init__(self):
         _check_numbers(self, "", at_least_one=("num_train_steps", "batch_size", "grad_accum_steps", "log_every_steps"),
                        not_negative=("warmup_steps", "learning_rate", "weight_decay", "grad_clip_norm"),
-                       fractions=("label_smoothing", "adam_b1", "adam_b2"), positive=("adam_eps",))  # fmt: skip
+                       fractions=("label_smoothing", "adam_b1", "adam_b2"), positive=("adam_eps",))
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
 
@@ -190,19 +198,22 @@ class EvaluationSettings:
     """When and what to evaluate, which score picks the best checkpoint, and what to draw."""
 
     eval_every_steps: int
-    eval_decode_examples: int  # 0 = all
+    # 0 = all
+    eval_decode_examples: int
     eval_split: str
     length_bucket_width: int
     visualize_examples: int
     visualize_self_attention: bool
     curves_png: bool
     bleu_tokenize: str
-    best_metric: str  # a score of scoring/score_registry.py that the task writes; its direction is the registry's
-    early_stopping_patience: int  # 0 = never
+    # a score of scoring/score_registry.py that the task writes; its direction is the registry's
+    best_metric: str
+    # 0 = never
+    early_stopping_patience: int
 
     def __post_init__(self):
         _check_numbers(self, "", at_least_one=("eval_every_steps", "length_bucket_width"),
-                       not_negative=("eval_decode_examples", "visualize_examples", "early_stopping_patience"))  # fmt: skip
+                       not_negative=("eval_decode_examples", "visualize_examples", "early_stopping_patience"))
         if self.eval_split not in SPLIT_NAMES:
             raise ConfigError(f"eval_split must be one of {', '.join(SPLIT_NAMES)}, got {self.eval_split!r}")
         if not self.best_metric.strip():
@@ -217,9 +228,11 @@ class CheckpointSettings:
 
     checkpoint_every_steps: int
     keep_checkpoints: int
-    restore_step: int  # -1 = the latest (or the best, with restore_best)
+    # -1 = the latest (or the best, with restore_best)
+    restore_step: int
     restore_best: bool
-    average_last: int  # 0 or 1 = no averaging
+    # 0 or 1 = no averaging
+    average_last: int
 
     def __post_init__(self):
         _check_numbers(self, "", at_least_one=("checkpoint_every_steps", "keep_checkpoints"), not_negative=("average_last",))
@@ -260,7 +273,7 @@ class DecodeSettings:
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
             ("length_penalty", 0 <= self.length_penalty < math.inf, "finite and not negative"),
             ("max_length_offset", self.max_length_offset >= 0, "not negative"),
-        ):  # fmt: skip
+        ):
             if not holds:
                 raise ConfigError(f"decode.{name} must be {what}, got {getattr(self, name)}")
 
@@ -277,7 +290,7 @@ class DecodeSettings:
         return dict(
             method=self.method, beam_size=self.beam_size, alpha=self.length_penalty, num_hypotheses=self.num_hypotheses,
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, max_length_offset=self.max_length_offset,
-        )  # fmt: skip
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,9 +298,12 @@ class InitSettings:
     """Where a new run's parameters and vocabulary come from when not from scratch (`init_from`,
     `tokenizer.from_run`). A run that has checkpoints of its own resumes from them instead."""
 
-    run: str  # a run folder whose parameters start this run; "" = from scratch
-    checkpoint: str  # of that run: "latest", "best" or a step
-    vocabulary_from: str  # a run folder whose vocabulary this run reuses; "" = train one
+    # a run folder whose parameters start this run; "" = from scratch
+    run: str
+    # of that run: "latest", "best" or a step
+    checkpoint: str
+    # a run folder whose vocabulary this run reuses; "" = train one
+    vocabulary_from: str
 
     @classmethod
     def parse(cls, init_from: str, vocabulary_from: str) -> "InitSettings":
@@ -323,7 +339,7 @@ class ClusterSettings:
         _check_numbers(self, "", at_least_one=("tensor_parallel",))
         if self.tensor_parallel != 1 and self.sharding != "fsdp_tp":
             raise ConfigError(f"tensor_parallel {self.tensor_parallel} needs sharding='fsdp_tp', but sharding is {self.sharding!r} "
-                              "(no model axis): set tensor_parallel=1 or sharding='fsdp_tp'")  # fmt: skip
+                              "(no model axis): set tensor_parallel=1 or sharding='fsdp_tp'")
 
 
 # ----------------------------------------------------------------------------- the whole
@@ -344,7 +360,8 @@ class Settings:
     checkpoints: CheckpointSettings
     init: InitSettings
     cluster: ClusterSettings
-    fields: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)  # the config as a nested dict
+    # the config as a nested dict
+    fields: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved config as a nested dict (tuples stay tuples): what config.json holds."""
@@ -398,7 +415,7 @@ def _groups(f: dict) -> Settings:
                                       "visualize_examples", "visualize_self_attention", "curves_png", "best_metric",
                                       "early_stopping_patience")},
         bleu_tokenize=f["metrics"]["bleu_tokenize"],
-    )  # fmt: skip
+    )
     checkpoints = CheckpointSettings(**{field.name: f[field.name] for field in dataclasses.fields(CheckpointSettings)})
     if not 0 <= f["seed"] <= LARGEST_INT:
         raise ConfigError(f"seed must be in [0, {LARGEST_INT}], got {f['seed']}")
@@ -449,7 +466,8 @@ def read_run_settings(workdir: str | Path) -> Settings | None:
     """The settings of the run in `workdir` (its config.json), or None where there is none; a run
     folder written before a field existed gets that field's default, and an old value name its new
     one (`configs.base.with_defaults`)."""
-    from configs import base  # the config files' module: it turns config.json back into a config
+    # the config files' module: it turns config.json back into a config
+    from configs import base
 
     config = base.read_run_config(workdir)
     return None if config is None else parse(config)

@@ -30,9 +30,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from utils.errors import ConfigError
 
-DATA, MODEL = "data", "model"  # the mesh's axes: batch rows (and fsdp's shards), tensor parallelism
-LOGICAL_AXES = ("vocab", "embed", "heads", "mlp", "norm")  # models.layers.logical documents each
-RULES: dict[str, dict[str, str]] = {  # a name absent from a mode's table is never split
+# the mesh's axes: batch rows (and fsdp's shards), tensor parallelism
+DATA, MODEL = "data", "model"
+# models.layers.logical documents each
+LOGICAL_AXES = ("vocab", "embed", "heads", "mlp", "norm")
+# a name absent from a mode's table is never split
+RULES: dict[str, dict[str, str]] = {
     "replicated": {},
     "fsdp": {"embed": DATA},
     "fsdp_tp": {"embed": DATA, "heads": MODEL, "mlp": MODEL, "vocab": MODEL},
@@ -106,7 +109,7 @@ def optimizer_shardings(tx: optax.GradientTransformation, params: Any, param_sha
     parameter, everything else (step counts) replicated."""
     abstract = jax.eval_shape(tx.init, params)
     return optax.tree_map_params(tx, lambda _, sharding: sharding, abstract, param_shardings,
-                                 transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, NamedSharding))  # fmt: skip
+                                 transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, NamedSharding))
 
 
 def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:

@@ -19,7 +19,8 @@ import numpy as np
 from utils import allocator
 from run_setup.settings import PipelineSettings
 
-OUTPUTS = (  # what a training run writes into its workdir, and what each is
+# what a training run writes into its workdir, and what each is
+OUTPUTS = (
     ("config.json", "the resolved config"),
     ("metrics.jsonl", "one JSON row per logged event"),
     ("log.txt", "this log"),
@@ -36,20 +37,27 @@ class Facts:
     """What `format_summary` shows. Token counts are None where they are not known cheaply."""
 
     backend: str
-    devices: Sequence[str]  # one entry per kind of device: "8 x cpu"
+    # one entry per kind of device: "8 x cpu"
+    devices: Sequence[str]
     processes: int
-    parameters: Mapping[str, int]  # by top-level module
-    splits: Mapping[str, tuple[int, int | None, int | None]]  # split -> (examples, source tokens, target tokens)
-    batch_rows: int  # global rows per step (all processes; the microbatches of accumulation together)
-    batch_tokens: tuple[float | None, float]  # about this many (source, target) tokens per step, padding left out
+    # by top-level module
+    parameters: Mapping[str, int]
+    # split -> (examples, source tokens, target tokens)
+    splits: Mapping[str, tuple[int, int | None, int | None]]
+    # global rows per step (all processes; the microbatches of accumulation together)
+    batch_rows: int
+    # about this many (source, target) tokens per step, padding left out
+    batch_tokens: tuple[float | None, float]
     steps_per_epoch: float
     num_train_steps: int
     start_step: int
-    vocabulary: str  # kind, size, shared or not
+    # kind, size, shared or not
+    vocabulary: str
     vocabulary_folder: str
     workdir: str
     outputs: Sequence[tuple[str, str]] = OUTPUTS
-    malloc: str = "malloc's defaults"  # allocator.chosen
+    # allocator.chosen
+    malloc: str = "malloc's defaults"
 
 
 def epoch_estimate(lengths: np.ndarray, data: PipelineSettings) -> tuple[float, tuple[float, float]]:
@@ -83,7 +91,7 @@ def format_summary(facts: Facts) -> str:
     splits = "; ".join(
         f"{split} {examples:,} examples" + ("" if target is None else f", {_tokens(source, target)}")
         for split, (examples, source, target) in facts.splits.items()
-    )  # fmt: skip
+    )
     epochs = (facts.num_train_steps - facts.start_step) / facts.steps_per_epoch if facts.steps_per_epoch else math.inf
     steps = f"{facts.num_train_steps:,}" + (f" (from step {facts.start_step:,})" if facts.start_step else "")
     lines = [
@@ -96,7 +104,8 @@ def format_summary(facts: Facts) -> str:
         ("vocabulary", f"{facts.vocabulary} in {facts.vocabulary_folder}"),
         ("workdir", facts.workdir),
     ]
-    width = max(len(name) for name, _ in lines) + 3  # two spaces after the longest name and its colon
+    # two spaces after the longest name and its colon
+    width = max(len(name) for name, _ in lines) + 3
     text = [f"{name + ':':<{width}}{value}" for name, value in lines]
     text += [f"{'':<{width}}{name:<15}{what}" for name, what in facts.outputs]
     return "start-up summary\n" + "\n".join(text)
@@ -121,7 +130,8 @@ def describe(run, start_step: int) -> Facts:
     lengths = settings.source.lengths(run.task, "train", run.tokens)  # [N, 2]
     steps, batch_tokens = epoch_estimate(lengths, settings.data)
     totals = np.asarray(lengths).reshape(-1, 2).sum(axis=0)
-    tokens_in_sources = "inputs" in settings.source.padded_keys(1, 1)  # sources padded in length are token ids
+    # sources padded in length are token ids
+    tokens_in_sources = "inputs" in settings.source.padded_keys(1, 1)
     splits = {"train": (len(run.task.splits["train"]), int(totals[0]) if tokens_in_sources else None, int(totals[1]))}
     splits.update((split, (len(records), None, None)) for split, records in run.task.splits.items() if split != "train")
     if not tokens_in_sources:

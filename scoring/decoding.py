@@ -29,8 +29,10 @@ from models.layers import PerSource
 from tasks.vocabularies import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 Array = jax.Array
-NEVER = -1e9  # log-probability of what may not be chosen (finite: see models/attention.py)
-METHODS = ("search", "sample")  # decode.method: greedy/beam search, or sampling
+# log-probability of what may not be chosen (finite: see models/attention.py)
+NEVER = -1e9
+# decode.method: greedy/beam search, or sampling
+METHODS = ("search", "sample")
 
 
 def source_lengths(inputs: Array) -> Array:
@@ -113,8 +115,10 @@ def filtered_log_probs(log_probs: Array, temperature: float, top_k: int, top_p: 
     if top_p < 1.0:
         order = jnp.argsort(-scaled, axis=-1)
         sorted_probs = jax.nn.softmax(jnp.take_along_axis(scaled, order, axis=-1), axis=-1)
-        before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of the more likely tokens
-        keep_sorted = before < top_p  # the most likely token is always kept
+        # mass of the more likely tokens
+        before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+        # the most likely token is always kept
+        keep_sorted = before < top_p
         keep = jnp.zeros_like(keep_sorted).at[jnp.arange(len(order))[:, None], order].set(keep_sorted)
         scaled = jnp.where(keep, scaled, NEVER)
     return scaled
@@ -123,7 +127,7 @@ def filtered_log_probs(log_probs: Array, temperature: float, top_k: int, top_p: 
 def sample(
     model: Any, inputs: Array, max_lengths: Array, length: int, *, key: Array,
     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-) -> tuple[Array, Array]:  # fmt: skip
+) -> tuple[Array, Array]:
     """Ancestral sampling, one hypothesis per row, from the filtered distribution (`filtered_log_probs`).
 
     Returns:
@@ -142,12 +146,14 @@ def length_penalty(length: Array, alpha: float) -> Array:
 
 
 class Beams(NamedTuple):
-    step: Array  # the position being produced
+    # the position being produced
+    step: Array
     live_tokens: Array  # [B, K, L]
     live_log_probs: Array  # [B, K]; NEVER for empty slots
     finished_tokens: Array  # [B, K, L]
     finished_scores: Array  # [B, K] length-normalised; NEVER for empty slots
-    state: Any  # the model's decode state, rows [B*K]
+    # the model's decode state, rows [B*K]
+    state: Any
 
 
 def _gather_beams(tree: Any, origins: Array, batch: int, beams: int) -> Any:
@@ -155,9 +161,11 @@ def _gather_beams(tree: Any, origins: Array, batch: int, beams: int) -> Any:
     flat = (origins + beams * jnp.arange(batch)[:, None]).reshape(-1)  # [B*K]
 
     def gather(x):
-        if isinstance(x, PerSource):  # the same for every hypothesis of a row
+        # the same for every hypothesis of a row
+        if isinstance(x, PerSource):
             return x
-        return x[flat] if x.ndim and x.shape[0] == batch * beams else x  # scalars (cache index) stay
+        # scalars (cache index) stay
+        return x[flat] if x.ndim and x.shape[0] == batch * beams else x
 
     return jax.tree.map(gather, tree, is_leaf=lambda x: isinstance(x, PerSource))
 
@@ -203,12 +211,14 @@ def beam_search_n_best(
         return tokens[:, None], (log_probs / length_penalty(lengths, alpha))[:, None]
     batch, beams = inputs.shape[0], beam_size
     max_lengths = jnp.minimum(max_lengths, length)
-    memory = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0), model.encode(inputs))  # rows [B*K]
+    # rows [B*K]
+    memory = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0), model.encode(inputs))
     state = model.init_decode_state(memory, batch * beams, length)
     start = Beams(
         step=jnp.array(0),
         live_tokens=jnp.zeros((batch, beams, length), jnp.int32),
-        live_log_probs=jnp.tile(jnp.array([0.0] + [NEVER] * (beams - 1)), (batch, 1)),  # one beam at first
+        # one beam at first
+        live_log_probs=jnp.tile(jnp.array([0.0] + [NEVER] * (beams - 1)), (batch, 1)),
         finished_tokens=jnp.zeros((batch, beams, length), jnp.int32),
         finished_scores=jnp.full((batch, beams), NEVER),
         state=state,
@@ -217,7 +227,8 @@ def beam_search_n_best(
 
     def can_improve(b: Beams) -> Array:
         best_live = jnp.max(b.live_log_probs, axis=1) / length_penalty(max_lengths, alpha)  # [B]
-        last_kept = b.finished_scores[:, num_hypotheses - 1]  # the N-th best finished (sorted; NEVER if none)
+        # the N-th best finished (sorted; NEVER if none)
+        last_kept = b.finished_scores[:, num_hypotheses - 1]
         return (b.step < length) & jnp.any((best_live > last_kept) & (best_live > NEVER / 2))
 
     def step_once(b: Beams) -> Beams:
@@ -226,9 +237,11 @@ def beam_search_n_best(
         log_probs = next_token_log_probs(logits, b.step, row_limits).reshape(batch, beams, -1)  # [B, K, V]
         vocab = log_probs.shape[-1]
         candidates = (b.live_log_probs[:, :, None] + log_probs).reshape(batch, beams * vocab)
-        top_scores, top_index = jax.lax.top_k(candidates, min(2 * beams, beams * vocab))  # [B, C]; at most K end (docstring)
+        # [B, C]; at most K end (docstring)
+        top_scores, top_index = jax.lax.top_k(candidates, min(2 * beams, beams * vocab))
         origin, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
-        valid = top_scores > NEVER / 2  # neither an empty slot's extension nor a token never allowed
+        # neither an empty slot's extension nor a token never allowed
+        valid = top_scores > NEVER / 2
         sequences = jnp.take_along_axis(b.live_tokens, origin[:, :, None], axis=1)  # [B, C, L]
         sequences = sequences.at[:, :, b.step].set(token)
         ends = token == EOS_ID
@@ -246,7 +259,8 @@ def beam_search_n_best(
         return Beams(b.step + 1, live_tokens, live_scores, finished_tokens, finished_scores, state)
 
     final = jax.lax.while_loop(can_improve, step_once, start)
-    return final.finished_tokens[:, :num_hypotheses], final.finished_scores[:, :num_hypotheses]  # top_k sorted them
+    # top_k sorted them
+    return final.finished_tokens[:, :num_hypotheses], final.finished_scores[:, :num_hypotheses]
 
 
 def beam_search(
@@ -263,7 +277,7 @@ def decode(
     model: Any, inputs: Array, *, length: int, max_length_offset: int, method: str = "search", beam_size: int = 1,
     alpha: float = 0.0, num_hypotheses: int = 1, key: Array | None = None, temperature: float = 1.0,
     top_k: int = 0, top_p: float = 1.0,
-) -> tuple[Array, Array]:  # fmt: skip
+) -> tuple[Array, Array]:
     """The configured decoding (`config.decode`): beam search (greedy for a beam of one) or sampling,
     with outputs of at most the source length + `max_length_offset` tokens (token sources `[B, S]`)
     or `length` tokens (images `[B, H, W, C]`, feature grids `[B, L, D]`).
@@ -294,7 +308,8 @@ class WithoutCache:
     A reference for cached decoding (same tokens and scores) and a baseline for what the cache saves.
     """
 
-    FILLER = UNK_ID  # unknown future targets: any non-pad token (the causal mask hides them; pad would mask the row)
+    # unknown future targets: any non-pad token (the causal mask hides them; pad would mask the row)
+    FILLER = UNK_ID
 
     def __init__(self, model: TeacherForcedDecoder):
         if not model.config.has_decode:

@@ -31,14 +31,18 @@ from scoring import metrics
 from utils.errors import ConfigError
 
 # Tags of the tasks a score applies to: the task metrics, and what a task may know besides.
-EXACT = "exact_match"  # text scored by exact match: dates, copy, reverse, sort, addition
+# text scored by exact match: dates, copy, reverse, sort, addition
+EXACT = "exact_match"
 TRANSLATION = "bleu"
 CAPTIONING = "caption"
-ALIGNED = "alignment"  # tasks that know their alignment spans (dates)
-BOXED = "boxes"  # captioning tasks that know their words' boxes (digit_strips)
+# tasks that know their alignment spans (dates)
+ALIGNED = "alignment"
+# captioning tasks that know their words' boxes (digit_strips)
+BOXED = "boxes"
 TASK_METRICS = (EXACT, TRANSLATION, CAPTIONING)
 ALL_TASKS = frozenset(TASK_METRICS)
-TAGS = {  # tag -> how the README says it
+# tag -> how the README says it
+TAGS = {
     EXACT: "exact-match tasks",
     TRANSLATION: "translation",
     CAPTIONING: "captioning",
@@ -291,25 +295,25 @@ def _check_name_and_description(name: str, description: str) -> None:
 
 # The scores. Loss-side: over every target token, teacher forced.
 register(Score("loss", False, ALL_TASKS, "negative log-likelihood per target token (no label smoothing)",
-               computed_by=metrics.summarize))  # fmt: skip
+               computed_by=metrics.summarize))
 register(Score("perplexity", False, ALL_TASKS, "`exp(loss)`", computed_by=metrics.summarize))
 register(Score("token_accuracy", True, ALL_TASKS,
                "share of target tokens whose logit is the largest (one of k tied largest: 1/k)",
-               computed_by=metrics.summarize))  # fmt: skip
+               computed_by=metrics.summarize))
 
 # Text: the decoded outputs against their references.
 register(Score("exact_match", True, ALL_TASKS, "share of outputs equal to their reference (captioning: to any of them)",
-               compute=lambda t: metrics.exact_match(t.hypotheses, t.references)))  # fmt: skip
+               compute=lambda t: metrics.exact_match(t.hypotheses, t.references)))
 register(Score("symbol_accuracy", True, {EXACT},
                "share of symbols right at their position, over the longer of output and reference",
-               compute=lambda t: metrics.symbol_accuracy(t.hypotheses, t.single_references())))  # fmt: skip
+               compute=lambda t: metrics.symbol_accuracy(t.hypotheses, t.single_references())))
 register(Score("bleu", True, {TRANSLATION, CAPTIONING},
                "corpus BLEU-4 (sacreBLEU, tokenizer `metrics.bleu_tokenize`; captioning: over all references of an image)",
-               compute=lambda t: t.bleu(4)[0], signature=lambda t: t.bleu(4)[1]))  # fmt: skip
+               compute=lambda t: t.bleu(4)[0], signature=lambda t: t.bleu(4)[1]))
 for _order in range(1, 5):
     register(Score(f"bleu_{_order}", True, {CAPTIONING},
                    f"corpus BLEU over n-grams up to {_order} and all references of an image, as Xu et al. report it",
-                   compute=lambda t, order=_order: t.bleu(order)[0]))  # fmt: skip
+                   compute=lambda t, order=_order: t.bleu(order)[0]))
 del _order
 register(Score("chrf", True, {TRANSLATION}, "corpus chrF (sacreBLEU)", compute=lambda t: t.chrf()[0], signature=lambda t: t.chrf()[1]))
 
@@ -317,14 +321,14 @@ register(Score("chrf", True, {TRANSLATION}, "corpus chrF (sacreBLEU)", compute=l
 register(Score("alignment_accuracy", True, {ALIGNED},
                "share of aligned target positions whose most-attended source position is in the true span; "
                "mean over cross-attention modules",
-               computed_by=metrics.alignment_accuracy, keyed_by="module"))  # fmt: skip
+               computed_by=metrics.alignment_accuracy, keyed_by="module"))
 register(Score("localization_accuracy", True, {BOXED},
                "share of caption words whose most-attended cell's centre is in the word's box "
                "(captions with as many words as boxes; word tokenizer)",
-               computed_by=metrics.localization_counts))  # fmt: skip
+               computed_by=metrics.localization_counts))
 
 # Notes: written beside the scores.
 register(Note("decoded_examples", ALL_TASKS, "how many examples were decoded for the text scores"))
 register(Note("localized_words", {BOXED}, "how many caption words `localization_accuracy` scored"))
 register(Note("by_source_length", {EXACT, TRANSLATION},
-              "--mode=predict: the text scores per bucket of source tokens, each with its `examples`"))  # fmt: skip
+              "--mode=predict: the text scores per bucket of source tokens, each with its `examples`"))

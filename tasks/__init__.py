@@ -32,7 +32,8 @@ INPUTS = ("text", "image")
 class Task:
     name: str
     splits: Mapping[str, Sequence[Mapping[str, Any]]]
-    metric: str  # "exact_match", "bleu" or "caption"
+    # "exact_match", "bleu" or "caption"
+    metric: str
     source_key: str = "source"
     target_key: str = "target"
     # record -> int32 [K, 4] spans `(target start, target end, source start, end)`, in characters:
@@ -53,7 +54,8 @@ class Task:
         records = self.splits[split]
         if self.group_key is None:
             return [[self.pair(records[i])[1]] for i in indices]
-        if hasattr(records, "references"):  # a catalog split that knows each image's captions
+        # a catalog split that knows each image's captions
+        if hasattr(records, "references"):
             return [records.references(i) for i in indices]
         groups: dict[str, list[str]] = {}
         for i in range(len(records)):
@@ -75,7 +77,8 @@ class TaskKind:
     """A registered task: how to build it, its parameters, its metric, its alignments."""
 
     prepare: Callable[..., tuple[dict, dict]]  # (data_dir=..., **params) -> (splits, build report)
-    config_class: type  # the parameters' dataclass: their defaults and documentation
+    # the parameters' dataclass: their defaults and documentation
+    config_class: type
     metric: str
     alignment: Callable[[Mapping[str, Any]], np.ndarray] | None = None
     inputs: str = "text"
@@ -114,7 +117,8 @@ def inputs_of(name: str) -> str:
 def scoring_of(name: str) -> tuple[str, bool, bool]:
     """How task `name` is scored, known before it is built: its metric ("exact_match", "bleu" or
     "caption"), and whether it knows its alignments and its caption words' boxes."""
-    parameters_of(name)  # an unknown name stops here
+    # an unknown name stops here
+    parameters_of(name)
     if name in TASKS:
         kind = TASKS[name]
         return kind.metric, kind.alignment is not None, kind.boxes is not None
@@ -126,7 +130,8 @@ def parameters_of(name: str) -> dict[str, Any]:
     if name in TASKS:
         parameters = TASKS[name].config_class.defaults()
         if name in synthetic.KINDS:
-            parameters.pop("kind")  # set by the name
+            # set by the name
+            parameters.pop("kind")
         return parameters
     if catalog.inputs_of(name) == "image":
         return {f.name: f.default for f in dataclasses.fields(catalog.CaptionCatalogConfig)}
@@ -152,7 +157,8 @@ def build_lock(data_dir: str):
 def check_parameters(name: str, **params) -> None:
     """Raises `ConfigError` naming an unknown parameter of task `name` or one whose value cannot work,
     without building or reading anything."""
-    unknown = sorted(set(params) - set(parameters_of(name)))  # an unknown name stops here too
+    # an unknown name stops here too
+    unknown = sorted(set(params) - set(parameters_of(name)))
     if unknown:
         raise ConfigError(f"unknown task parameter(s) for {name}: {', '.join(unknown)}; valid: {', '.join(sorted(parameters_of(name)))}")
     if name in TASKS:
@@ -172,7 +178,7 @@ def _load_task(name: str, data_dir: str, **params) -> Task:
         splits, report = kind.prepare(data_dir=data_dir, **params)
         task_builder.log_report(name, report)
         return Task(name, splits, kind.metric, *kind.keys, alignment=kind.alignment, inputs=kind.inputs, boxes=kind.boxes,
-                    group_key=kind.group_key)  # fmt: skip
+                    group_key=kind.group_key)
     if catalog.inputs_of(name) == "image":
         splits = catalog.load_caption_catalog(name, data_dir, catalog.CaptionCatalogConfig(**params))
         return Task(name, splits, "caption", "image", "caption", inputs="image", group_key="image_file")

@@ -43,7 +43,8 @@ def register_translation_builders() -> None:
     for module in pkgutil.iter_modules(tensorflow_datasets.translate.__path__):
         try:
             importlib.import_module(f"tensorflow_datasets.translate.{module.name}")
-        except ImportError:  # builders that need TensorFlow itself
+        except ImportError:
+            # builders that need TensorFlow itself
             pass
 
 
@@ -60,8 +61,10 @@ def languages_of(name: str) -> tuple[str, str]:
 
 
 IMAGE_DATASETS = ("coco_captions",)
-CAPTION_SPLIT_NAMES = {"train": "train+restval", "dev": "val", "test": "test"}  # Karpathy and Li's splits
-CAPTIONS_PER_IMAGE = 5  # COCO has at least five per image; record i is caption i % 5 of image i // 5
+# Karpathy and Li's splits
+CAPTION_SPLIT_NAMES = {"train": "train+restval", "dev": "val", "test": "test"}
+# COCO has at least five per image; record i is caption i % 5 of image i // 5
+CAPTIONS_PER_IMAGE = 5
 
 
 def inputs_of(name: str) -> str:
@@ -73,10 +76,14 @@ def inputs_of(name: str) -> str:
 class CatalogConfig:
     """The parameters of a TFDS catalog task."""
 
-    source_language: str = ""  # "" = from the config name (`de-en`: de)
-    target_language: str = ""  # "" = from the config name (`de-en`: en)
-    reverse: bool = False  # swap source and target (`wmt14_translate/de-en` with reverse: en -> de)
-    download: bool = False  # let TFDS download and prepare here (internet, and TensorFlow for most: use make prepare)
+    # "" = from the config name (`de-en`: de)
+    source_language: str = ""
+    # "" = from the config name (`de-en`: en)
+    target_language: str = ""
+    # swap source and target (`wmt14_translate/de-en` with reverse: en -> de)
+    reverse: bool = False
+    # let TFDS download and prepare here (internet, and TensorFlow for most: use make prepare)
+    download: bool = False
 
 
 def load_catalog(name: str, data_dir: str, config: CatalogConfig):
@@ -99,9 +106,11 @@ def load_catalog(name: str, data_dir: str, config: CatalogConfig):
 class CaptionCatalogConfig:
     """The parameters of a TFDS catalog captioning task."""
 
-    height: int = 64  # images are resized to height x width (RGB)
+    # images are resized to height x width (RGB)
+    height: int = 64
     width: int = 64
-    download: bool = False  # let TFDS download and prepare here (internet, and TensorFlow for most: use make prepare)
+    # let TFDS download and prepare here (internet, and TensorFlow for most: use make prepare)
+    download: bool = False
 
 
 class CaptionRecords:
@@ -118,7 +127,7 @@ class CaptionRecords:
     def references(self, index: int) -> list[str]:
         """Every caption of record `index`'s image."""
         return [text.decode() if isinstance(text, bytes) else str(text)
-                for text in self.source[int(index) // CAPTIONS_PER_IMAGE]["captions"]["text"]]  # fmt: skip
+                for text in self.source[int(index) // CAPTIONS_PER_IMAGE]["captions"]["text"]]
 
     def __getitem__(self, index: int) -> dict:
         record = self.source[int(index) // CAPTIONS_PER_IMAGE]
@@ -129,7 +138,7 @@ class CaptionRecords:
         name = record.get("image/filename", str(int(index) // CAPTIONS_PER_IMAGE))
         caption = texts[int(index) % CAPTIONS_PER_IMAGE % len(texts)]
         return {"image": image, "caption": caption.decode() if isinstance(caption, bytes) else str(caption),
-                "image_file": name.decode() if isinstance(name, bytes) else str(name)}  # fmt: skip
+                "image_file": name.decode() if isinstance(name, bytes) else str(name)}
 
 
 def load_caption_catalog(name: str, data_dir: str, config: CaptionCatalogConfig) -> dict:
@@ -141,9 +150,10 @@ def load_caption_catalog(name: str, data_dir: str, config: CaptionCatalogConfig)
 def data_sources(name: str, data_dir: str, split_names: dict[str, str], download: bool) -> dict:
     """`{split: TFDS random-access source}` of a prepared catalog dataset, or an error saying how to prepare it."""
     check_catalog_name(name)
-    if download:  # TFDS prepares it here, in this environment (most builders need TensorFlow for that)
+    # TFDS prepares it here, in this environment (most builders need TensorFlow for that)
+    if download:
         return {split: tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=True)
-                for split, tfds_split in split_names.items()}  # fmt: skip
+                for split, tfds_split in split_names.items()}
     builder = prepared_builder(name, data_dir)
     return {split: builder.as_data_source(split=tfds_split) for split, tfds_split in split_names.items()}
 

@@ -30,14 +30,20 @@ from tasks.task_builder import TaskConfig, TextPairBuilder
 
 LANGUAGES = ("en", "fr", "de", "es", "it", "pt", "nl")
 NUMERIC_PATTERNS = (
-    "y-MM-dd", "y/MM/dd", "yMMdd",  # year first
-    "dd.MM.y", "d.M.y", "dd.MM.yy",  # day.month.year
-    "dd-MM-y", "d-M-y",  # day-month-year
-    "MM/dd/y", "M/d/y", "MM/dd/yy",  # month/day/year
-)  # fmt: skip
+    # year first
+    "y-MM-dd", "y/MM/dd", "yMMdd",
+    # day.month.year
+    "dd.MM.y", "d.M.y", "dd.MM.yy",
+    # day-month-year
+    "dd-MM-y", "d-M-y",
+    # month/day/year
+    "MM/dd/y", "M/d/y", "MM/dd/yy",
+)
 ORDINAL_PATTERNS = ("MMMM {o}, y", "{o} MMMM y", "'the' {o} 'of' MMMM, y", "MMM {o} y", "EEEE, MMMM {o}, y")
-FIELDS = ("year", "month", "day")  # rows of the alignment array
-TARGET_SPANS = ((0, 4), (5, 7), (8, 10))  # where each field sits in YYYY-MM-DD
+# rows of the alignment array
+FIELDS = ("year", "month", "day")
+# where each field sits in YYYY-MM-DD
+TARGET_SPANS = ((0, 4), (5, 7), (8, 10))
 
 _FIELD_OF_CHAR = {"y": "year", "M": "month", "L": "month", "d": "day", "o": "day"}
 _FULL_RANGE = (datetime.date(1900, 1, 1), datetime.date(2099, 12, 31))
@@ -116,7 +122,8 @@ def draw_example(rng: np.random.Generator, languages: tuple[str, ...]) -> dict:
     source, spans = render(date, pattern, locale)
     case = rng.choice(["as is", "upper", "lower"], p=[0.7, 0.15, 0.15])
     cased = {"as is": source, "upper": source.upper(), "lower": source.lower()}[case]
-    if len(cased) == len(source):  # keep the spans valid (e.g. no 'ß' -> 'SS')
+    # keep the spans valid (e.g. no 'ß' -> 'SS')
+    if len(cased) == len(source):
         source = cased
     return {"source": source, "target": date.isoformat(), "alignment": spans, "format": f"{locale}:{pattern}"}
 
@@ -128,8 +135,10 @@ def generate(config: DatesConfig) -> dict[str, list[dict]]:
     unknown = sorted(set(languages) - set(LANGUAGES))
     if unknown:
         raise ConfigError(f"task.languages: unsupported {', '.join(unknown)}; supported: {', '.join(LANGUAGES)}")
-    target_of: dict[str, str] = {}  # every source drawn so far -> its target
-    held_out: set[str] = set()  # dev and test sources
+    # every source drawn so far -> its target
+    target_of: dict[str, str] = {}
+    # dev and test sources
+    held_out: set[str] = set()
     splits = {}
     for split, size in (("test", config.test_size), ("dev", config.dev_size), ("train", config.train_size)):
         examples, seen = [], set()
@@ -137,7 +146,8 @@ def generate(config: DatesConfig) -> dict[str, list[dict]]:
             example = draw_example(rng, languages)
             source = example["source"]
             if target_of.setdefault(source, example["target"]) != example["target"]:
-                continue  # a string that could mean two dates: never used
+                # a string that could mean two dates: never used
+                continue
             if source in held_out or (split != "train" and source in seen):
                 continue
             examples.append(example)

@@ -37,9 +37,12 @@ class DigitStripsConfig(TaskConfig):
     canvas_width: int = 96
     min_digits: int = 1
     max_digits: int = 5
-    max_scale: int = 2  # digits are drawn 8x8 times an integer scale in [1, max_scale]
-    noise: float = 0.05  # standard deviation of the added noise, as a share of the brightest pixel
-    scan_fractions: tuple[float, ...] = (0.6, 0.2, 0.2)  # scans kept for train, dev and test
+    # digits are drawn 8x8 times an integer scale in [1, max_scale]
+    max_scale: int = 2
+    # standard deviation of the added noise, as a share of the brightest pixel
+    noise: float = 0.05
+    # scans kept for train, dev and test
+    scan_fractions: tuple[float, ...] = (0.6, 0.2, 0.2)
     train_size: int = 20_000
     dev_size: int = 1_000
     test_size: int = 1_000
@@ -86,7 +89,8 @@ def compose(rng: np.random.Generator, images: np.ndarray, labels: np.ndarray, po
     chosen = rng.choice(pool, size=count)
     scales = rng.integers(1, config.max_scale + 1, size=count)
     widths = SCAN_SIZE * scales
-    slack = config.canvas_width - int(widths.sum())  # free columns, shared out as gaps before each digit
+    # free columns, shared out as gaps before each digit
+    slack = config.canvas_width - int(widths.sum())
     gaps = np.diff(np.sort(rng.integers(0, slack + 1, size=count)), prepend=0)
     canvas = np.zeros((config.canvas_height, config.canvas_width), np.float64)
     boxes = np.full((config.max_digits, 4), -1, np.int32)
@@ -109,7 +113,7 @@ def generate(config: DigitStripsConfig) -> dict[str, list[dict]]:
     pools = split_scans(len(images), config.scan_fractions, config.seed)
     rng = np.random.default_rng(config.seed)
     return {split: [compose(rng, images, labels, pools[split], config) for _ in range(getattr(config, f"{split}_size"))]
-            for split in SPLITS}  # fmt: skip
+            for split in SPLITS}
 
 
 def word_boxes(record) -> np.ndarray:

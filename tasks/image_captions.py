@@ -29,18 +29,24 @@ from tasks.parallel_text import Skipped, resolve, tsv_rows, two_texts
 
 @dataclasses.dataclass(eq=False)
 class ImageCaptionsConfig(TaskConfig):
-    images: str = ""  # the folder the TSVs' image files are read from
-    train: str = ""  # image_file<TAB>caption per line
+    # the folder the TSVs' image files are read from
+    images: str = ""
+    # image_file<TAB>caption per line
+    train: str = ""
     dev: str = ""
     test: str = ""
-    height: int = 64  # images are resized to height x width
+    # images are resized to height x width
+    height: int = 64
     width: int = 64
-    channels: int = 3  # 1: grey, 3: RGB
-    files_digest: str = ""  # filled in by `with_digest`: content hash of every file read
+    # 1: grey, 3: RGB
+    channels: int = 3
+    # filled in by `with_digest`: content hash of every file read
+    files_digest: str = ""
 
     @classmethod
     def defaults(cls) -> dict:
-        return {k: v for k, v in super().defaults().items() if k != "files_digest"}  # not a user's parameter
+        # not a user's parameter
+        return {k: v for k, v in super().defaults().items() if k != "files_digest"}
 
     def __post_init__(self):
         if self.channels not in (1, 3):
@@ -125,7 +131,8 @@ def with_digest(config: ImageCaptionsConfig) -> dict:
 class ImageCaptions(TextPairBuilder):
     """Local images with captions (the Flickr8k layout)."""
 
-    VERSION = tfds.core.Version("1.0.1")  # 1.0.1: lines end at \n only (a lone \r stays inside its line)
+    # 1.0.1: lines end at \n only (a lone \r stays inside its line)
+    VERSION = tfds.core.Version("1.0.1")
     BUILDER_CONFIG_CLASS = ImageCaptionsConfig
 
     def _features(self):

@@ -39,7 +39,8 @@ from tasks import task_builder
 from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder, prepare
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-MAX_REPORTED_LINES = 5  # per reason
+# per reason
+MAX_REPORTED_LINES = 5
 
 
 @dataclasses.dataclass(eq=False)
@@ -51,11 +52,13 @@ class ParallelTextConfig(TaskConfig):
     target_suffix: str = ""
     dev_fraction: float = 0.02
     test_fraction: float = 0.02
-    files_digest: str = ""  # filled in by `with_digest`: content hash of every file read
+    # filled in by `with_digest`: content hash of every file read
+    files_digest: str = ""
 
     @classmethod
     def defaults(cls) -> dict:
-        return {k: v for k, v in super().defaults().items() if k != "files_digest"}  # not a user's parameter
+        # not a user's parameter
+        return {k: v for k, v in super().defaults().items() if k != "files_digest"}
 
 
 def resolve(path: str, field: str) -> Path:
@@ -94,7 +97,8 @@ def with_digest(config: ParallelTextConfig) -> dict:
     for split in SPLITS:
         for path in files_of(config, split):
             digest.update(str(path).encode())
-            files.feed(digest, path)  # in pieces: a corpus may be gigabytes
+            # in pieces: a corpus may be gigabytes
+            files.feed(digest, path)
     params = config.parameters()
     params["files_digest"] = digest.hexdigest()[:16]
     return params
@@ -128,7 +132,8 @@ def numbered_lines(path: Path, offset: int = 0, number: int = 1) -> Iterator[tup
     `number`), read as a stream: split at `\n` only, a `\r` before it dropped (CRLF files)."""
     with open(path, "rb") as file:
         file.seek(offset)
-        for line in file:  # a binary file's lines end at b"\n" alone
+        # a binary file's lines end at b"\n" alone
+        for line in file:
             start, offset = offset, offset + len(line)
             line = line[:-1] if line.endswith(b"\n") else line
             yield start, number, line[:-1] if line.endswith(b"\r") else line
@@ -177,7 +182,8 @@ def rows_from(paths: list[Path], offsets: tuple[int, ...] = (0, 0), number: int 
     streams = [numbered_lines(path, offset, number) for path, offset in zip(paths, offsets)]
     for first, second in itertools.zip_longest(*streams):
         if first is None or second is None:
-            number = (first or second)[1]  # the first line one file lacks
+            # the first line one file lacks
+            number = (first or second)[1]
             counts = [number - 1 if row is None else number + sum(1 for _ in stream) for row, stream in zip((first, second), streams)]
             raise DataError(f"parallel_text: {paths[0]} has {counts[0]} lines but {paths[1]} has {counts[1]}")
         yield (first[0], second[0]), first[1], [first[2], second[2]]
@@ -229,7 +235,8 @@ class Survey:
     """One streaming pass over the files: each split's size and where each of its shards starts."""
 
     counts: dict[str, int]
-    starts: dict[str, list[tuple[tuple[int, ...], int]]]  # per split, per shard: (byte offsets, line number)
+    # per split, per shard: (byte offsets, line number)
+    starts: dict[str, list[tuple[tuple[int, ...], int]]]
     skipped: Skipped
 
 
@@ -261,7 +268,8 @@ def shard_examples(config: ParallelTextConfig, split: str, start: tuple[tuple[in
     read_for = split if getattr(config, split) else "train"
     paths, made = files_of(config, read_for), 0
     for _, number, fields in rows_from(paths, *start):
-        pair = pair_of(number, fields, paths[0], Skipped())  # counted once, by the survey
+        # counted once, by the survey
+        pair = pair_of(number, fields, paths[0], Skipped())
         if pair is not None and split_of(pair, read_for, config) == split:
             yield example(pair, paths[0], number)
             made += 1
@@ -274,9 +282,11 @@ class ParallelText(TextPairBuilder):
     the splits and marks where each shard starts, then each shard is read from its mark and
     written; memory holds a shard, whatever the corpus's size."""
 
-    VERSION = tfds.core.Version("1.0.1")  # 1.0.1: lines end at \n only (a lone \r stays inside its line)
+    # 1.0.1: lines end at \n only (a lone \r stays inside its line)
+    VERSION = tfds.core.Version("1.0.1")
     BUILDER_CONFIG_CLASS = ParallelTextConfig
-    EXTRA_FEATURES = {"origin": tfds.features.Text()}  # file:line, for error reports and analysis
+    # file:line, for error reports and analysis
+    EXTRA_FEATURES = {"origin": tfds.features.Text()}
 
     def _split_shards(self):
         config, size = self.builder_config, task_builder.SHARD_EXAMPLES
@@ -287,7 +297,7 @@ class ParallelText(TextPairBuilder):
             split: [functools.partial(shard_examples, config, split, start, min(size, found.counts[split] - k * size))
                     for k, start in enumerate(found.starts[split])]
             for split in SPLITS
-        }  # fmt: skip
+        }
 
 
 def prepare_parallel_text(data_dir: str, **params):

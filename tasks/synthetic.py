@@ -31,7 +31,8 @@ class SyntheticConfig(TaskConfig):
     kind: str = "copy"
     min_length: int = 5
     max_length: int = 100
-    vocab_size: int = 20  # symbols, at most len(ALPHABET); addition always uses the 10 digits
+    # symbols, at most len(ALPHABET); addition always uses the 10 digits
+    vocab_size: int = 20
     train_size: int = 20_000
     dev_size: int = 1_000
     test_size: int = 1_000
@@ -42,7 +43,8 @@ class SyntheticConfig(TaskConfig):
             raise ConfigError(f"synthetic task kind {self.kind!r}; valid: {', '.join(KINDS)}")
         if not 1 <= self.vocab_size <= len(ALPHABET):
             raise ConfigError(f"task.vocab_size must be in [1, {len(ALPHABET)}], got {self.vocab_size}")
-        lowest = 3 if self.kind == "addition" else 1  # "a+b" needs three characters
+        # "a+b" needs three characters
+        lowest = 3 if self.kind == "addition" else 1
         if not lowest <= self.min_length <= self.max_length:
             raise ConfigError(
                 f"task lengths need {lowest} <= min_length <= max_length, got {self.min_length}, {self.max_length}"
@@ -52,7 +54,8 @@ class SyntheticConfig(TaskConfig):
 def draw_pair(kind: str, length: int, vocab_size: int, rng: np.random.Generator) -> tuple[str, str]:
     """One (source, target) of `length` source symbols."""
     if kind == "addition":
-        left_digits = int(rng.integers(1, length - 1))  # at least one digit on each side of '+'
+        # at least one digit on each side of '+'
+        left_digits = int(rng.integers(1, length - 1))
         right_digits = length - 1 - left_digits
         left, right = (_random_number(n, rng) for n in (left_digits, right_digits))
         return f"{left}+{right}", str(int(left) + int(right))

@@ -81,7 +81,8 @@ class TaskConfig(tfds.core.BuilderConfig):
         return config
 
 
-SHARD_EXAMPLES = 100_000  # examples per array_record shard: a writing process holds at most one shard's
+# examples per array_record shard: a writing process holds at most one shard's
+SHARD_EXAMPLES = 100_000
 
 
 class TextPairBuilder(tfds.core.ShardBasedBuilder):
@@ -104,7 +105,8 @@ class TextPairBuilder(tfds.core.ShardBasedBuilder):
 
     def __init__(self, *, config: TaskConfig, data_dir: str):
         self.build_report: dict[str, Any] = {}
-        self.split_sizes: dict[str, int] = {}  # examples per split where known before the build (for progress)
+        # examples per split where known before the build (for progress)
+        self.split_sizes: dict[str, int] = {}
         super().__init__(config=config, data_dir=data_dir, file_format="array_record")
 
     def _features(self) -> dict[str, tfds.features.FeatureConnector]:
@@ -118,10 +120,12 @@ class TextPairBuilder(tfds.core.ShardBasedBuilder):
             description=self.__doc__,
             features=tfds.features.FeaturesDict(features),
             metadata=tfds.core.MetadataDict(),
-            disable_shuffling=True,  # keep generation order: index i is the i-th example
+            # keep generation order: index i is the i-th example
+            disable_shuffling=True,
         )
 
-    def _shard_iterators_per_split(self, dl_manager):  # required by TFDS; our _download_and_prepare writes the shards
+    # required by TFDS; our _download_and_prepare writes the shards
+    def _shard_iterators_per_split(self, dl_manager):
         raise NotImplementedError
 
     def _split_shards(self) -> dict[str, list[Callable[[], Iterator[dict[str, Any]]]]]:
@@ -134,15 +138,17 @@ class TextPairBuilder(tfds.core.ShardBasedBuilder):
     def _download_and_prepare(self, dl_manager, download_config=None):
         """`ShardBasedBuilder`'s, with the shards written by a pool of processes over all cores when a
         split has more than one (TFDS's encoding and writing take one core, about 19,000 examples/s)."""
-        del dl_manager, download_config  # everything is generated or read locally
+        # everything is generated or read locally
+        del dl_manager, download_config
         shards = self._split_shards()
         templates = {split: self._get_filename_template(split) for split in shards}
         jobs = [(self.info.features.to_json(), self.info.file_format,
                  templates[split].sharded_filepath(shard_index=index, num_shards=len(made)), shard)
-                for split, made in shards.items() for index, shard in enumerate(made)]  # fmt: skip
+                for split, made in shards.items() for index, shard in enumerate(made)]
         total = sum(self.split_sizes.values()) if set(self.split_sizes) >= set(shards) else None
         with progress.phase(f"building {self.name}", total=total, unit="examples") as shown:
-            if len(jobs) > len(shards):  # a split of several shards: worth a pool's start
+            # a split of several shards: worth a pool's start
+            if len(jobs) > len(shards):
                 with multiprocessing.get_context("spawn").Pool(min(os.cpu_count() or 1, len(jobs))) as pool:
                     counts = [shown.advance(count) or count for count in pool.imap(write_shard, jobs)]
             else:
@@ -151,7 +157,7 @@ class TextPairBuilder(tfds.core.ShardBasedBuilder):
         for split, made in shards.items():
             paths = [job[2] for job in jobs[first : first + len(made)]]
             infos.append(tfds.core.SplitInfo(name=split, shard_lengths=counts[first : first + len(made)],
-                                             num_bytes=sum(path.stat().length for path in paths), filename_template=templates[split]))  # fmt: skip
+                                             num_bytes=sum(path.stat().length for path in paths), filename_template=templates[split]))
             first += len(made)
         self.info.set_splits(tfds.core.SplitDict(infos))
         self.info.metadata["build_report"] = self.build_report
@@ -205,7 +211,7 @@ def list_shards(examples: Sequence[dict[str, Any]], size: int | None = None) -> 
 def shards_of(info: tfds.core.DatasetInfo) -> list[tuple[Path, int]]:
     """`(path, records)` of every array_record shard of every split."""
     return [(Path(shard.filename), shard.examples_in_shard)
-            for split in info.splits.values() for shard in split.file_instructions]  # fmt: skip
+            for split in info.splits.values() for shard in split.file_instructions]
 
 
 def rebuild_fix(folder: os.PathLike) -> str:
@@ -218,7 +224,8 @@ def records_in(path: Path) -> int | None:
     try:
         reader = array_record_module.ArrayRecordReader(os.fspath(path))
         count = reader.num_records() if reader.ok() else None
-        reader.close()  # raises for a file that failed to open
+        # raises for a file that failed to open
+        reader.close()
     except RuntimeError:
         return None
     return count
@@ -256,7 +263,8 @@ class Records(collections.abc.Sequence):
         self.source, self.fix = source, fix
         instructions = source.dataset_info.splits[source.split].file_instructions
         self.shards = [shard.filename for shard in instructions]
-        self.ends = list(itertools.accumulate(shard.take for shard in instructions))  # first record past each shard
+        # first record past each shard
+        self.ends = list(itertools.accumulate(shard.take for shard in instructions))
 
     def __len__(self) -> int:
         return len(self.source)
@@ -267,7 +275,8 @@ class Records(collections.abc.Sequence):
             raise IndexError(f"record {index} of {len(self)}")
         try:
             return self.source[index]
-        except RuntimeError as error:  # ArrayRecord/Riegeli: a hash mismatch, a chunk cut short
+        except RuntimeError as error:
+            # ArrayRecord/Riegeli: a hash mismatch, a chunk cut short
             shard = self.shards[bisect.bisect_right(self.ends, index)]
             raise DataError(
                 f"corrupt built data: record {index} in {shard} cannot be read ({str(error).split(';')[0]}); {self.fix}"

@@ -42,9 +42,11 @@ from utils.files import exclusive, write_whole
 from tasks.task_builder import rebuild_fix
 from tasks.vocabularies import EOS_ID, Tokenizers
 
-FORMAT_VERSION = 2  # 1: one .npz per split, read whole into memory
+# 1: one .npz per split, read whole into memory
+FORMAT_VERSION = 2
 CHUNK_EXAMPLES = 20_000
-PARALLEL_FROM = 100_000  # examples; smaller splits are tokenized in this process
+# examples; smaller splits are tokenized in this process
+PARALLEL_FROM = 100_000
 FIELDS = ("source", "target")
 
 
@@ -99,12 +101,14 @@ class ShardRange:
 def shard_ranges(records: Any) -> list[ShardRange] | None:
     """The array_record pieces a split's records are read from, in record order: a task's built data
     (`tasks.task_builder.Records`) or a TFDS catalog data source; None for records without files (a list)."""
-    source = getattr(records, "source", records)  # tasks.task_builder.Records wraps a TFDS data source
+    # tasks.task_builder.Records wraps a TFDS data source
+    source = getattr(records, "source", records)
     info, split = getattr(source, "dataset_info", None), getattr(source, "split", None)
     if info is None or split is None or getattr(info.file_format, "value", info.file_format) != "array_record":
         return None
     pieces = [ShardRange(str(piece.filename), piece.skip, piece.take) for piece in info.splits[split].file_instructions]
-    return pieces if pieces and all(Path(piece.path).is_file() for piece in pieces) else None  # else e.g. TFDS's mock data
+    # else e.g. TFDS's mock data
+    return pieces if pieces and all(Path(piece.path).is_file() for piece in pieces) else None
 
 
 def read_texts(pieces: Sequence[ShardRange], keys: tuple[str, str], start: int, stop: int) -> list[tuple[str, str]]:
@@ -133,14 +137,15 @@ def read_records(reader: Any, piece: ShardRange, start: int, stop: int) -> list[
     hash does not match: bytes overwritten since the build) stops with a DataError naming it and the fix."""
     try:
         return reader.read(start, stop)
-    except RuntimeError:  # find the record, for the message
+    except RuntimeError:
+        # find the record, for the message
         for index in range(start, stop):
             try:
                 reader.read([index])
             except RuntimeError as error:
                 folder = Path(piece.path).parent
                 raise DataError(f"corrupt built data: record {index} in {piece.path} cannot be read "
-                                f"({str(error).split(';')[0]}); {rebuild_fix(folder)}") from None  # fmt: skip
+                                f"({str(error).split(';')[0]}); {rebuild_fix(folder)}") from None
         raise
 
 
@@ -149,14 +154,16 @@ def encoded(tokenizers: Tokenizers, texts: Sequence[tuple[str, str]]) -> tuple[n
     arrays = []
     for side, tokenizer in enumerate((tokenizers.source, tokenizers.target)):
         side_texts = [pair[side] for pair in texts]
-        batch = getattr(tokenizer, "encode_batch", None)  # SentencePiece's: one call for the chunk
+        # SentencePiece's: one call for the chunk
+        batch = getattr(tokenizer, "encode_batch", None)
         ids = batch(side_texts) if batch else [tokenizer.encode(text) for text in side_texts]
         lengths = np.array([len(i) for i in ids], np.int64)
         arrays += [np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(lengths.sum())), lengths]
     return tuple(arrays)
 
 
-_WORKER: dict[str, Any] = {}  # a pool process's pieces, keys and tokenizers, set once by `_start_worker`
+# a pool process's pieces, keys and tokenizers, set once by `_start_worker`
+_WORKER: dict[str, Any] = {}
 
 
 def _start_worker(pieces: Sequence[ShardRange], keys: tuple[str, str], tokenizers: Tokenizers) -> None:
@@ -199,7 +206,8 @@ def encoded_chunks(task: Any, split: str, tokenizers: Tokenizers) -> Iterator[tu
     if pieces is None or len(records) < PARALLEL_FROM or workers < 2:
         for start, stop in bounds:
             yield encoded(tokenizers, chunk_texts(task, pieces, split, start, stop))
-    else:  # spawn: the parent may hold JAX's threads, which a fork would copy mid-flight
+    else:
+        # spawn: the parent may hold JAX's threads, which a fork would copy mid-flight
         with multiprocessing.get_context("spawn").Pool(workers, _start_worker, (pieces, keys, tokenizers)) as pool:
             yield from pool.imap(_encode_chunk, bounds)
 
@@ -227,7 +235,8 @@ def write_split(folder: Path, chunks: Iterator[tuple[np.ndarray, ...]], count: i
         for file in files.values():
             file.close()
     if written != count:
-        raise OSError(f"tokenized {written} examples of {count}")  # the records changed under us: keep nothing
+        # the records changed under us: keep nothing
+        raise OSError(f"tokenized {written} examples of {count}")
     summary = {"version": FORMAT_VERSION, "examples": count, "source_tokens": ends["source"], "target_tokens": ends["target"], **meta}
     (folder / "format.json").write_text(json.dumps(summary))
 
@@ -256,11 +265,13 @@ class IdsFile:
             raise IndexError("IdsFile reads contiguous slices only")
         count = max(0, stop - start)
         data = os.pread(self.descriptor, 4 * count, 4 * start)
-        if len(data) != 4 * count:  # the file shrank under the run
+        # the file shrank under the run
+        if len(data) != 4 * count:
             raise DataError(f"{self.path} ends before value {stop}: {rebuild_fix(self.path.parent)}")
         return np.frombuffer(data, "<i4")
 
-    def __reduce__(self):  # a process it is sent to opens the file again
+    # a process it is sent to opens the file again
+    def __reduce__(self):
         return IdsFile, (self.path, self.size)
 
 
@@ -276,7 +287,7 @@ def read_split(folder: Path, count: int) -> TokenIds | None:
         return None
     if meta.get("version") != FORMAT_VERSION or meta.get("examples") != count:
         logging.warning("tokenizing again: the token ids in %s are of format %s for %s examples, not %d for %d",
-                        folder, meta.get("version"), meta.get("examples"), FORMAT_VERSION, count)  # fmt: skip
+                        folder, meta.get("version"), meta.get("examples"), FORMAT_VERSION, count)
         return None
 
     def mapped(name: str, dtype: str, size: int) -> np.ndarray:
@@ -294,7 +305,7 @@ def read_split(folder: Path, count: int) -> TokenIds | None:
         return TokenIds(
             ids("source.ids", meta["source_tokens"]), mapped("source.starts", "<i8", count + 1),
             ids("target.ids", meta["target_tokens"]), mapped("target.starts", "<i8", count + 1),
-        )  # fmt: skip
+        )
     except (OSError, ValueError, KeyError) as error:
         logging.warning("tokenizing again: the token ids in %s are unreadable (%s)", folder, error)
         return None
@@ -306,7 +317,8 @@ def cache_folder(pieces: Sequence[ShardRange], split: str, tokenizers: Tokenizer
     return Path(pieces[0].path).parent / "tokenized" / f"{tokenizers.digest}-spm{spm.__version__}" / split
 
 
-_TOKEN_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # records -> {vocabulary digest: TokenIds}
+# records -> {vocabulary digest: TokenIds}
+_TOKEN_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def token_ids(task: Any, split: str, tokenizers: Tokenizers) -> TokenIds:
@@ -315,7 +327,8 @@ def token_ids(task: Any, split: str, tokenizers: Tokenizers) -> TokenIds:
     records = task.splits[split]
     try:
         remembered = _TOKEN_IDS.setdefault(records, {})
-    except TypeError:  # a plain list of records (tests, small tasks) cannot be a weak key: no memory
+    except TypeError:
+        # a plain list of records (tests, small tasks) cannot be a weak key: no memory
         remembered = {}
     if tokenizers.digest not in remembered:
         remembered[tokenizers.digest] = kept_or_made(task, split, tokenizers)
@@ -331,7 +344,8 @@ def kept_or_made(task: Any, split: str, tokenizers: Tokenizers) -> TokenIds:
         return in_memory(task, split, tokenizers, what)
     folder = cache_folder(pieces, split, tokenizers)
     try:
-        with exclusive(folder.parent / f".{split}.lock"):  # one process tokenizes, the others wait and read
+        # one process tokenizes, the others wait and read
+        with exclusive(folder.parent / f".{split}.lock"):
             ids = read_split(folder, len(records))
             if ids is None:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -339,7 +353,8 @@ def kept_or_made(task: Any, split: str, tokenizers: Tokenizers) -> TokenIds:
                 with progress.phase(what, total=len(records), unit="pairs") as shown:
                     write_whole(folder, lambda temporary: write_split(temporary, encoded_chunks(task, split, tokenizers), len(records), meta, shown))
                 ids = read_split(folder, len(records))
-    except OSError as error:  # data prepared by someone else, read-only: tokenize at every start
+    except OSError as error:
+        # data prepared by someone else, read-only: tokenize at every start
         logging.warning("cannot keep the token ids of %s %s beside its data (%s); tokenizing in memory", task.name, split, error)
         return in_memory(task, split, tokenizers, what)
     if ids is None:

@@ -38,9 +38,12 @@ SPECIAL_PIECES = ("<pad>", "<s>", "</s>", "<unk>")
 class Tokenizer(Protocol):
     vocab_size: int
 
-    def encode(self, text: str) -> np.ndarray: ...  # int32 ids, no bos/eos
-    def decode(self, ids: Iterable[int]) -> str: ...  # stops at eos, skips pad and bos
-    def pieces(self, ids: Iterable[int]) -> list[str]: ...  # one readable string per id, for pictures
+    # int32 ids, no bos/eos
+    def encode(self, text: str) -> np.ndarray: ...
+    # stops at eos, skips pad and bos
+    def decode(self, ids: Iterable[int]) -> str: ...
+    # one readable string per id, for pictures
+    def pieces(self, ids: Iterable[int]) -> list[str]: ...
     def save(self, path: Path) -> None: ...
 
 
@@ -158,7 +161,8 @@ class SentencePieceTokenizer:
             eos_id=EOS_ID,
             unk_id=UNK_ID,
             character_coverage=1.0,
-            hard_vocab_limit=False,  # a small corpus gets a smaller vocabulary instead of an error
+            # a small corpus gets a smaller vocabulary instead of an error
+            hard_vocab_limit=False,
             num_threads=2,
             minloglevel=2,
         )
@@ -181,7 +185,8 @@ class SentencePieceTokenizer:
     def save(self, path: Path) -> None:
         path.write_bytes(self.model_proto)
 
-    def __reduce__(self):  # to the processes that tokenize in parallel: the model, not the processor
+    # to the processes that tokenize in parallel: the model, not the processor
+    def __reduce__(self):
         return type(self), (self.model_proto,)
 
     @classmethod
@@ -270,7 +275,8 @@ def read_json(path: Path):
     """A JSON file of the tokenizer directory; a DataError naming it if it cannot be read."""
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError) as error:  # ValueError: not UTF-8, not JSON
+    except (OSError, ValueError) as error:
+        # ValueError: not UTF-8, not JSON
         raise DataError(f"tokenizer file {path} is unreadable ({error}); {restore_fix(path.parent)}") from error
 
 
@@ -279,12 +285,14 @@ def load_saved(kind: str, path: Path, checksum: str | None) -> Tokenizer:
     checksums were kept); a DataError naming the file if it is missing, changed or unreadable."""
     if checksum is not None and path.is_file() and sha256(path) != checksum:
         raise DataError(f"tokenizer file {path} changed since it was saved (its SHA-256 is not the one in "
-                        f"{path.parent / 'checksums.json'}); {restore_fix(path.parent)}")  # fmt: skip
+                        f"{path.parent / 'checksums.json'}); {restore_fix(path.parent)}")
     try:
         tokenizer = KINDS[kind].load(path)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:  # RuntimeError: SentencePiece's
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+        # RuntimeError: SentencePiece's
         raise DataError(f"tokenizer file {path} is unreadable ({error}); {restore_fix(path.parent)}") from error
-    if tokenizer.vocab_size < len(SPECIAL_PIECES):  # SentencePiece loads an empty file as an empty model
+    # SentencePiece loads an empty file as an empty model
+    if tokenizer.vocab_size < len(SPECIAL_PIECES):
         raise DataError(f"tokenizer file {path} holds no vocabulary; {restore_fix(path.parent)}")
     return tokenizer
 
@@ -323,22 +331,26 @@ def load_or_train(
         shelved = shelf / hashlib.sha256(json.dumps(dataclasses.asdict(settings), sort_keys=True).encode()).hexdigest()[:16] if shelf else None
         if shelved is not None and (shelved / "settings.json").exists():
             shutil.copytree(shelved, directory, dirs_exist_ok=True, ignore=shutil.ignore_patterns("settings.json"))
-            shutil.copy(shelved / "settings.json", directory)  # last: marks the copy complete
+            # last: marks the copy complete
+            shutil.copy(shelved / "settings.json", directory)
             return load_or_train(directory, settings)
         if train_pairs is None:
             raise DataError(f"no tokenizer in {directory} and no training text to make one")
         pairs = sample(train_pairs, settings.max_corpus_chars, shared=settings.shared)
         with progress.phase(f"training the {settings.kind} vocabulary", unit="pairs") as shown:
-            loaded = _trained(settings, pairs)  # the trainers report nothing along the way: a start and an end line
+            # the trainers report nothing along the way: a start and an end line
+            loaded = _trained(settings, pairs)
             shown.advance(len(pairs))
         directory.mkdir(parents=True, exist_ok=True)
         for file, tokenizer in zip(files, loaded):
             tokenizer.save(directory / file)
         checksums_file.write_text(json.dumps({file: sha256(directory / file) for file in files}))
-        settings_file.write_text(json.dumps(dataclasses.asdict(settings)))  # last: marks the save complete
+        # last: marks the save complete
+        settings_file.write_text(json.dumps(dataclasses.asdict(settings)))
         if shelved is not None:
             try:
                 write_whole(shelved, lambda temporary: shutil.copytree(directory, temporary, dirs_exist_ok=True))
-            except OSError:  # another process shelved the same settings first, or the data is read-only
+            except OSError:
+                # another process shelved the same settings first, or the data is read-only
                 pass
     return Tokenizers(loaded[0], loaded[-1])

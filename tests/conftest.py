@@ -13,7 +13,8 @@ import tempfile
 # tests start and with the other pytest-xdist workers (they inherit the first process's
 # environment): the many tiny runs compile the same programs, and a cache hit halves a run.
 # Fresh per session, so every run of the suite does the same work.
-if "ATTEND_TEST_COMPILATION_CACHE" not in os.environ:  # the first process: pytest itself, or xdist's controller
+# the first process: pytest itself, or xdist's controller
+if "ATTEND_TEST_COMPILATION_CACHE" not in os.environ:
     os.environ["ATTEND_TEST_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="attend_jax_cache_")
     atexit.register(shutil.rmtree, os.environ["ATTEND_TEST_COMPILATION_CACHE"], ignore_errors=True)
 os.environ.update(
@@ -23,7 +24,8 @@ os.environ.update(
 )
 from helpers.tiny import first_devices_mesh, tiny_config, xla_flags  # noqa: E402,F401  (re-exported for the tests)
 
-if xla_flags(8) not in os.environ.get("XLA_FLAGS", ""):  # xdist's workers inherit it from the controller
+# xdist's workers inherit it from the controller
+if xla_flags(8) not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -44,7 +46,8 @@ from run_setup.settings import parse
 def pytest_configure(config):
     from utils import allocator
 
-    allocator.collect_garbage_less_often()  # as train.py's processes do: the tests trace hundreds of programs
+    # as train.py's processes do: the tests trace hundreds of programs
+    allocator.collect_garbage_less_often()
     config.addinivalue_line("markers", "all_devices: the test's in-process runs use all 8 forced devices (default: one)")
     config.addinivalue_line("markers", "curves: the test's in-process runs draw curves.png (default: not)")
     config.addinivalue_line("markers", "slow: starts several processes or trains to a result (over ~10 s); -m 'not slow' leaves them out")
@@ -91,7 +94,8 @@ def finished_run(shared_data_dir, tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("finished")
     config = tiny_config(shared_data_dir, visualize_examples=3)
-    with pytest.MonkeyPatch.context() as patch:  # one device, as the tests that use it evaluate it
+    # one device, as the tests that use it evaluate it
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(run, "make_mesh", first_devices_mesh(1))
         final = training_loop.train_and_evaluate(parse(config), workdir)
     return config, workdir, final

@@ -37,13 +37,20 @@ def run_probe(tmp_path, tunables: str) -> tuple[list[list[str]], str]:
     "libc, mode, status, expected",
     [
         (("glibc", "2.36"), "always [madvise] never\n", "THP_enabled:\t1\n", True),
-        (("glibc", "2.35"), "[always] madvise never\n", "Name:\tpython\n", True),  # kernels before 6.0 have no THP_enabled line
-        (("glibc", "2.36"), "always madvise [never]\n", "THP_enabled:\t1\n", False),  # huge pages off in the kernel
-        (("glibc", "2.36"), "always [madvise] never\n", "THP_enabled:\t0\n", False),  # off for this process (prctl)
-        (("glibc", "2.31"), "always [madvise] never\n", "THP_enabled:\t1\n", False),  # no hugetlb tunable before 2.35
-        (("glibc", "2.x"), "always [madvise] never\n", "THP_enabled:\t1\n", False),  # a version it cannot read
-        (("", ""), "always [madvise] never\n", "THP_enabled:\t1\n", False),  # musl and others
-        (("glibc", "2.36"), None, "THP_enabled:\t1\n", False),  # no such file: not Linux's THP
+        # kernels before 6.0 have no THP_enabled line
+        (("glibc", "2.35"), "[always] madvise never\n", "Name:\tpython\n", True),
+        # huge pages off in the kernel
+        (("glibc", "2.36"), "always madvise [never]\n", "THP_enabled:\t1\n", False),
+        # off for this process (prctl)
+        (("glibc", "2.36"), "always [madvise] never\n", "THP_enabled:\t0\n", False),
+        # no hugetlb tunable before 2.35
+        (("glibc", "2.31"), "always [madvise] never\n", "THP_enabled:\t1\n", False),
+        # a version it cannot read
+        (("glibc", "2.x"), "always [madvise] never\n", "THP_enabled:\t1\n", False),
+        # musl and others
+        (("", ""), "always [madvise] never\n", "THP_enabled:\t1\n", False),
+        # no such file: not Linux's THP
+        (("glibc", "2.36"), None, "THP_enabled:\t1\n", False),
     ],
 )
 def test_huge_pages_are_available_with_glibc_2_35_and_the_kernel_on_always_or_madvise(libc, mode, status, expected, tmp_path, monkeypatch):
@@ -71,14 +78,17 @@ def test_a_process_restarts_once_on_huge_pages_with_its_pid_arguments_options_an
     arguments = repr(ARGUMENTS)
     assert [start[2:] for start in starts] == [
         ["glibc.malloc.tcache_count=7", "1", arguments],
-        ["glibc.malloc.tcache_count=7:glibc.malloc.hugetlb=1", "1", arguments],  # `-X utf8` kept
+        # `-X utf8` kept
+        ["glibc.malloc.tcache_count=7:glibc.malloc.hugetlb=1", "1", arguments],
     ]
-    assert starts[0][1] == starts[1][1]  # exec: the same process
+    # exec: the same process
+    assert starts[0][1] == starts[1][1]
     assert last == "set up: huge pages"
 
 
 def test_a_users_own_hugetlb_setting_is_kept_and_nothing_restarts(tmp_path):
-    starts, last = run_probe(tmp_path, "glibc.malloc.hugetlb=0")  # the opt-out
+    # the opt-out
+    starts, last = run_probe(tmp_path, "glibc.malloc.hugetlb=0")
     assert [start[2:] for start in starts] == [["glibc.malloc.hugetlb=0", "1", repr(ARGUMENTS)]]
     assert last == "set up: freed memory kept"
 
@@ -90,9 +100,11 @@ def test_nothing_restarts_after_a_restart_or_for_a_program_not_run_as_the_script
     script = tmp_path / "train.py"
     monkeypatch.setattr(allocator.sys, "argv", [str(script)])
     monkeypatch.setenv(allocator.RESTARTED, "1")
-    allocator.restart_with_huge_pages(str(script))  # restarted once already (a lost tunable would loop)
+    # restarted once already (a lost tunable would loop)
+    allocator.restart_with_huge_pages(str(script))
     monkeypatch.delenv(allocator.RESTARTED)
-    for argv0 in ("-", "-c", str(tmp_path / "other.py")):  # stdin, a command, runpy from another script
+    # stdin, a command, runpy from another script
+    for argv0 in ("-", "-c", str(tmp_path / "other.py")):
         monkeypatch.setattr(allocator.sys, "argv", [argv0])
         allocator.restart_with_huge_pages(str(script))
     assert os.environ["GLIBC_TUNABLES"] == ""
@@ -106,11 +118,13 @@ def test_without_huge_pages_nothing_restarts_and_freed_memory_is_kept(tmp_path, 
     allocator.restart_with_huge_pages(str(ROOT / "train.py"))
     assert os.environ["GLIBC_TUNABLES"] == ""
     kept = []
-    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: kept.append(True) or True)  # mallopt itself is left alone here
+    # mallopt itself is left alone here
+    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: kept.append(True) or True)
     assert allocator.set_up() == "freed memory kept" and kept == [True]
     monkeypatch.setattr(allocator, "huge_pages_available", lambda: True)
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
-    assert allocator.set_up() == "huge pages" and kept == [True]  # huge pages: malloc left at its defaults
+    # huge pages: malloc left at its defaults
+    assert allocator.set_up() == "huge pages" and kept == [True]
 
 
 def test_a_failed_restart_puts_the_environment_back(tmp_path, monkeypatch):
@@ -134,14 +148,17 @@ def test_the_garbage_collector_spares_what_exists_and_still_collects_new_cycles(
         pass
 
     old = Node()
-    old.self = old  # a cycle alive before: frozen, never scanned
+    # a cycle alive before: frozen, never scanned
+    old.self = old
     frozen_before = gc.get_freeze_count()
     allocator.collect_garbage_less_often()
     assert gc.get_threshold() == allocator.GC_THRESHOLDS and gc.get_freeze_count() > frozen_before
-    assert not any(o is old for o in gc.get_objects())  # the frozen generation is out of the collector's reach
+    # the frozen generation is out of the collector's reach
+    assert not any(o is old for o in gc.get_objects())
     new = Node()
     new.self = new
     alive = weakref.ref(new)
     del new
     gc.collect()
-    assert alive() is None  # a cycle made afterwards is collected
+    # a cycle made afterwards is collected
+    assert alive() is None

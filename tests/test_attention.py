@@ -11,7 +11,8 @@ from models import attention
 from models.attention import Attention, AttentionWeights, MultiHeadAttention
 from helpers.references import np_masked_softmax
 
-RTOL, ATOL = 1e-5, 1e-6  # float32 against float64: 1e-5 relative, tiny absolute floor near 0
+# float32 against float64: 1e-5 relative, tiny absolute floor near 0
+RTOL, ATOL = 1e-5, 1e-6
 
 
 # ---------------------------------------------------------------- references
@@ -62,7 +63,8 @@ def random_qkv(seed=0, b=2, t=5, s=7, n=3, h=4):
 def random_mask(seed=0, b=2, n=3, t=5, s=7, empty_row=(0, 1, 2)):
     """Random mask with one fully masked query row at (batch, head, query) = empty_row."""
     mask = np.random.default_rng(seed + 100).random((b, n, t, s)) > 0.4
-    mask[..., 0] = True  # every other row sees at least one key
+    # every other row sees at least one key
+    mask[..., 0] = True
     mask[empty_row] = False
     return mask
 
@@ -146,7 +148,8 @@ def test_masked_weights_exactly_zero_rows_sum_to_one_empty_row_zero():
     visible = mask.any(-1)
     np.testing.assert_allclose(weights.sum(-1)[visible], 1.0, rtol=1e-6)
     assert np.all(weights[0, 1, 2] == 0.0)
-    assert np.all(np.asarray(out)[0, 2, 1] == 0.0)  # out is [B, T, N, H]
+    # out is [B, T, N, H]
+    assert np.all(np.asarray(out)[0, 2, 1] == 0.0)
 
 
 def test_fully_masked_row_has_finite_gradients():
@@ -160,7 +163,8 @@ def test_fully_masked_row_has_finite_gradients():
     grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
     for g in grads:
         assert np.all(np.isfinite(g))
-    assert np.all(np.asarray(grads[0])[0, 2, 1] == 0.0)  # the empty row's query gets no gradient
+    # the empty row's query gets no gradient
+    assert np.all(np.asarray(grads[0])[0, 2, 1] == 0.0)
 
 
 def test_fully_masked_row_with_additive_scores_is_finite():
@@ -244,7 +248,8 @@ def np_multi_head(module: MultiHeadAttention, x_q, x_kv, mask):
     for head in range(n):
         cols = slice(head * h, (head + 1) * h)
         q = x_q @ get(module.query, "kernel")[:, cols] + get(module.query, "bias")[cols]  # [B, T, H]
-        k = x_kv @ get(module.key, "kernel")[:, cols]  # no key bias
+        # no key bias
+        k = x_kv @ get(module.key, "kernel")[:, cols]
         v = x_kv @ get(module.value, "kernel")[:, cols] + get(module.value, "bias")[cols]
         if module.score == "scaled_dot":
             scores = q @ k.transpose(0, 2, 1) / np.sqrt(h)
@@ -278,9 +283,11 @@ def test_capture_returns_weights_and_plain_call_keeps_no_state():
     x = rng.normal(size=(2, 4, 8)).astype(np.float32)
     mask = attention.causal_mask(4)
     module = MultiHeadAttention(2, 8, rngs=nnx.Rngs(0))
-    plain = module(x, mask=mask)  # fused path (the explicit one on CPU)
+    # fused path (the explicit one on CPU)
+    plain = module(x, mask=mask)
     assert len(nnx.state(module, nnx.Intermediate)) == 0
-    captured, recorded = nnx.capture(module, AttentionWeights)(x, mask=mask)  # explicit path
+    # explicit path
+    captured, recorded = nnx.capture(module, AttentionWeights)(x, mask=mask)
     np.testing.assert_allclose(captured, plain, rtol=1e-5, atol=1e-6)
     (weights,) = recorded["attention_weights"].get_value()
     assert weights.shape == (2, 2, 4, 4)
@@ -333,11 +340,13 @@ def test_single_head_attention_matches_numpy_and_ignores_padding(score):
     context, weights = module(query, module.project_keys(keys), keys, mask)
 
     q64, k64 = np.float64(query), np.float64(keys)
-    if score in ("additive", "concat"):  # e_j = v^T tanh(W q + U h_j)   (Bahdanau appendix A.1.2)
+    # e_j = v^T tanh(W q + U h_j)   (Bahdanau appendix A.1.2)
+    if score in ("additive", "concat"):
         wq = q64 @ np.float64(module.query_proj.kernel[...])
         uh = k64 @ np.float64(module.key_proj.kernel[...]) + np.float64(module.key_proj.bias[...])
         scores = np.tanh(wq[:, None, :] + uh) @ np.float64(module.v[...])
-    elif score == "general":  # e_j = q^T W_a h_j
+    elif score == "general":
+        # e_j = q^T W_a h_j
         scores = np.einsum("bq,bsq->bs", q64, k64 @ np.float64(module.key_proj.kernel[...]))
     else:
         scores = np.einsum("bq,bsq->bs", q64, k64)
@@ -352,5 +361,6 @@ def test_single_head_attention_records_a_pass_only_when_captured():
     weights = np.random.default_rng(15).random((2, 3, 5)).astype(np.float32)  # [B, T, S]
     _, recorded = nnx.capture(module.record, AttentionWeights)(weights)
     np.testing.assert_array_equal(recorded["attention_weights"].get_value()[0], weights[:, None])
-    module.record(weights)  # outside a capture: nothing is kept on the module
+    # outside a capture: nothing is kept on the module
+    module.record(weights)
     assert not nnx.state(module, AttentionWeights)

@@ -23,7 +23,8 @@ from tasks import image_captions, parallel_text
 TEXT = KINDS["text"]
 
 PAIRS = [(f"source sentence {i}", f"target sentence {i}") for i in range(40)]
-BLOCK = 1 << 16  # ArrayRecord pads a shard to 64 KiB blocks and keeps its footer at the start of the last one
+# ArrayRecord pads a shard to 64 KiB blocks and keeps its footer at the start of the last one
+BLOCK = 1 << 16
 
 
 def write_tsv(path: Path, pairs) -> str:
@@ -69,7 +70,8 @@ def overwrite(path: Path, start: int, length: int) -> None:
 # ------------------------------------------------------------------ built shards
 
 DAMAGES = {
-    "truncated to one block": lambda shard: shard.write_bytes(shard.read_bytes()[:BLOCK]),  # reads back as empty records
+    # reads back as empty records
+    "truncated to one block": lambda shard: shard.write_bytes(shard.read_bytes()[:BLOCK]),
     "truncated inside the records": lambda shard: shard.write_bytes(shard.read_bytes()[:1000]),
     "appended to": lambda shard: shard.write_bytes(shard.read_bytes() + b"junk"),
     "footer overwritten": lambda shard: overwrite(shard, shard.stat().st_size - BLOCK + 8, 16),
@@ -84,7 +86,8 @@ def test_damaged_shard_stops_the_load_naming_it_and_the_fix(copy_of_built, corpu
     message = f"corrupt built data: {escaped(shard)} .*delete the folder {escaped(shard.parent)} and run again"
     with pytest.raises(DataError, match=message):
         tasks.load_task("parallel_text", data_dir, **corpus)
-    shutil.rmtree(shard.parent)  # the fix: the next load rebuilds the data
+    # the fix: the next load rebuilds the data
+    shutil.rmtree(shard.parent)
     task = tasks.load_task("parallel_text", data_dir, **corpus)
     assert [task.pair(r) for r in task.splits["train"]] == PAIRS
 
@@ -100,19 +103,23 @@ def test_shard_without_recorded_sizes_still_has_its_records_checked(copy_of_buil
 
 def test_overwritten_records_stop_the_pipeline_before_training_naming_the_shard(copy_of_built, corpus):
     data_dir, shard = copy_of_built
-    overwrite(shard, 1500, 20)  # inside the records (40 of about 100 bytes each); the footer is intact
-    task = tasks.load_task("parallel_text", data_dir, **corpus)  # size and footer are right: loads
+    # inside the records (40 of about 100 bytes each); the footer is intact
+    overwrite(shard, 1500, 20)
+    # size and footer are right: loads
+    task = tasks.load_task("parallel_text", data_dir, **corpus)
     chars = tk.CharTokenizer.train((text for pair in PAIRS for text in pair), 10**6)
     settings = dataclasses.replace(parse(base.get_config()).data, batch_size=4, num_threads=1)
     message = f"corrupt built data: record [0-9]+ in {escaped(shard)} cannot be read .*hash mismatch.*delete the folder"
     with pytest.raises(DataError, match=message):
-        ip.train_dataset(task, tk.Tokenizers(chars, chars), settings, TEXT)  # reads every record before the first batch
+        # reads every record before the first batch
+        ip.train_dataset(task, tk.Tokenizers(chars, chars), settings, TEXT)
 
 
 def test_overwritten_padding_is_not_detected_and_harmless(copy_of_built, corpus):
     data_dir, shard = copy_of_built
     start = shard.stat().st_size - BLOCK - 100
-    assert not any(shard.read_bytes()[start : start + 50])  # zeros between the last record and the footer's block
+    # zeros between the last record and the footer's block
+    assert not any(shard.read_bytes()[start : start + 50])
     overwrite(shard, start, 50)
     task = tasks.load_task("parallel_text", data_dir, **corpus)
     assert [task.pair(r) for r in task.splits["train"]] == PAIRS
@@ -149,7 +156,8 @@ def saved_tokenizers(tmp_path_factory) -> dict[str, Path]:
 
 TOKENIZER_DAMAGES = {
     "truncated": lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2]),
-    "overwritten": lambda path: overwrite(path, path.stat().st_size // 2, 1),  # may still parse: the checksum tells
+    # may still parse: the checksum tells
+    "overwritten": lambda path: overwrite(path, path.stat().st_size // 2, 1),
     "emptied": lambda path: path.write_bytes(b""),
     "deleted": lambda path: path.unlink(),
 }
@@ -160,7 +168,8 @@ TOKENIZER_CASES = [
     for kind in TOKENIZER_KINDS
     for damage in TOKENIZER_DAMAGES
     for checksums in (True, False)
-    if checksums or damage != "overwritten"  # without its checksum, a flipped byte may parse as another valid tokenizer
+    # without its checksum, a flipped byte may parse as another valid tokenizer
+    if checksums or damage != "overwritten"
 ]
 
 
@@ -168,12 +177,14 @@ TOKENIZER_CASES = [
 def test_damaged_tokenizer_is_named_and_not_retrained(saved_tokenizers, tmp_path, kind, damage, checksums):
     folder = Path(shutil.copytree(saved_tokenizers[kind], tmp_path / "tokenizer"))
     if not checksums:
-        (folder / "checksums.json").unlink()  # as a run saved before checksums were kept
+        # as a run saved before checksums were kept
+        (folder / "checksums.json").unlink()
     path = folder / f"shared{TOKENIZER_KINDS[kind]}"
     TOKENIZER_DAMAGES[damage](path)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     with pytest.raises(DataError, match=f"tokenizer file {escaped(path)} .*restore it from a copy of the run folder"):
-        tk.load_or_train(folder, tokenizer_settings(kind), PAIRS)  # training text at hand, and still no new tokenizer
+        # training text at hand, and still no new tokenizer
+        tk.load_or_train(folder, tokenizer_settings(kind), PAIRS)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
@@ -204,9 +215,11 @@ def test_corpus_file_deleted_after_the_build_is_named_with_the_fix(corpus, tmp_p
 
 SIDE = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\t\n"), min_size=1, max_size=12)
 VALID_SIDE = SIDE.filter(str.strip)
-BLANK = st.text(st.sampled_from(" \r\x0b\x0c\u3000"), max_size=3)  # whitespace, no tab
+# whitespace, no tab
+BLANK = st.text(st.sampled_from(" \r\x0b\x0c\u3000"), max_size=3)
 JUNK = st.one_of(
-    st.tuples(st.just("invalid UTF-8"), st.binary(max_size=12).filter(lambda b: b"\n" not in b).map(lambda b: b[:5] + b"\xff" + b[5:])),  # 0xff: never UTF-8
+    # 0xff: never UTF-8
+    st.tuples(st.just("invalid UTF-8"), st.binary(max_size=12).filter(lambda b: b"\n" not in b).map(lambda b: b[:5] + b"\xff" + b[5:])),
     st.tuples(st.just("blank"), BLANK.map(str.encode)),
     st.tuples(st.just("one field"), VALID_SIDE.map(str.encode)),
     st.tuples(st.just("extra tabs"), st.lists(SIDE | BLANK, min_size=3, max_size=5).map(lambda f: "\t".join(f).encode())),
@@ -220,11 +233,12 @@ def expected_reason(kind: str, line: bytes, reader: str) -> str | None:
     """The skip reason of a generated line for `reader` ("parallel_text" or "image_captions"), None if kept."""
     tabs = line.count(b"\t")
     empty_side = "an empty side" if reader == "parallel_text" else "an empty caption"
-    if kind == "empty source" and reader == "image_captions":  # an empty image file name is read (and unreadable)
+    # an empty image file name is read (and unreadable)
+    if kind == "empty source" and reader == "image_captions":
         return None if line.split(b"\t")[1].decode().strip() else empty_side
     return {"invalid UTF-8": "invalid UTF-8", "blank": "a blank line", "one field": "1 tab-separated fields instead of 2",
             "extra tabs": f"{tabs + 1} tab-separated fields instead of 2", "empty source": empty_side,
-            "empty target": empty_side}.get(kind)  # fmt: skip
+            "empty target": empty_side}.get(kind)
 
 
 def encoded(kind: str, value) -> bytes:
@@ -256,7 +270,8 @@ def test_fuzzed_corpus_keeps_every_valid_line_and_counts_every_junk_line(corpus,
             reason = expected_reason(kind, encoded(kind, value), reader)
             if reason:
                 reasons.setdefault(reason, []).append(number)
-            else:  # a valid line, or for image_captions an empty image file name: both sides, stripped
+            else:
+                # a valid line, or for image_captions an empty image file name: both sides, stripped
                 expected.append((number, *(side.decode().strip() for side in encoded(kind, value).split(b"\t"))))
         skipped = parallel_text.Skipped()
         if reader == "parallel_text":
@@ -269,7 +284,8 @@ def test_fuzzed_corpus_keeps_every_valid_line_and_counts_every_junk_line(corpus,
         assert skipped.examples == {reason: [f"{train}:{n}" for n in numbers[:5]] for reason, numbers in reasons.items()}
     valid = [tuple(side.strip() for side in value) for kind, value in lines if kind == "valid"]
     params = {**corpus, "train": str(train)}
-    if valid:  # and the whole build: the valid lines are the train split
+    # and the whole build: the valid lines are the train split
+    if valid:
         task = tasks.load_task("parallel_text", str(fuzz_folder / "data"), **params)
         assert [task.pair(r) for r in task.splits["train"]] == valid
     else:

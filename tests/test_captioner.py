@@ -63,19 +63,25 @@ def reference_step(w, annotations, word, hidden, cell, location=None):
     Soft attention's context z = beta sum_i alpha_i a_i, or hard attention's z = beta a_s at a fixed
     `location` s (eq. 9)."""
     scores = np.tanh(affine(w, "attention.key_proj", annotations) + (hidden @ w["attention.query_proj.kernel"])[:, None]) @ w["attention.v"]
-    alpha = np_softmax(scores)  # eqs. 4-5
-    beta = sigmoid(affine(w, "beta", hidden)) if "beta.kernel" in w else 1.0  # section 4.2.1
+    # eqs. 4-5
+    alpha = np_softmax(scores)
+    # section 4.2.1
+    beta = sigmoid(affine(w, "beta", hidden)) if "beta.kernel" in w else 1.0
     if location is None:
         z = beta * np.einsum("bl,bld->bd", alpha, annotations)
     else:
         z = beta * annotations[np.arange(len(location)), location]
     embedded = w["embed.embedding"][word]
     gates = affine(w, "lstm.input_proj", np.concatenate([embedded, z], -1)) + hidden @ w["lstm.hidden_proj.kernel"]
-    i, f, o, g = np.split(gates, 4, -1)  # eq. 1
-    cell = sigmoid(f) * cell + sigmoid(i) * np.tanh(g)  # eq. 2
-    hidden = sigmoid(o) * np.tanh(cell)  # eq. 3
+    # eq. 1
+    i, f, o, g = np.split(gates, 4, -1)
+    # eq. 2
+    cell = sigmoid(f) * cell + sigmoid(i) * np.tanh(g)
+    # eq. 3
+    hidden = sigmoid(o) * np.tanh(cell)
     deep = embedded + affine(w, "output_hidden", hidden) + affine(w, "output_context", z)
-    return affine(w, "output", deep), hidden, cell, alpha  # eq. 7
+    # eq. 7
+    return affine(w, "output", deep), hidden, cell, alpha
 
 
 def caption_terms(w, annotations, targets, locations=None):
@@ -148,7 +154,8 @@ def test_hard_attention_pass_reads_the_sampled_locations():
         previous = targets[:, t]
     draws = jax.vmap(lambda key: model.teacher_forced(batch, key=key)["locations"][:, 0])(jax.random.split(jax.random.key(0), 2000))
     frequencies = np.stack([np.bincount(np.asarray(draws[:, row]), minlength=L) / 2000 for row in range(2)])
-    np.testing.assert_allclose(frequencies, out["weights"][:, 0], atol=0.04)  # s_1 ~ alpha_1 (eq. 8)
+    # s_1 ~ alpha_1 (eq. 8)
+    np.testing.assert_allclose(frequencies, out["weights"][:, 0], atol=0.04)
 
 
 # -- hard attention's objective with every term on, draw by draw -----------------------------------
@@ -171,9 +178,12 @@ def rule_terms(w, annotations, targets, expectation, locations, rewards, rule):
     return {**made, "loss": loss, "log_locations": hard["log_locations"]}
 
 
-GRID = 4  # a 2 x 2 annotation grid: 4^3 location sequences for a 3-word caption
-RULE = dict(doubly_stochastic=0.5, reinforce_weight=0.3, entropy_weight=0.2)  # the decay (0.9) and the 0.5: the defaults
-BASELINE = -4.0  # b before the step (away from log p(y | s, a), so the reward is not 0)
+# a 2 x 2 annotation grid: 4^3 location sequences for a 3-word caption
+GRID = 4
+# the decay (0.9) and the 0.5: the defaults
+RULE = dict(doubly_stochastic=0.5, reinforce_weight=0.3, entropy_weight=0.2)
+# b before the step (away from log p(y | s, a), so the reward is not 0)
+BASELINE = -4.0
 KEYS = 200
 
 
@@ -190,7 +200,8 @@ def draw_table(w, annotations, targets, rule, baseline):
         rewards = caption_terms(w, image, caption, locations)["log_likelihood"] - baseline
         terms = rule_terms(w, image, caption, expectation, locations, rewards, rule)
         probability = np.where(expectation, 0.5, 0.5 * np.exp(terms["log_locations"]))
-        np.testing.assert_allclose(probability.sum(), 1.0, rtol=1e-12)  # the table holds every draw
+        # the table holds every draw
+        np.testing.assert_allclose(probability.sum(), 1.0, rtol=1e-12)
         table.append({**terms, "expectation": expectation, "locations": locations, "rewards": rewards, "probability": probability})
     return table
 
@@ -235,7 +246,7 @@ def objective_draws():
     weights = weights_of(model)
     return {"annotations": annotations, "targets": targets, "weights": weights, "loss": np.asarray(loss, np.float64),
             **{name: np.asarray(value, np.float64) for name, value in outputs.items()}, "grads": weights_of(grads),
-            "table": draw_table(weights, annotations, targets, RULE, BASELINE)}  # fmt: skip
+            "table": draw_table(weights, annotations, targets, RULE, BASELINE)}
 
 
 def test_objective_is_the_rule_for_every_draw(objective_draws):
@@ -259,9 +270,12 @@ def test_baseline_moves_as_the_paper_says(objective_draws):
 def test_expected_context_is_drawn_per_image_with_probability_one_half(objective_draws):
     """Section 4.1's trick: each image, independently, on the expected context with probability 0.5."""
     run, table = objective_draws, objective_draws["table"]
-    expectation = np.array([chosen(table, draw, "expectation") for draw in identify_draws(table, run["nll"], run["penalty"])])  # [keys, B]
-    assert np.all(np.abs(expectation.mean(0) - 0.5) < 0.15), expectation.mean(0)  # 4 standard errors of 200 draws
-    differ = np.mean(expectation[:, 0] != expectation[:, 1])  # independent images: 2 p (1 - p) = 0.5; 0 per batch
+    # [keys, B]
+    expectation = np.array([chosen(table, draw, "expectation") for draw in identify_draws(table, run["nll"], run["penalty"])])
+    # 4 standard errors of 200 draws
+    assert np.all(np.abs(expectation.mean(0) - 0.5) < 0.15), expectation.mean(0)
+    # independent images: 2 p (1 - p) = 0.5; 0 per batch
+    differ = np.mean(expectation[:, 0] != expectation[:, 1])
     assert abs(differ - 0.5) < 0.15, differ
 
 
@@ -277,7 +291,7 @@ def test_objective_gradient_is_the_rules_for_its_draw(objective_draws):
         key = kinds.index(kind)
         expectation, locations, rewards = (chosen(table, draws[key], name) for name in ("expectation", "locations", "rewards"))
         want = np_numerical_gradient(lambda w: rule_terms(w, run["annotations"], run["targets"], expectation, locations, rewards, RULE)["loss"].sum(),
-                                     run["weights"])  # fmt: skip
+                                     run["weights"])
         assert want.keys() == run["grads"].keys()
         for name, value in want.items():
             np.testing.assert_allclose(run["grads"][name][key], value, rtol=1e-3, atol=1e-5, err_msg=f"{name}, draw {kind}")
@@ -289,13 +303,15 @@ def test_hard_attention_estimator_is_unbiased():
     exact gradient of L_s = sum_s p(s | a) log p(y | s, a) (eq. 10): NumPy's, summed over all 16
     location sequences of a 2-word caption on a 2 x 2 grid and differentiated by central differences."""
     model = make(attention="hard", embed_dim=3, hidden_dim=3, attention_dim=3, vocab_size=5, reinforce_weight=1.0,
-                 expectation_probability=0.0, entropy_weight=0.0, doubly_stochastic=0.0)  # the rule alone
+                 # the rule alone
+                 expectation_probability=0.0, entropy_weight=0.0, doubly_stochastic=0.0)
     annotations = np.random.default_rng(2).normal(size=(1, GRID, D)) * 2
     targets = np.array([[3, 2]])
     sequences = location_sequences(GRID, 2, 2)
     images, captions = np.repeat(annotations, len(sequences), 0), np.repeat(targets, len(sequences), 0)
 
-    def lower_bound(w):  # L_s (eq. 10)
+    # L_s (eq. 10)
+    def lower_bound(w):
         terms = caption_terms(w, images, captions, sequences)
         return np.sum(np.exp(terms["log_locations"]) * terms["log_likelihood"])
 
@@ -304,9 +320,11 @@ def test_hard_attention_estimator_is_unbiased():
     exact = np_numerical_gradient(lower_bound, weights)
     batch = {"inputs": jnp.float32(annotations), "targets": jnp.asarray(targets)}
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    baseline = {"baseline": jnp.float32(-1.3)}  # any constant: it shifts the estimate's variance, not its mean
+    # any constant: it shifts the estimate's variance, not its mean
+    baseline = {"baseline": jnp.float32(-1.3)}
 
-    def estimate(key):  # the gradient the trainer takes: of minus the model's own objective
+    # the gradient the trainer takes: of minus the model's own objective
+    def estimate(key):
         def objective(params):
             loss, _, _ = nnx.merge(graphdef, params, rest).objective(batch, baseline, key, metrics.token_sums)
             return -loss
@@ -319,21 +337,24 @@ def test_hard_attention_estimator_is_unbiased():
     for name, want in exact.items():
         got = samples[name]
         mean, error = np.mean(got, axis=0), np.std(got, axis=0) / np.sqrt(got.shape[0])
-        np.testing.assert_array_less(np.abs(mean - want), 5 * error + 1e-4, err_msg=name)  # within 5 standard errors
+        # within 5 standard errors
+        np.testing.assert_array_less(np.abs(mean - want), 5 * error + 1e-4, err_msg=name)
         checked += np.sum(np.abs(want) > 10 * error)
-    assert checked > 10  # enough coordinates whose gradient stands out of the noise (not a vacuous check)
+    # enough coordinates whose gradient stands out of the noise (not a vacuous check)
+    assert checked > 10
 
 
 def test_teacher_forcing_equals_decoding_step_by_step():
     """The training pass with the expected context (soft attention, and hard attention's decoding)
     is the decoder's steps run one by one on the reference; from pixels, through the CNN."""
     model = models.create_model("captioner", rngs=nnx.Rngs(0), vocab_size=V, conv_widths=(4, 4), pools=1, embed_dim=E,
-                                hidden_dim=N, attention_dim=A)  # fmt: skip
+                                hidden_dim=N, attention_dim=A)
     images = jnp.asarray(np.random.default_rng(6).integers(0, 256, size=(2, 6, 8, 1)), jnp.uint8)
     targets = jnp.asarray([[3, 5, 2, 0], [4, 6, 7, 2]])
     logits = model({"inputs": images, "targets": targets})
     memory = model.encode(images)
-    assert memory.annotations.shape == (2, 3 * 4, 4)  # the 3 x 4 grid of a 6 x 8 image after one pool
+    # the 3 x 4 grid of a 6 x 8 image after one pool
+    assert memory.annotations.shape == (2, 3 * 4, 4)
     state, previous = model.init_decode_state(memory, 2, 4), jnp.ones(2, jnp.int32)
     for t in range(4):
         step_logits, state = model.decode_step(memory, previous, state)
@@ -343,10 +364,13 @@ def test_teacher_forcing_equals_decoding_step_by_step():
 
 def test_doubly_stochastic_penalty():
     weights = np.array([[[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [0.9, 0.05, 0.05]]])  # [1, T=3, L=3]
-    real = np.array([[1.0, 1.0, 0.0]])  # the third step is padding
-    totals = np.array([0.6, 1.05, 0.35])  # sum over the real steps, by hand
+    # the third step is padding
+    real = np.array([[1.0, 1.0, 0.0]])
+    # sum over the real steps, by hand
+    totals = np.array([0.6, 1.05, 0.35])
     np.testing.assert_allclose(doubly_stochastic_penalty(jnp.asarray(weights), jnp.asarray(real)), [np.sum((1 - totals) ** 2)], rtol=1e-6)
-    permutation = jnp.eye(4)[jnp.asarray([2, 0, 3, 1])][None]  # each location attended once over time
+    # each location attended once over time
+    permutation = jnp.eye(4)[jnp.asarray([2, 0, 3, 1])][None]
     assert float(doubly_stochastic_penalty(permutation, jnp.ones((1, 4)))[0]) == 0.0
 
 

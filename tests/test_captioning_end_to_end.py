@@ -19,11 +19,15 @@ from run_setup.settings import parse
 
 
 def test_localization_counts_hand_worked():
-    centres = np.array([[2.0, 2.0], [6.0, 2.0], [10.0, 2.0]])  # a 1 x 3 grid of 4-pixel cells
-    boxes = np.array([[0, 0, 4, 4], [8, 0, 12, 4], [-1, -1, -1, -1]])  # two digits, then none
-    weights = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [1.0, 0.0, 0.0]])  # the 2nd word looks between the digits
+    # a 1 x 3 grid of 4-pixel cells
+    centres = np.array([[2.0, 2.0], [6.0, 2.0], [10.0, 2.0]])
+    # two digits, then none
+    boxes = np.array([[0, 0, 4, 4], [8, 0, 12, 4], [-1, -1, -1, -1]])
+    # the 2nd word looks between the digits
+    weights = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [1.0, 0.0, 0.0]])
     assert metrics.localization_counts(weights, 2, boxes, centres) == (1, 2)
-    assert metrics.localization_counts(weights, 3, boxes, centres) == (0, 0)  # a word too many: not scored
+    # a word too many: not scored
+    assert metrics.localization_counts(weights, 3, boxes, centres) == (0, 0)
 
 
 def test_evaluator_localizes_each_real_rows_words_before_eos():
@@ -34,13 +38,17 @@ def test_evaluator_localizes_each_real_rows_words_before_eos():
     from engine import evaluation
     from models.attention import AttentionRole
 
-    centres = np.array([[2.0, 2.0], [6.0, 2.0], [10.0, 2.0]])  # a 1 x 3 grid of a 4 x 12 image
+    # a 1 x 3 grid of a 4 x 12 image
+    centres = np.array([[2.0, 2.0], [6.0, 2.0], [10.0, 2.0]])
     weights = np.zeros((3, 1, 4, 3))
-    weights[0, 0, [0, 1, 2], [0, 2, 1]] = 1.0  # row 0: "w1 w2 eos", w1 on box 1, w2 on box 2's right cell
-    weights[1, 0, [0, 1], [1, 1]] = 1.0  # row 1: four words and no eos, against two boxes
-    weights[2, 0, 0, 0] = 1.0  # row 2: padding
+    # row 0: "w1 w2 eos", w1 on box 1, w2 on box 2's right cell
+    weights[0, 0, [0, 1, 2], [0, 2, 1]] = 1.0
+    # row 1: four words and no eos, against two boxes
+    weights[1, 0, [0, 1], [1, 1]] = 1.0
+    # row 2: padding
+    weights[2, 0, 0, 0] = 1.0
     stub = SimpleNamespace(attention=lambda params, batch: {"attention": weights}, roles={"attention": AttentionRole.CROSS},
-                           concrete_model=SimpleNamespace(cell_centres=lambda height, width: centres))  # fmt: skip
+                           concrete_model=SimpleNamespace(cell_centres=lambda height, width: centres))
     decoded = np.array([[5, 6, 2, 0], [5, 6, 7, 8], [5, 2, 0, 0]])
     boxes = np.array([[[0, 0, 4, 4], [8, 0, 12, 4]]] * 3)
     hits_total = evaluation.Evaluator.localization(stub, None, {"inputs": np.zeros((3, 4, 12, 1))}, decoded, boxes, np.array([0, 1, -1]))
@@ -58,10 +66,12 @@ def test_digit_strips_train_and_evaluate_writes_the_caption_metrics_and_pictures
     final = training_loop.train_and_evaluate(parse(captioning_config(shared_data_dir)), tmp_path)
     saved = json.loads((tmp_path / "eval" / "step_4.json").read_text())
     for split in ("dev", "test"):
-        for name in ("exact_match", "bleu", "bleu_1", "bleu_4", "localized_words"):  # localisation: below
+        # localisation: below
+        for name in ("exact_match", "bleu", "bleu_1", "bleu_4", "localized_words"):
             assert name in saved[split] and saved[split][name] == final[split][name]
     assert (tmp_path / "attention" / "step_4" / "example_0_caption.png").is_file()
-    saved = np.load(tmp_path / "attention" / "step_4" / "example_0.npz")  # what report/pages.py's explorer reads
+    # what report/pages.py's explorer reads
+    saved = np.load(tmp_path / "attention" / "step_4" / "example_0.npz")
     assert saved["boxes"].shape[1] == 4 and saved["centres"].shape == (saved["weights"].shape[1], 2)
     assert "grid over the image" in (tmp_path / "report.html").read_text()
 
@@ -97,16 +107,17 @@ def test_image_captions_reads_a_folder_and_reports_bad_lines(tmp_path):
         write_image(images / name, value)
     (images / "broken.png").write_bytes(b"not a png")
     lines = ["a.png\ta grey square", "a.png\ta dark square", "b.png\ta light square", "b.png\t", "no tab here",
-             "broken.png\tunreadable", "missing.png\tnot there"]  # fmt: skip
+             "broken.png\tunreadable", "missing.png\tnot there"]
     for split in ("train", "dev", "test"):
         (tmp_path / f"{split}.tsv").write_text("\n".join(lines) + "\n")
     params = dict(images=str(images), height=6, width=8, channels=1,
-                  **{split: str(tmp_path / f"{split}.tsv") for split in ("train", "dev", "test")})  # fmt: skip
+                  **{split: str(tmp_path / f"{split}.tsv") for split in ("train", "dev", "test")})
     task = load_task("image_captions", str(tmp_path / "tfds"), **params)
     train = task.splits["train"]
     assert len(train) == 3 and task.image(train[0]).shape == (6, 8, 1)
     assert task.references("dev", [0, 2]) == [["a grey square", "a dark square"], ["a light square"]]
-    _, report = image_captions.prepare_image_captions(str(tmp_path / "tfds"), **params)  # the build's report, reloaded
+    # the build's report, reloaded
+    _, report = image_captions.prepare_image_captions(str(tmp_path / "tfds"), **params)
     assert report["skipped"] == {"an empty caption": 3, "1 tab-separated fields instead of 2": 3, "a missing or unreadable image": 6}
     assert any(f"{tmp_path / 'train.tsv'}:6" in message for message in report["messages"])
     with pytest.raises(DataError, match="task.images must be the folder"):
@@ -119,16 +130,17 @@ def test_hard_attention_resumes_bit_identical_after_sigkill(shared_data_dir, tmp
     the parameters, so a killed and rerun hard-attention run ends where an uninterrupted one does."""
 
     config = captioning_config(shared_data_dir, attention="hard", num_train_steps=60, checkpoint_every_steps=20,
-                               eval_every_steps=60, visualize_examples=0)  # fmt: skip
+                               eval_every_steps=60, visualize_examples=0)
     tiny = ["--config=configs/captioner_hard_digit_strips.py", "--config.task.train_size=96", "--config.task.dev_size=8",
             "--config.task.test_size=8", "--config.batch_size=8", "--config.warmup_steps=2", "--config.log_every_steps=2",
             *[f"--config.model.{k}={v}" for k, v in TINY_CAPTIONER.items() if k != "conv_widths"],
-            "--config.model.conv_widths=(8, 8)"]  # fmt: skip
+            "--config.model.conv_widths=(8, 8)"]
     flags = ["--config.num_train_steps=60", "--config.checkpoint_every_steps=20", "--config.eval_every_steps=60",
-             "--config.visualize_examples=0", "--config.curves_png=false"]  # fmt: skip
+             "--config.visualize_examples=0", "--config.curves_png=false"]
     whole, cut = sigkill_and_rerun(tmp_path, shared_data_dir, flags, kill_after=30, checkpoint=20, last=60, tiny=tiny)
     state = assert_same_final_state(config, whole, cut, 60)
-    assert float(state["model_state"]["baseline"]) < 0.0  # the baseline moved (log-likelihoods are negative)
+    # the baseline moved (log-likelihoods are negative)
+    assert float(state["model_state"]["baseline"]) < 0.0
 
 
 def test_coco_captions_records_from_a_source_in_its_layout(tmp_path, monkeypatch):
@@ -142,13 +154,15 @@ def test_coco_captions_records_from_a_source_in_its_layout(tmp_path, monkeypatch
 
     images = [np.full((20 + i, 30, 3), 40 * i, np.uint8) for i in range(3)]
     source = [{"image": image, "image/filename": f"img{i}.jpg".encode(),
-               "captions": {"text": [f"caption {i}.{c}" for c in range(5 if i else 2)]}} for i, image in enumerate(images)]  # fmt: skip
+               "captions": {"text": [f"caption {i}.{c}" for c in range(5 if i else 2)]}} for i, image in enumerate(images)]
     monkeypatch.setattr(catalog, "prepared_builder", lambda name, data_dir: SimpleNamespace(as_data_source=lambda split: source))
     task = load_task("coco_captions", str(tmp_path), height=12, width=10)
     assert (task.metric, task.inputs) == ("caption", "image")
-    assert [len(task.splits[s]) for s in ("train", "dev", "test")] == [15, 15, 15]  # five captions an image
+    # five captions an image
+    assert [len(task.splits[s]) for s in ("train", "dev", "test")] == [15, 15, 15]
     record = task.splits["dev"][7]
     assert task.image(record).shape == (12, 10, 3) and int(task.image(record)[0, 0, 0]) == 40
     assert task.pair(record)[1] == "caption 1.2"
     assert task.references("dev", [7])[0] == [f"caption 1.{c}" for c in range(5)]
-    assert task.pair(task.splits["dev"][3])[1] == "caption 0.1"  # an image with two captions repeats them
+    # an image with two captions repeats them
+    assert task.pair(task.splits["dev"][3])[1] == "caption 0.1"

@@ -61,24 +61,26 @@ WMT_CORPORA = {
     "commoncrawl": (STATMT + "wmt13/training-parallel-commoncrawl.tgz", "commoncrawl.de-en"),
     "newscommentary_v9": (STATMT + "wmt14/training-parallel-nc-v9.tgz", "training/news-commentary-v9.de-en"),
     "newscommentary_v12": (STATMT_DATA + "wmt17/translation-task/training-parallel-nc-v12.tgz",
-                           "training/news-commentary-v12.de-en"),  # fmt: skip
+                           "training/news-commentary-v12.de-en"),
     "rapid_2016": (STATMT_DATA + "wmt18/translation-task/rapid2016.tgz", "rapid2016.de-en"),
 }
-WMT_DEV_URL = STATMT_DATA + "wmt19/translation-task/dev.tgz"  # every newstest, plain and SGML
+# every newstest, plain and SGML
+WMT_DEV_URL = STATMT_DATA + "wmt19/translation-task/dev.tgz"
 WMT_SPLITS = {
     "wmt14_translate/de-en": {"train": ["europarl_v7", "commoncrawl", "newscommentary_v9"],
-                              "dev": ["newstest2013"], "test": ["newstest2014"]},  # fmt: skip
+                              "dev": ["newstest2013"], "test": ["newstest2014"]},
     "wmt17_translate/de-en": {"train": ["europarl_v7", "commoncrawl", "newscommentary_v12", "rapid_2016"],
-                              "dev": ["newstest2016"], "test": ["newstest2017"]},  # fmt: skip
+                              "dev": ["newstest2016"], "test": ["newstest2017"]},
 }
 
 
 def wmt_archives() -> dict[str, dict[str, str]]:
     """`{url: {member path: text}}` of every archive the two WMT de-en builders fetch."""
     archives = {url: plain_files(path, sentence_pairs(corpus)) for corpus, (url, path) in WMT_CORPORA.items()}
-    archives[WMT_DEV_URL] = {**plain_files("dev/newstest2013", sentence_pairs("newstest2013")),  # plain text, unlike later years
+    # plain text, unlike later years
+    archives[WMT_DEV_URL] = {**plain_files("dev/newstest2013", sentence_pairs("newstest2013")),
                              **{k: v for year in (2014, 2016, 2017)
-                                for k, v in sgm_files(f"newstest{year}", sentence_pairs(f"newstest{year}")).items()}}  # fmt: skip
+                                for k, v in sgm_files(f"newstest{year}", sentence_pairs(f"newstest{year}")).items()}}
     return archives
 
 
@@ -103,7 +105,8 @@ def expected_pairs(name: str, split: str) -> set[tuple[str, str]]:
 
 
 # COCO 2014 as Karpathy and Li split it: train images come from train2014, val/test/restval from val2014.
-COCO_IMAGES = {  # file name: (Karpathy split, solid colour)
+# file name: (Karpathy split, solid colour)
+COCO_IMAGES = {
     "COCO_train2014_000000000009.jpg": ("train", (200, 40, 40)),
     "COCO_train2014_000000000025.jpg": ("train", (40, 200, 40)),
     "COCO_val2014_000000000042.jpg": ("val", (40, 40, 200)),
@@ -126,32 +129,34 @@ def jpeg(colour, size=(12, 8)) -> bytes:
 def coco_archives() -> dict[str, dict[str, bytes | str]]:
     """The seven COCO 2014 zips coco.py fetches and Karpathy's caption_datasets.zip."""
     image_ids = {name: int(name.split("_")[-1].removesuffix(".jpg")) for name in COCO_IMAGES}
-    categories = [{"id": i + 1, "name": f"category{i}", "supercategory": "thing"} for i in range(80)]  # coco.py wants 80
+    # coco.py wants 80
+    categories = [{"id": i + 1, "name": f"category{i}", "supercategory": "thing"} for i in range(80)]
 
     def instances(year_split: str) -> str:
         images = [{"id": image_ids[name], "file_name": name, "height": 8, "width": 12}
-                  for name in COCO_IMAGES if year_split in name]  # fmt: skip
+                  for name in COCO_IMAGES if year_split in name]
         boxes = [{"id": 1000 + image["id"], "image_id": image["id"], "bbox": [1.0, 1.0, 4.0, 3.0], "area": 12,
-                  "category_id": 1, "iscrowd": 0} for image in images]  # fmt: skip
+                  "category_id": 1, "iscrowd": 0} for image in images]
         return json.dumps({"images": images, "annotations": boxes, "categories": categories})
 
     def test_info(year_split: str) -> str:
         return json.dumps({"images": [{"id": 1, "file_name": f"COCO_{year_split}_000000000001.jpg", "height": 8, "width": 12}],
-                           "categories": categories})  # fmt: skip
+                           "categories": categories})
 
     archives = {COCO + f"zips/{year_split}.zip": {f"{year_split}/{name}": jpeg(colour)
                                                    for name, (_, colour) in COCO_IMAGES.items() if year_split in name}
-                for year_split in ("train2014", "val2014")}  # fmt: skip
-    for year_split in ("test2014", "test2015"):  # fetched and extracted by coco.py, unused by coco_captions
+                for year_split in ("train2014", "val2014")}
+    # fetched and extracted by coco.py, unused by coco_captions
+    for year_split in ("test2014", "test2015"):
         archives[COCO + f"zips/{year_split}.zip"] = {f"{year_split}/COCO_{year_split}_000000000001.jpg": jpeg((0, 0, 0))}
         archives[COCO + f"annotations/image_info_{year_split}.zip"] = {f"annotations/image_info_{year_split}.json": test_info(year_split)}
     archives[COCO + "annotations/annotations_trainval2014.zip"] = {
-        f"annotations/instances_{s}.json": instances(s) for s in ("train2014", "val2014")}  # fmt: skip
+        f"annotations/instances_{s}.json": instances(s) for s in ("train2014", "val2014")}
     karpathy = [{"filename": name, "split": split, "sentences": [{"raw": text, "sentid": 10 * image_ids[name] + c}
                                                                  for c, text in enumerate(coco_captions_of(name))]}
-                for name, (split, _) in COCO_IMAGES.items()]  # fmt: skip
+                for name, (split, _) in COCO_IMAGES.items()]
     archives["https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"] = {
-        "dataset_coco.json": json.dumps({"images": karpathy, "dataset": "coco"})}  # fmt: skip
+        "dataset_coco.json": json.dumps({"images": karpathy, "dataset": "coco"})}
     return archives
 
 
@@ -192,7 +197,8 @@ def prepared_data_dir(tmp_path_factory):
     if not PREPARE_PYTHON.exists():
         pytest.skip(f"needs the preparation environment {PREPARE_PYTHON.parent.parent} (make prepare-env)")
     shared = tmp_path_factory.getbasetemp()
-    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared  # the session's folder, above the workers'
+    # the session's folder, above the workers'
+    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
     folder, data_dir = shared / "catalog", shared / "catalog" / "tfds"
     with files.exclusive(shared / "catalog.lock"):
         if not (folder / "prepared").exists():
@@ -210,13 +216,13 @@ def prepare_from_fixtures(folder: Path, data_dir: Path) -> None:
     environment.pop("TFDS_DATA_DIR", None)
     started = time.perf_counter()
     result = subprocess.run([str(PREPARE_PYTHON), str(WORKER), str(downloads), str(data_dir), *DATASETS],
-                            cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, timeout=300)  # fmt: skip
+                            cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     print(f"prepared {len(DATASETS)} datasets in {time.perf_counter() - started:.1f} s")
 
 
 @pytest.mark.parametrize("name,reverse", [("wmt14_translate/de-en", False), ("wmt17_translate/de-en", True),
-                                          ("ted_hrlr_translate/pt_to_en", False)])  # fmt: skip
+                                          ("ted_hrlr_translate/pt_to_en", False)])
 def test_prepared_translation_dataset_is_read_by_the_catalog_task(prepared_data_dir, name, reverse):
     task = tasks.load_task(name, str(prepared_data_dir), reverse=reverse)
     source, target = catalog.languages_of(name)[::-1] if reverse else catalog.languages_of(name)
@@ -234,12 +240,14 @@ def test_prepared_coco_captions_is_read_by_the_catalog_task(prepared_data_dir):
     for split, karpathy_splits in COCO_CAPTION_SPLITS.items():
         names = [name for name, (s, _) in COCO_IMAGES.items() if s in karpathy_splits]
         records = [task.splits[split][i] for i in range(len(task.splits[split]))]
-        assert len(records) == 5 * len(names), split  # five captions an image
+        # five captions an image
+        assert len(records) == 5 * len(names), split
         assert {(r["image_file"], r["caption"]) for r in records} == {(n, c) for n in names for c in coco_captions_of(n)}
         for record in records:
             image = task.image(record)
             assert image.shape == (6, 9, 3)
-            np.testing.assert_allclose(image.reshape(-1, 3).mean(0), colours[record["image_file"]], atol=6)  # JPEG's loss
+            # JPEG's loss
+            np.testing.assert_allclose(image.reshape(-1, 3).mean(0), colours[record["image_file"]], atol=6)
 
 
 def test_unprepared_dataset_names_the_command_that_prepares_it(tmp_path, monkeypatch):
@@ -265,11 +273,13 @@ def test_tfds_data_dir_is_where_a_dataset_not_in_data_dir_is_read(prepared_data_
 
 
 def test_prepare_command_refuses_an_unknown_name_in_one_line(tmp_path, capsys):
-    from tools import prepare_catalog  # imports TFDS alone: its checks of a name run in this environment too
+    # imports TFDS alone: its checks of a name run in this environment too
+    from tools import prepare_catalog
 
     assert prepare_catalog.main(["coco_captoins", f"--data_dir={tmp_path}"]) == 2
     assert capsys.readouterr().err == "prepare_catalog: unknown TFDS catalog dataset 'coco_captoins'; did you mean coco_captions?\n"
-    assert not any(tmp_path.iterdir())  # nothing written
+    # nothing written
+    assert not any(tmp_path.iterdir())
 
 
 def test_prepare_command_names_manual_dir_when_files_are_missing(tmp_path, monkeypatch, capsys):
@@ -285,4 +295,4 @@ def test_prepare_command_names_manual_dir_when_files_are_missing(tmp_path, monke
     monkeypatch.setattr(prepare_catalog, "builder_of", lambda name, data_dir: NeedsManualFiles())
     assert prepare_catalog.main(["wmt14_translate/cs-en", f"--manual_dir={tmp_path / 'manual'}"]) == 2
     assert capsys.readouterr().err == (f"prepare_catalog: wmt14_translate/cs-en: Manual directory {tmp_path}/manual does not "
-                                       "exist or is empty. Create it and download (give that folder with --manual_dir=DIR)\n")  # fmt: skip
+                                       "exist or is empty. Create it and download (give that folder with --manual_dir=DIR)\n")

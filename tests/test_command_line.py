@@ -16,9 +16,10 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("source, expected", [
     ("configs/wmt14_transformer.py:big", (Path("configs/wmt14_transformer.py"), "big")),
     ("configs/default.py", (Path("configs/default.py"), None)),
-    ("/a:b/c.py", (Path("/a:b/c.py"), None)),  # a colon in a folder's name is no argument
+    # a colon in a folder's name is no argument
+    ("/a:b/c.py", (Path("/a:b/c.py"), None)),
     ("c.py:", (Path("c.py"), "")),
-])  # fmt: skip
+])
 def test_split_config_argument(source, expected):
     assert base.split_config_argument(source) == expected
 
@@ -32,9 +33,10 @@ def test_flagfile_overrides_are_taken_in_order_with_the_command_lines(tmp_path):
     arguments, overrides = command_line.split_overrides(argv, flags.FlagValues())
     assert arguments == ["train.py", "--workdir=runs/x", "--mode=eval"]
     assert overrides == ["--config.batch_size=4", "--config.learning_rate=0.5", "--config.seed=3", "--config.batch_size=8",
-                         "--config.batch_size=16"]  # fmt: skip
+                         "--config.batch_size=16"]
     config = base.load(PROJECT_ROOT / "configs" / "default.py", overrides)
-    assert (config.batch_size, config.learning_rate, config.seed) == (16, 0.5, 3)  # the last one given wins
+    # the last one given wins
+    assert (config.batch_size, config.learning_rate, config.seed) == (16, 0.5, 3)
 
 
 def test_a_missing_flagfile_is_a_flags_error(tmp_path):
@@ -48,10 +50,12 @@ def test_the_wmt14_config_takes_its_size_after_a_colon():
     assert (big.model.d_model, big.model.num_heads, big.model.d_ff, big.average_last, big.num_train_steps) == (1024, 16, 4096, 20, 7)
     base_size = base.load(f"{path}:base")
     assert (base_size.model.d_model, base_size.model.dropout_rate, base_size.average_last) == (512, 0.1, 5)
-    assert base.load(path).to_dict() == base_size.to_dict()  # no argument: base
+    # no argument: base
+    assert base.load(path).to_dict() == base_size.to_dict()
     for name in set(base_size.to_dict()) - {"model", "num_train_steps", "learning_rate", "checkpoint_every_steps",
-                                            "keep_checkpoints", "average_last"}:  # fmt: skip
-        assert big[name] == base_size[name], name  # big differs from base in its own fields alone
+                                            "keep_checkpoints", "average_last"}:
+        # big differs from base in its own fields alone
+        assert big[name] == base_size[name], name
     with pytest.raises(ConfigError, match="wmt14_transformer.py:huge: the size must be one of base, big"):
         base.load(f"{path}:huge")
 
@@ -65,9 +69,12 @@ def test_a_scripts_own_flags_take_a_flagfile_and_refuse_a_wrong_flag_in_one_line
     argv = ["bench.py", f"--flagfile={flagfile}", "--recurrent", "--config.seed=1"]
     assert command_line.parse(values, argv, "doc", overrides=True) == ["--config.model.d_model=32", "--config.seed=1"]
     assert (values.batch, values.recurrent) == (3, True)
-    command_line.parse(values, ["bench.py", "--batch", "5"], "doc")  # argparse's spacing works too
-    assert (values.batch, values.recurrent) == (5, False)  # a second parse starts from the defaults
-    for wrong in (["--batch=x"], ["--config.seed=1"], ["extra"]):  # --config.* only where a script takes overrides
+    # argparse's spacing works too
+    command_line.parse(values, ["bench.py", "--batch", "5"], "doc")
+    # a second parse starts from the defaults
+    assert (values.batch, values.recurrent) == (5, False)
+    # --config.* only where a script takes overrides
+    for wrong in (["--batch=x"], ["--config.seed=1"], ["extra"]):
         with pytest.raises(SystemExit) as exit_:
             command_line.parse(values, ["bench.py", *wrong], "doc")
         assert exit_.value.code == 2

@@ -55,7 +55,8 @@ def test_flipped_bits_fall_back_to_the_newest_good_checkpoint_and_with_none_good
     folder = copy / "checkpoints"
     assert all((folder / step / checkpoints.DIGEST_FILE).exists() for step in ("10", "20"))
 
-    damaged = largest_file(folder / "20" / "state")  # the parameters' and moments' data: it reads without an error
+    # the parameters' and moments' data: it reads without an error
+    damaged = largest_file(folder / "20" / "state")
     flip_a_bit(damaged)
     step, _ = prepare_run(parse(config), copy).restore_params()
     assert step == 10
@@ -82,7 +83,8 @@ def test_a_failed_checkpoint_write_names_the_folder_and_the_run_resumes_once_fix
         training_loop.train_and_evaluate(parse(config), tmp_path)
     assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10]
 
-    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", finalize)  # the disk is fixed
+    # the disk is fixed
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", finalize)
     training_loop.train_and_evaluate(parse(config), tmp_path)
     assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10, 20]
     assert [r["step"] for r in metric_rows(tmp_path) if r["split"] == "train"] == [5, 10, 15, 20]
@@ -95,7 +97,8 @@ def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_ste
     assert whole.wait(timeout=300) == 0, whole.stdout.read()
 
     cut = tmp_path / "cut"
-    random_step = random.Random(0).randint(41, 59)  # after the checkpoint at 40
+    # after the checkpoint at 40
+    random_step = random.Random(0).randint(41, 59)
     for point, saved in (("step:1", []), ("save:20", []), ("eval", [20]), (f"step:{random_step}", [20, 40])):
         killed = run_train_py(cut, shared_data_dir, *flags, script=FAULT_WORKER, point=point)
         output = killed.communicate(timeout=300)[0]
@@ -104,7 +107,8 @@ def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_ste
     resumed = run_train_py(cut, shared_data_dir, *flags)
     output = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0 and "resuming from the checkpoint at step 40" in output, output
-    assert not (cut / "curves.png").exists()  # --config.curves_png=false (TINY_FLAGS)
+    # --config.curves_png=false (TINY_FLAGS)
+    assert not (cut / "curves.png").exists()
 
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
     assert strip(metric_rows(cut)) == strip(metric_rows(tmp_path / "whole"))
@@ -115,7 +119,7 @@ def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_ste
 
 
 def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cluster", sigterm_at: int | None = None,
-                  sharding: str = "replicated") -> list[subprocess.Popen]:  # fmt: skip
+                  sharding: str = "replicated") -> list[subprocess.Popen]:
     """Two processes training together on 2 CPU devices each; `cluster`: joined by a faked SLURM job
     of two tasks (the environment SLURM gives srun's tasks), which JAX detects. With `sigterm_at`
     the second process is sent SIGTERM while that step runs (by itself: the step is then known)."""
@@ -125,10 +129,10 @@ def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cl
         environment = {**os.environ, "XLA_FLAGS": xla_flags(2)}
         if coordinator == "cluster":
             environment.update(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2", SLURM_PROCID=str(index),
-                               SLURM_LOCALID=str(index), JAX_COORDINATOR_PORT=port)  # fmt: skip
+                               SLURM_LOCALID=str(index), JAX_COORDINATOR_PORT=port)
         signalled = sigterm_at if sigterm_at is not None and index == 1 else 0
         command = [sys.executable, str(TWO_PROCESS_WORKER), str(index), coordinator.replace("PORT", port), str(workdir), str(data_dir), str(steps),
-                   str(signalled), sharding]  # fmt: skip
+                   str(signalled), sharding]
         workers.append(subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return workers
 
@@ -147,7 +151,8 @@ def test_a_faked_slurm_job_of_two_tasks_is_detected_and_a_one_task_job_is_not(mo
     monkeypatch.setenv("SLURM_JOB_ID", "7"), monkeypatch.setenv("SLURM_STEP_NODELIST", "node[001-002]")
     monkeypatch.setenv("SLURM_PROCID", "0"), monkeypatch.setenv("SLURM_LOCALID", "0")
     monkeypatch.setenv("SLURM_NTASKS", "1")
-    assert cluster.detected_cluster() is None  # an allocation without srun: one process, trains alone
+    # an allocation without srun: one process, trains alone
+    assert cluster.detected_cluster() is None
     monkeypatch.setenv("SLURM_NTASKS", "2")
     assert cluster.detected_cluster() == "slurm"
 
@@ -159,20 +164,24 @@ def test_every_process_decides_from_the_smallest_device_memory_of_all(monkeypatc
     ours = jax.devices()[0]
     own = cluster.device_memory_bytes(cluster.make_mesh([ours]))
     assert own > 0
-    others = {"smaller": (own >> 20) // 3, "larger": (own >> 20) * 3}  # another host's, in whole MiB as they travel
+    # another host's, in whole MiB as they travel
+    others = {"smaller": (own >> 20) // 3, "larger": (own >> 20) * 3}
     asked = []
 
     def allgather(value):
         asked.append(int(value))
-        return np.array([others[case], int(value)])  # the other process first: the order of process indices
+        # the other process first: the order of process indices
+        return np.array([others[case], int(value)])
 
     monkeypatch.setattr(cluster.multihost_utils, "process_allgather", allgather)
-    theirs = types.SimpleNamespace(process_index=1)  # a device of process 1, which only it can ask
+    # a device of process 1, which only it can ask
+    theirs = types.SimpleNamespace(process_index=1)
     mesh = types.SimpleNamespace(devices=np.array([theirs, ours], dtype=object))
     for case, expected in (("smaller", others["smaller"] << 20), ("larger", own >> 20 << 20)):
         assert cluster.device_memory_bytes(mesh) == expected, case
     assert asked == [own >> 20] * 2
-    assert cluster.device_memory_bytes(cluster.make_mesh([ours])) == own and len(asked) == 2  # one process's mesh
+    # one process's mesh
+    assert cluster.device_memory_bytes(cluster.make_mesh([ours])) == own and len(asked) == 2
 
 
 @pytest.mark.slow
@@ -221,7 +230,8 @@ def test_two_processes_under_fsdp_train_as_one_process_on_four_devices(shared_da
 
     pair, one = metric_rows(tmp_path / "pair"), metric_rows(tmp_path / "one")
     assert [(r["step"], r["split"]) for r in pair] == [(r["step"], r["split"]) for r in one]
-    assert sum("loss" in r for r in pair) >= 4  # two training rows, dev and test
+    # two training rows, dev and test
+    assert sum("loss" in r for r in pair) >= 4
     for a, b in zip(pair, one):
         assert a.keys() == b.keys()
         for name in a.keys() - {"step", "split", *TIMING}:

@@ -13,7 +13,8 @@ from scoring import decoding
 import models
 from tasks.vocabularies import BOS_ID, EOS_ID
 
-A, B = 3, 4  # the two word tokens of the hand-built model
+# the two word tokens of the hand-built model
+A, B = 3, 4
 
 
 class MarkovModel:
@@ -36,7 +37,8 @@ class MarkovModel:
         return inputs
 
     def init_decode_state(self, memory, batch_size, max_len):
-        return jnp.zeros((batch_size,), jnp.int32)  # nothing to remember; shaped like a per-row state
+        # nothing to remember; shaped like a per-row state
+        return jnp.zeros((batch_size,), jnp.int32)
 
     def decode_step(self, memory, token, state):
         return self.logits[token], state
@@ -95,14 +97,16 @@ def test_beam_search_is_exhaustive_search_when_wide_enough_and_pays_for_the_forc
         every = exhaustive(model, cap, alpha=1.0)
         score_of = {sequence: score for score, sequence in every}
         found = [tuple(int(t) for t in row[: int(np.argmax(row == EOS_ID)) + 1]) for row in np.asarray(tokens[0])]
-        assert found[0] == every[0][1], seed  # the best (no ties among the bests of these seeds)
+        # the best (no ties among the bests of these seeds)
+        assert found[0] == every[0][1], seed
         # the n-best list: the exhaustive top 5 scores, each belonging to the hypothesis it came with
         # (Markov models tie on reorderings of the same transitions, so the order of ties is free)
         np.testing.assert_allclose(scores[0], [score for score, _ in every[:5]], rtol=1e-5)
         np.testing.assert_allclose(scores[0], [score_of[sequence] for sequence in found], rtol=1e-5)
         assert len(set(found)) == 5
         capped_best += len(every[0][1]) == cap
-    assert capped_best >= 5  # the cap is reached by the best hypothesis often enough to matter
+    # the cap is reached by the best hypothesis often enough to matter
+    assert capped_best >= 5
 
 
 class PrefixModel:
@@ -115,7 +119,8 @@ class PrefixModel:
 
     def __init__(self, depth: int, vocab: int = 5):
         self.prefixes = [(), *(words for n in range(1, depth + 1) for words in itertools.product((A, B), repeat=n))]
-        node = {prefix: index + 1 for index, prefix in enumerate(self.prefixes)}  # 0: before bos
+        # 0: before bos
+        node = {prefix: index + 1 for index, prefix in enumerate(self.prefixes)}
         sink = len(self.prefixes) + 1
         children = np.full((sink + 1, vocab), sink)
         children[0, BOS_ID] = node[()]
@@ -151,7 +156,8 @@ def textbook_beam(model: PrefixModel, cap: int, alpha: float, beam_size: int, ca
         extensions = []
         for log_p, prefix in live:
             for token, gained in model.log_probs(prefix).items():
-                if step + 1 < cap or token == EOS_ID:  # at the cap only eos, at its real log-probability
+                # at the cap only eos, at its real log-probability
+                if step + 1 < cap or token == EOS_ID:
                     extensions.append((log_p + gained, (*prefix, token)))
         best = sorted(extensions, reverse=True)[:candidates]
         finished += [(log_p / ((5 + step + 1) / 6) ** alpha, tokens) for log_p, tokens in best if tokens[-1] == EOS_ID]
@@ -221,18 +227,22 @@ def test_scores_are_teacher_forced_log_probabilities_over_the_length_penalty():
 
 
 def test_sampling_follows_the_model_and_its_filters():
-    model = MarkovModel()  # from bos: a 0.6, b 0.4
+    # from bos: a 0.6, b 0.4
+    model = MarkovModel()
     inputs = jnp.ones((4000, 1), jnp.int32)
     tokens, scores = decoding.sample(model, inputs, jnp.full((4000,), 3), 3, key=jax.random.key(0))
     first = np.asarray(tokens[:, 0])
-    assert abs((first == A).mean() - 0.6) < 0.03  # 4000 draws: standard error 0.008
+    # 4000 draws: standard error 0.008
+    assert abs((first == A).mean() - 0.6) < 0.03
     log_probs = np.asarray(jax.nn.log_softmax(model.logits))
-    for row in range(5):  # the score is the sample's log-probability under the model
+    # the score is the sample's log-probability under the model
+    for row in range(5):
         sequence = np.asarray(tokens[row])[: int(np.argmax(np.asarray(tokens[row]) == EOS_ID)) + 1]
         total = sum(log_probs[p, t] for p, t in zip([BOS_ID, *sequence[:-1]], sequence))
         assert float(scores[row]) == pytest.approx(total, rel=1e-5)
     greedy = decoding.greedy_search(model, inputs[:8], jnp.full((8,), 3), 3)[0]
-    for filters in (dict(top_k=1), dict(top_p=0.5), dict(temperature=1e-3)):  # each leaves only the most likely token
+    # each leaves only the most likely token
+    for filters in (dict(top_k=1), dict(top_p=0.5), dict(temperature=1e-3)):
         sampled = decoding.sample(model, inputs[:8], jnp.full((8,), 3), 3, key=jax.random.key(1), **filters)[0]
         np.testing.assert_array_equal(sampled, greedy)
 
@@ -240,9 +250,11 @@ def test_sampling_follows_the_model_and_its_filters():
 def test_nucleus_filter_keeps_the_smallest_set_reaching_top_p():
     log_probs = jnp.log(jnp.array([[0.05, 0.5, 0.3, 0.15]]))
     kept = np.asarray(decoding.filtered_log_probs(log_probs, 1.0, 0, 0.75)) > decoding.NEVER / 2
-    np.testing.assert_array_equal(kept, [[False, True, True, False]])  # 0.5 + 0.3 >= 0.75
+    # 0.5 + 0.3 >= 0.75
+    np.testing.assert_array_equal(kept, [[False, True, True, False]])
     kept = np.asarray(decoding.filtered_log_probs(log_probs, 1.0, 2, 1.0)) > decoding.NEVER / 2
-    np.testing.assert_array_equal(kept, [[False, True, True, False]])  # top 2
+    # top 2
+    np.testing.assert_array_equal(kept, [[False, True, True, False]])
 
 
 def test_length_penalty_formula():
@@ -260,7 +272,7 @@ def transformer():
     return models.create_model(
         "transformer", rngs=nnx.Rngs(3), vocab_size=12, d_model=32, num_heads=4, d_ff=64,
         num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +330,8 @@ def test_search_on_every_family(family, sources):
     lengths = np.argmax(np.asarray(tokens) == EOS_ID, axis=1) + 1
     teacher_forced = sequence_log_probs(model, sources, tokens) / ((5 + lengths) / 6) ** 0.6
     np.testing.assert_allclose(scores, teacher_forced, rtol=1e-4, atol=1e-4)
-    assert np.all(np.asarray(scores) >= np.asarray(beam1_scores) - 1e-5)  # the wider beam finds no worse
+    # the wider beam finds no worse
+    assert np.all(np.asarray(scores) >= np.asarray(beam1_scores) - 1e-5)
     sampled, sampled_scores = run(decoding.sample, model, sources, key=jax.random.key(0), temperature=0.8, top_p=0.9)
     np.testing.assert_allclose(sampled_scores, sequence_log_probs(model, sources, sampled), rtol=1e-4, atol=1e-4)
     for row in range(3):

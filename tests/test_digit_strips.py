@@ -12,7 +12,8 @@ def test_the_scans_and_their_three_way_split():
     images, labels = digit_strips.load_scans()
     assert images.shape == (1797, 8, 8) and images.max() == 16 and sorted(set(labels)) == list(range(10))
     pools = digit_strips.split_scans(len(images), (0.6, 0.2, 0.2), seed=0)
-    assert sorted(np.concatenate(list(pools.values()))) == list(range(1797))  # disjoint and covering
+    # disjoint and covering
+    assert sorted(np.concatenate(list(pools.values()))) == list(range(1797))
     assert [len(pools[s]) for s in ("train", "dev", "test")] == [1078, 359, 360]
 
 
@@ -27,13 +28,16 @@ def test_a_strip_holds_its_digits_in_their_boxes_left_to_right():
         assert strip["caption"].split() == [WORDS[labels[i]] for i in used]
         assert np.all(strip["boxes"][len(used) :] == -1) and 1 <= len(used) <= 5
         assert np.all(boxes[:, 2] <= config.canvas_width) and np.all(boxes[:, 3] <= config.canvas_height) and np.all(boxes >= 0)
-        assert np.all(boxes[1:, 0] >= boxes[:-1, 2])  # left to right, no overlap
+        # left to right, no overlap
+        assert np.all(boxes[1:, 0] >= boxes[:-1, 2])
         canvas = np.zeros_like(strip["image"], dtype=np.float64)
         for (x0, y0, x1, y1), index in zip(boxes, used):
             scale = (x1 - x0) // 8
-            assert scale in (1, 2) and y1 - y0 == x1 - x0  # drawn at scale 1 or larger, square
+            # drawn at scale 1 or larger, square
+            assert scale in (1, 2) and y1 - y0 == x1 - x0
             canvas[y0:y1, x0:x1] = np.kron(images[index], np.ones((scale, scale))) / 16 * 255
-        np.testing.assert_allclose(strip["image"], np.round(canvas), atol=0.5)  # no noise: exactly the scans
+        # no noise: exactly the scans
+        np.testing.assert_allclose(strip["image"], np.round(canvas), atol=0.5)
 
 
 def test_built_splits_use_disjoint_scans(tmp_path):
@@ -45,7 +49,8 @@ def test_built_splits_use_disjoint_scans(tmp_path):
     record = splits["test"][0]
     assert record["image"].shape == (24, 96) and record["image"].dtype == np.uint8
     assert task_builder.text(record["caption"]).split()[0] in WORDS
-    assert record["image"].std() > 0  # light noise on the canvas
+    # light noise on the canvas
+    assert record["image"].std() > 0
 
 
 def test_a_canvas_too_small_is_named():

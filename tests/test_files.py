@@ -37,7 +37,8 @@ def test_a_failing_write_leaves_the_path_absent_or_as_it_was(tmp_path):
 
     with pytest.raises(OSError, match="disk full"):
         files.write_whole(tmp_path / "new.txt", half)
-    assert list(tmp_path.iterdir()) == []  # absent, temporary removed
+    # absent, temporary removed
+    assert list(tmp_path.iterdir()) == []
     (tmp_path / "old.txt").write_text("old")
     with pytest.raises(OSError, match="disk full"):
         files.write_whole(tmp_path / "old.txt", half)
@@ -52,9 +53,11 @@ def test_write_whole_writes_a_folder_and_refuses_one_that_exists(tmp_path):
     copy = lambda temporary: shutil.copytree(source, temporary)  # noqa: E731
     files.write_whole(tmp_path / "copy", copy)
     assert (tmp_path / "copy" / "inner" / "x.txt").read_text() == "x"
-    with pytest.raises(OSError):  # the rename onto a folder that is not empty fails
+    # the rename onto a folder that is not empty fails
+    with pytest.raises(OSError):
         files.write_whole(tmp_path / "copy", copy)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "source"]  # the temporary folder removed
+    # the temporary folder removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "source"]
 
 
 def test_digests(tmp_path):
@@ -79,12 +82,15 @@ def test_the_workdir_lock_refuses_another_process_naming_it_and_is_free_once_it_
         with pytest.raises(WorkdirInUse, match=f'in use by another run .*"pid": {holder.pid}'):
             files.WorkdirLock.acquire(tmp_path)
     finally:
-        os.kill(holder.pid, signal.SIGKILL)  # no release, no clean-up: the kernel drops its flock
+        # no release, no clean-up: the kernel drops its flock
+        os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
-    lock = files.WorkdirLock.acquire(tmp_path)  # taken over, the stale holder file rewritten
+    # taken over, the stale holder file rewritten
+    lock = files.WorkdirLock.acquire(tmp_path)
     assert json.loads((tmp_path / ".lock.holder").read_text())["pid"] == os.getpid()
     lock.release()
-    lock.release()  # twice is harmless
+    # twice is harmless
+    lock.release()
     files.WorkdirLock.acquire(tmp_path).release()
 
 
@@ -92,21 +98,25 @@ def test_the_workdir_lock_refuses_a_second_holder_in_this_process_too(tmp_path):
     first = files.WorkdirLock.acquire(tmp_path)
     with pytest.raises(WorkdirInUse, match=f'"pid": {os.getpid()}'):
         files.WorkdirLock.acquire(tmp_path)
-    threading.Thread(target=first.release).start()  # any thread may let go of it
+    # any thread may let go of it
+    threading.Thread(target=first.release).start()
     time.sleep(0.1)
     files.WorkdirLock.acquire(tmp_path).release()
 
 
 def test_the_blocking_lock_serialises_two_processes(tmp_path):
     path, done = tmp_path / "folder" / ".build.lock", tmp_path / "done"
-    with files.exclusive(path):  # creates the folder
+    # creates the folder
+    with files.exclusive(path):
         waiter = python(
             f"from utils import files; import pathlib; print('waiting', flush=True)\n"
             f"with files.exclusive(pathlib.Path({str(path)!r})): pathlib.Path({str(done)!r}).touch()"
         )
         assert waiter.stdout.readline() == "waiting\n"
-        time.sleep(0.5)  # time enough to take a free lock
-        assert waiter.poll() is None and not done.exists()  # it waits for this process
+        # time enough to take a free lock
+        time.sleep(0.5)
+        # it waits for this process
+        assert waiter.poll() is None and not done.exists()
     assert waiter.wait(timeout=10) == 0
     assert done.exists()
 
@@ -115,7 +125,8 @@ def test_blake3_digest_is_the_published_test_vector_and_reads_in_chunks(tmp_path
     (tmp_path / "abc").write_bytes(b"abc")
     # BLAKE3's published test vector for "abc" (the BLAKE3 specification's reference implementation)
     assert files.file_digest(tmp_path / "abc", "blake3") == "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
-    monkeypatch.setattr(files, "CHUNK_BYTES", 7)  # several chunks: the digest of the whole file all the same
+    # several chunks: the digest of the whole file all the same
+    monkeypatch.setattr(files, "CHUNK_BYTES", 7)
     (tmp_path / "long").write_bytes(bytes(range(256)) * 3)
     assert files.file_digest(tmp_path / "long", "sha256") == hashlib.sha256(bytes(range(256)) * 3).hexdigest()
 
@@ -139,8 +150,10 @@ def test_a_checkpoint_digest_of_either_format_catches_a_flipped_byte(tmp_path, f
         legacy = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in recorded["files"]}
         (folder / checkpoints.SHA256_DIGEST_FILE).write_text(json.dumps(legacy))
     reader = checkpoints.Checkpoints(tmp_path / "checkpoints")
-    assert reader.restore({"w": state["w"]}, step=1)[0] == 1  # intact: it restores
-    marker = folder / "commit_success.txt"  # in the digest, and restoring reads nothing of it: only the digest can tell
+    # intact: it restores
+    assert reader.restore({"w": state["w"]}, step=1)[0] == 1
+    # in the digest, and restoring reads nothing of it: only the digest can tell
+    marker = folder / "commit_success.txt"
     marker.write_bytes(bytes([marker.read_bytes()[0] ^ 0xFF]) + marker.read_bytes()[1:])
     with pytest.raises(CheckpointError, match="commit_success.txt is changed since it was saved"):
         reader.restore({"w": state["w"]}, step=1)

@@ -32,9 +32,11 @@ def test_text_sources_become_ids_ending_in_eos_padded_to_a_power_of_two():
     text = input_kinds.KINDS["text"]
     rows = text.user_rows(["ab", "abcd"], {}, TOKENS, max_source_length=4)
     a, b = (CHARS.encode(c)[0] for c in "ab")
-    assert [list(r) for r in rows] == [[a, b, tk.EOS_ID], [a, b, *CHARS.encode("c"), tk.EOS_ID]]  # trimmed to 4 with eos
+    # trimmed to 4 with eos
+    assert [list(r) for r in rows] == [[a, b, tk.EOS_ID], [a, b, *CHARS.encode("c"), tk.EOS_ID]]
     batch = text.user_batch(rows, 3, length_limit=16)
-    assert batch.shape == (3, 8) and batch.dtype == np.int32  # 4 ids -> the next power of two above 4
+    # 4 ids -> the next power of two above 4
+    assert batch.shape == (3, 8) and batch.dtype == np.int32
     assert list(batch[0]) == [a, b, tk.EOS_ID, 0, 0, 0, 0, 0] and not batch[2].any()
     assert text.source_length(batch[0]) == 3 and text.has_length and text.packs
     with pytest.raises(UserError, match="give strings"):
@@ -56,13 +58,13 @@ def test_images_get_their_channel_and_wrong_ones_are_named():
 def test_a_feature_grid_captioner_decodes_a_users_grids_through_its_kind():
     features = input_kinds.KINDS["features"]
     model = models.create_model("captioner", rngs=nnx.Rngs(0), vocab_size=9, embed_dim=4, hidden_dim=6, attention_dim=4,
-                                inputs="features", feature_dim=3)  # fmt: skip
+                                inputs="features", feature_dim=3)
     grids = [np.random.default_rng(0).normal(size=(5, 3)), np.ones((5, 3))]
     rows = features.user_rows(grids, {"feature_dim": 3}, TOKENS, 8)
     batch = features.user_batch(rows, 4, 8)
     assert batch.shape == (4, 5, 3) and batch.dtype == np.float32 and np.array_equal(batch[1], np.ones((5, 3)))
     tokens, scores = decoding.decode(model, jax.numpy.asarray(batch), length=6, key=jax.random.key(0), method="search", beam_size=1,
-                                     alpha=0.0, num_hypotheses=1, temperature=1.0, top_k=0, top_p=1.0, max_length_offset=0)  # fmt: skip
+                                     alpha=0.0, num_hypotheses=1, temperature=1.0, top_k=0, top_p=1.0, max_length_offset=0)
     assert tokens.shape == (4, 1, 6) and np.all(np.isfinite(np.asarray(scores)))
     with pytest.raises(UserError, match=r"\[L, 3\] \(model.feature_dim\)"):
         features.user_rows([np.ones((5, 4))], {"feature_dim": 3}, TOKENS, 8)

@@ -68,7 +68,8 @@ def test_packing_loses_and_duplicates_nothing():
         for r, row in enumerate(plan):
             for key in ("inputs", "targets"):
                 ids, positions = batch[f"{key}_segment_ids"][r], batch[f"{key}_positions"][r]
-                assert np.all(batch[key][r][ids == 0] == 0)  # padding is zero
+                # padding is zero
+                assert np.all(batch[key][r][ids == 0] == 0)
                 assert ids.max() == len(row)
                 for segment, index in enumerate(row, start=1):
                     np.testing.assert_array_equal(batch[key][r][ids == segment], examples[index][key])
@@ -93,21 +94,26 @@ def test_shard_is_disjoint_and_covering():
 def test_epoch_plans_are_made_only_as_far_as_they_are_read():
     made = collections.Counter()
 
-    def plan(epoch):  # epoch e has e + 2 items, (e, 0), (e, 1), ...
+    # epoch e has e + 2 items, (e, 0), (e, 1), ...
+    def plan(epoch):
         for item in range(epoch + 2):
             made[epoch] += 1
             yield epoch, item
 
     plans = ip.EpochPlans(plan)
-    assert plans[1] == (0, 1) and made == {0: 2}  # epoch 0's two items only
+    # epoch 0's two items only
+    assert plans[1] == (0, 1) and made == {0: 2}
     expected = [(e, i) for e in range(5) for i in range(e + 2)]
-    assert [plans[i] for i in (13, 2, 19, 0)] == [expected[i] for i in (13, 2, 19, 0)]  # forwards and back, as a restore reads
-    assert made[4] == 19 - 14 + 1  # epoch 4 (items 14...) made up to item 19 alone
+    # forwards and back, as a restore reads
+    assert [plans[i] for i in (13, 2, 19, 0)] == [expected[i] for i in (13, 2, 19, 0)]
+    # epoch 4 (items 14...) made up to item 19 alone
+    assert made[4] == 19 - 14 + 1
 
 
 def test_shared_remainders_fill_the_shapes_of_their_longest_members():
     shapes = [(8, 3), (16, 2), (32, 1)]  # (length, rows) per bucket
-    remainders = [(0, 10), (0, 11), (1, 12), (2, 13)]  # by bucket, as bucket_plan leaves them
+    # by bucket, as bucket_plan leaves them
+    remainders = [(0, 10), (0, 11), (1, 12), (2, 13)]
     # 10 and 11 fit 3 rows; with 12 (bucket 16: 2 rows) they would be 3: 12 starts a batch; 13 (1 row) too
     batches = ip.shared_remainders(remainders, shapes)
     assert [(length, members.tolist()) for length, members in batches] == [(8, [10, 11, -1]), (16, [12, -1]), (32, [13])]
@@ -117,8 +123,10 @@ def test_shared_remainders_fill_the_shapes_of_their_longest_members():
 def test_the_processes_blocks_of_global_batches_hold_every_example_once_per_epoch(process_count):
     rng = np.random.default_rng(process_count)
     lengths = rng.integers(1, 30, size=(101, 2))
-    kept = np.flatnonzero(lengths.max(1) != 7)  # some examples dropped by length
-    rows = 4 * process_count  # global rows, divisible by the process count
+    # some examples dropped by length
+    kept = np.flatnonzero(lengths.max(1) != 7)
+    # global rows, divisible by the process count
+    rows = 4 * process_count
     for name in ("pack", "bucket"):
         for epoch in range(2):
             if name == "pack":
@@ -131,8 +139,10 @@ def test_the_processes_blocks_of_global_batches_hold_every_example_once_per_epoc
                 shares = [[(length, ip.process_rows(m, p, process_count)) for length, m in plan(epoch)] for p in range(process_count)]
                 seen = [i for share in shares for _, members in share for i in members.tolist() if i >= 0]
                 shapes = [[(length, len(members)) for length, members in share] for share in shares]
-            assert sorted(seen) == kept.tolist()  # every kept example once, over all processes
-            assert all(s == shapes[0] for s in shapes)  # one shape per step in every process
+            # every kept example once, over all processes
+            assert sorted(seen) == kept.tolist()
+            # one shape per step in every process
+            assert all(s == shapes[0] for s in shapes)
 
 
 def two_process_examples(task, tokenizers, pipeline, batches):
@@ -154,7 +164,8 @@ def two_process_examples(task, tokenizers, pipeline, batches):
 def test_two_processes_together_see_every_training_example_once_per_epoch(copy_task, char_tokenizers, batching):
     pipeline = settings(batching=batching, batch_size=4, max_source_length=48, max_target_length=48, bucket_boundaries=(16, 32, 48))
     lengths = TEXT.lengths(copy_task, "train", char_tokenizers)
-    if batching == "pack":  # the global plan of epoch 0, as every process makes it
+    # the global plan of epoch 0, as every process makes it
+    if batching == "pack":
         order = np.random.default_rng([pipeline.seed, 0]).permutation(len(lengths))
         per_epoch = len(ip.pack_plan(order, lengths, 4, (48, 48)))
     else:
@@ -165,62 +176,77 @@ def test_two_processes_together_see_every_training_example_once_per_epoch(copy_t
     by_step = collections.defaultdict(set)
     for _, step, *shape in shapes:
         by_step[step].add(tuple(shape))
-    assert all(len(s) == 1 for s in by_step.values())  # both processes' batches of a step have one shape
+    # both processes' batches of a step have one shape
+    assert all(len(s) == 1 for s in by_step.values())
 
 
 def test_bucketed_batches_keep_buckets_and_cover_each_epoch():
     lengths = np.array([[n, n] for n in [3, 5, 9, 12, 20, 7, 30, 31, 2, 15, 16, 17]])
     indices = np.arange(len(lengths))
     plans = ip.EpochPlans(ip.bucket_plan(indices, lengths, 2, (8, 16, 32), seed=0))
-    per_epoch = len(lengths) // 2  # buckets of 4, 4 and 4 examples
+    # buckets of 4, 4 and 4 examples
+    per_epoch = len(lengths) // 2
     epochs = [[plans[e * per_epoch + i] for i in range(per_epoch)] for e in range(2)]
     for batches in epochs:
         assert sorted(np.concatenate([members for _, members in batches]).tolist()) == indices.tolist()
         for length, members in batches:
             assert np.all(lengths[members].max(1) <= length)
             assert np.all(lengths[members].max(1) > {8: 0, 16: 8, 32: 16}[length])
-    assert [m.tolist() for _, m in epochs[0]] != [m.tolist() for _, m in epochs[1]]  # reshuffled
+    # reshuffled
+    assert [m.tolist() for _, m in epochs[0]] != [m.tolist() for _, m in epochs[1]]
 
 
 def test_token_batches_hold_the_largest_multiple_of_batch_size_rows_within_the_tokens():
     tokens = settings(batching="bucket", batch_size=8, batch_tokens=4096, max_source_length=96, max_target_length=64)
     # 4096 // 16 = 256 rows; 4096 // 96 = 42 -> 40, a multiple of 8; 1000 > 4096 / 8: at least 8
     assert [tokens.bucket_rows(n) for n in (16, 96, 1000)] == [256, 40, 8]
-    assert [tokens.padded_length(b) for b in (16, 96, 512)] == [16, 96, 96]  # the longer limit caps a bucket
-    assert settings(batching="bucket", batch_size=8).bucket_rows(16) == 8  # batch_tokens 0: batch_size rows
+    # the longer limit caps a bucket
+    assert [tokens.padded_length(b) for b in (16, 96, 512)] == [16, 96, 96]
+    # batch_tokens 0: batch_size rows
+    assert settings(batching="bucket", batch_size=8).bucket_rows(16) == 8
 
 
 def test_token_batches_have_their_buckets_rows_and_cover_each_epoch(copy_task, char_tokenizers, caplog):
     lengths = np.array([[n, n] for n in [3, 5, 9, 12, 20, 7, 30, 31, 2, 15, 16, 17, 4, 6, 1]])
     indices = np.arange(len(lengths))
-    rows = {8: 3, 16: 2, 32: 1}  # per boundary, as PipelineSettings.bucket_rows gives them
+    # per boundary, as PipelineSettings.bucket_rows gives them
+    rows = {8: 3, 16: 2, 32: 1}
     plan = ip.bucket_plan(indices, lengths, list(rows.values()), tuple(rows), seed=0)
     for epoch in range(2):
         batches = plan(epoch)
         members = np.concatenate([m for _, m in batches])
-        assert sorted(members[members >= 0].tolist()) == indices.tolist()  # every example once, the remainder too
+        # every example once, the remainder too
+        assert sorted(members[members >= 0].tolist()) == indices.tolist()
         assert all(len(m) == rows[length] for length, m in batches)
-        assert (members < 0).sum() == 2  # the remainder of 7 in 3s: one example, in a batch of 3 rows
-    plan = ip.bucket_plan(indices, lengths, [8, 2, 1], tuple(rows), seed=0)  # the first bucket cannot fill a batch
+        # the remainder of 7 in 3s: one example, in a batch of 3 rows
+        assert (members < 0).sum() == 2
+    # the first bucket cannot fill a batch
+    plan = ip.bucket_plan(indices, lengths, [8, 2, 1], tuple(rows), seed=0)
     assert sorted(m for _, ms in plan(0) for m in ms.tolist() if m >= 0) == indices.tolist()
     tokens = settings(batching="bucket", batch_size=2, batch_tokens=48, bucket_boundaries=(8, 16, 24))
     for batch in take(ip.train_dataset(copy_task, char_tokenizers, tokens, TEXT)[0], 8):
         longest = max(batch["inputs"].shape[1], batch["targets"].shape[1])
         bucket = min(b for b in (8, 16, 24) if b >= longest)
-        assert batch["inputs"].shape[0] == {8: 6, 16: 2, 24: 2}[bucket]  # 48 // 8; 48 // 16 = 3 -> 2; 48 // 24
-        assert np.all((batch["inputs"] > 0).sum(1) == (batch["targets"] > 0).sum(1))  # copies; padding rows are empty
-    wide = settings(batching="bucket", batch_size=2, batch_tokens=96)  # eval batches: 96 // 24 = 4 rows of 24 tokens
+        # 48 // 8; 48 // 16 = 3 -> 2; 48 // 24
+        assert batch["inputs"].shape[0] == {8: 6, 16: 2, 24: 2}[bucket]
+        # copies; padding rows are empty
+        assert np.all((batch["inputs"] > 0).sum(1) == (batch["targets"] > 0).sum(1))
+    # eval batches: 96 // 24 = 4 rows of 24 tokens
+    wide = settings(batching="bucket", batch_size=2, batch_tokens=96)
     evaluated = list(ip.eval_batches(copy_task, char_tokenizers, "dev", wide, TEXT)[0])
-    assert len(evaluated) == 6 and {b["inputs"].shape[0] for b in evaluated} == {wide.eval_rows()} == {4}  # 21 examples
+    # 21 examples
+    assert len(evaluated) == 6 and {b["inputs"].shape[0] for b in evaluated} == {wide.eval_rows()} == {4}
     assert sorted(i for b in evaluated for i in b["index"] if i >= 0) == list(range(21))
     with pytest.raises(ConfigError, match="data.batch_tokens"):
         settings(batching="pack", batch_tokens=48)
 
 
 def test_epoch_plans_concatenate_epochs_of_different_lengths():
-    plans = ip.EpochPlans(lambda epoch: [(epoch, i) for i in range(epoch + 1)])  # epoch e has e + 1 items
+    # epoch e has e + 1 items
+    plans = ip.EpochPlans(lambda epoch: [(epoch, i) for i in range(epoch + 1)])
     assert [plans[i] for i in range(6)] == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
-    assert plans[3] == (2, 0)  # random access, in any order
+    # random access, in any order
+    assert plans[3] == (2, 0)
 
 
 # ------------------------------------------------------------- train batches
@@ -233,7 +259,8 @@ def test_iterator_state_restores_exactly(copy_task, char_tokenizers, batching):
     for _ in range(7):
         next(iterator)
     state = iterator.get_state()
-    expected = [next(iterator) for _ in range(30)]  # several epochs: reshuffling must restore too
+    # several epochs: reshuffling must restore too
+    expected = [next(iterator) for _ in range(30)]
     resumed = iter(dataset)
     resumed.set_state(state)
     for want, got in zip(expected, (next(resumed) for _ in range(30))):
@@ -257,7 +284,8 @@ def test_two_processes_see_disjoint_examples_covering_the_split(copy_task, char_
     for process in range(2):
         dataset, _ = ip.train_dataset(copy_task, char_tokenizers, settings(batch_size=2, **limits), TEXT, process_index=process, process_count=2)
         rows = [row for batch in take(dataset, kept // 2) for row in decoded_rows(batch, char_tokenizers)]
-        assert len(set(rows)) == kept // 2  # one epoch of this process: each of its examples once
+        # one epoch of this process: each of its examples once
+        assert len(set(rows)) == kept // 2
         seen.append(set(rows))
     assert not seen[0] & seen[1]
     assert seen[0] | seen[1] == {copy_task.pair(r)[0] for r in copy_task.splits["train"]}
@@ -272,7 +300,8 @@ def test_length_limits_drop_or_trim_and_report(copy_task, char_tokenizers):
     dataset, report = ip.train_dataset(copy_task, char_tokenizers, settings(length_policy="trim", batching="bucket"), TEXT)
     assert report["policy"] == "trim"
     rows = [row for batch in take(dataset, 30) for row in batch["inputs"]]
-    assert max(int((row > 0).sum()) for row in rows) == 24  # trimmed, eos kept
+    # trimmed, eos kept
+    assert max(int((row > 0).sum()) for row in rows) == 24
     assert all(row[(row > 0).sum() - 1] == tk.EOS_ID for row in rows)
     dropped_rows = [row for batch in take(ip.train_dataset(copy_task, char_tokenizers, settings(batching="bucket"), TEXT)[0], 30) for row in batch["inputs"]]
     assert max(int((row > 0).sum()) for row in dropped_rows) <= 24
@@ -295,7 +324,8 @@ def test_eval_batches_hold_every_example_once_in_order(copy_task, char_tokenizer
     records = copy_task.splits["dev"]
     dataset, _ = ip.eval_batches(copy_task, char_tokenizers, "dev", settings(batch_size=4, max_source_length=41, max_target_length=41), TEXT)
     batches = list(dataset)
-    assert len(batches) == 6  # ceil(21 / 4)
+    # ceil(21 / 4)
+    assert len(batches) == 6
     index = np.concatenate([b["index"] for b in batches])
     np.testing.assert_array_equal(index, list(range(21)) + [-1, -1, -1])
     rows = [row for b in batches for row in decoded_rows(b, char_tokenizers)]
@@ -322,6 +352,7 @@ def test_eval_batches_carry_the_dates_alignment(tmp_path):
     for row in range(4):
         source, target = task.pair(task.splits["test"][row])
         np.testing.assert_array_equal(batch["alignment"][row, :, 2:], task.splits["test"][row]["alignment"])
-        (target_start, target_end, start, end) = batch["alignment"][row][0]  # the year's spans
+        # the year's spans
+        (target_start, target_end, start, end) = batch["alignment"][row][0]
         assert target[target_start:target_end] == target[:4]
         assert source[start:end] in (target[:4], target[2:4])

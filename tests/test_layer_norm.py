@@ -66,7 +66,8 @@ def test_the_fast_variance_loses_precision_when_the_mean_is_large_against_the_sp
     a unit-variance output, where the two-pass variance in the same float32 is off by 2e-4."""
     x = shifted_rows(1e3, width)
     expected = np_layer_norm(x, 1.0, 0.0)
-    fast = layer_norm(width, rngs=nnx.Rngs(0))  # the project's: use_fast_variance=True
+    # the project's: use_fast_variance=True
+    fast = layer_norm(width, rngs=nnx.Rngs(0))
     two_pass = nnx.LayerNorm(width, epsilon=1e-6, use_fast_variance=False, rngs=nnx.Rngs(0))
     assert np.abs(np.asarray(apply(fast, x)) - expected).max() > 0.1
     np.testing.assert_allclose(apply(two_pass, x), expected, atol=1e-3)

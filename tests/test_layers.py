@@ -14,7 +14,8 @@ def test_sinusoidal_encoding_equals_the_papers_formula():
     codes = np.asarray(sinusoidal_encoding(jnp.arange(length), d_model))
     expected = np.zeros((length, d_model))
     for pos in range(length):
-        for i in range(d_model // 2):  # PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)
+        # PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)
+        for i in range(d_model // 2):
             expected[pos, 2 * i] = math.sin(pos / 10000 ** (2 * i / d_model))
             expected[pos, 2 * i + 1] = math.cos(pos / 10000 ** (2 * i / d_model))
     np.testing.assert_allclose(codes, expected, rtol=1e-5, atol=2e-5)

@@ -36,16 +36,21 @@ def random_tapes(rng, batch, length, written_lengths):
     for row, count in enumerate(written_lengths):
         written[row, :count] = True
     hidden, memory = rng.normal(size=(batch, length, H)), rng.normal(size=(batch, length, H))
-    return hidden, memory, written, rng.normal(size=(batch, H))  # h_i, c_i, which are written, h~_{t-1}
+    # h_i, c_i, which are written, h~_{t-1}
+    return hidden, memory, written, rng.normal(size=(batch, H))
 
 
 def np_intra_attention(cell, hidden, memory, written, summary, x):
     """Eqs. 4-6, float64."""
-    keys = hidden @ f64(cell.key_proj.kernel)  # W_h h_i
+    # W_h h_i
+    keys = hidden @ f64(cell.key_proj.kernel)
     query = x @ f64(cell.input_attention.kernel) + f64(cell.input_attention.bias) + summary @ f64(cell.summary_attention.kernel)
-    a = np.tanh(keys + query[:, None, :]) @ f64(cell.v)  # eq. 4
-    s = np_masked_softmax(a, written)  # eq. 5, positions < t only
-    return np.einsum("bl,blh->bh", s, hidden), np.einsum("bl,blh->bh", s, memory), s  # eq. 6
+    # eq. 4
+    a = np.tanh(keys + query[:, None, :]) @ f64(cell.v)
+    # eq. 5, positions < t only
+    s = np_masked_softmax(a, written)
+    # eq. 6
+    return np.einsum("bl,blh->bh", s, hidden), np.einsum("bl,blh->bh", s, memory), s
 
 
 def np_gates(cell, inputs):
@@ -59,23 +64,28 @@ def as_tapes(cell, hidden, memory, written, summary):
     return Tapes(jnp.float32(hidden), jnp.float32(memory), keys, jnp.asarray(written), jnp.float32(summary))
 
 
-@pytest.mark.parametrize("written_lengths", [(0, 2, 4), (3, 1, 4)])  # positions before t = 4
+# positions before t = 4
+@pytest.mark.parametrize("written_lengths", [(0, 2, 4), (3, 1, 4)])
 def test_cell_step_is_eqs_4_to_9(written_lengths):
     cell = make().encoder_cells[0]
     rng = np.random.default_rng(sum(written_lengths))
     hidden, memory, written, summary = random_tapes(rng, 3, 6, written_lengths)
     x = rng.normal(size=(3, E))
     position = 4
-    real = np.array([True, True, False])  # the third row is padding at this step
+    # the third row is padding at this step
+    real = np.array([True, True, False])
     tapes, h, weights = cell(as_tapes(cell, hidden, memory, written, summary), jnp.float32(x), jnp.array(position), jnp.asarray(real))
 
     h_tilde, c_tilde, s = np_intra_attention(cell, hidden, memory, written, summary, x)
     i, f, o, c_hat = np_gates(cell, np.concatenate([h_tilde, x], axis=-1))
-    c = f * c_tilde + i * c_hat  # eq. 8
-    expected_h = o * np.tanh(c)  # eq. 9
+    # eq. 8
+    c = f * c_tilde + i * c_hat
+    # eq. 9
+    expected_h = o * np.tanh(c)
     np.testing.assert_allclose(weights, s, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(h, expected_h, rtol=1e-5, atol=1e-5)
-    for row in range(3):  # written at `position` for real rows; padding leaves the tapes alone
+    # written at `position` for real rows; padding leaves the tapes alone
+    for row in range(3):
         expected_hidden = hidden[row].copy()
         if real[row]:
             expected_hidden[position] = expected_h[row]
@@ -122,34 +132,45 @@ def test_two_layer_encoder_tapes_are_eqs_4_to_9_layer_on_layer():
 def test_fused_decoder_step_is_eqs_11_to_16(fusion):
     model = make(fusion=fusion, inter_query="word_and_context")
     rng = np.random.default_rng(7)
-    gamma, alpha = rng.normal(size=(3, 5, H)), rng.normal(size=(3, 5, H))  # the encoder's tapes
+    # the encoder's tapes
+    gamma, alpha = rng.normal(size=(3, 5, H)), rng.normal(size=(3, 5, H))
     source_mask = np.ones((3, 5), bool)
     source_mask[1, 3:] = False
     memory = LSTMNMemory(jnp.float32(gamma), jnp.float32(alpha), model.cross_attention.project_keys(jnp.float32(gamma)), jnp.asarray(source_mask))
     cell = model.decoder_cells[0]
     hidden, memory_tape, written, summary = random_tapes(rng, 3, 6, (2, 2, 2))
-    previous_context = rng.normal(size=(3, H))  # gamma~_{t-1}
+    # gamma~_{t-1}
+    previous_context = rng.normal(size=(3, H))
     tapes = (as_tapes(cell, hidden, memory_tape, written, summary),)
-    state = LSTMNDecodeState(tapes, jnp.float32(previous_context), jnp.array(2), jnp.zeros((3, H)))  # eq. 11 reads no h_{t-1}
+    # eq. 11 reads no h_{t-1}
+    state = LSTMNDecodeState(tapes, jnp.float32(previous_context), jnp.array(2), jnp.zeros((3, H)))
     token = np.array([4, 7, 1])
     logits, new_state = model.decode_step(memory, jnp.asarray(token), state)
 
-    x = f64(model.target_embed.embedding)[token]  # x_t, the previous word
-    attention = model.cross_attention  # eq. 11: u^T tanh(W_gamma gamma_j + W_x x_t + W_gamma~ gamma~_{t-1})
+    # x_t, the previous word
+    x = f64(model.target_embed.embedding)[token]
+    # eq. 11: u^T tanh(W_gamma gamma_j + W_x x_t + W_gamma~ gamma~_{t-1})
+    attention = model.cross_attention
     query = np.concatenate([x, previous_context], axis=-1) @ f64(attention.query_proj.kernel)
     b = np.tanh(gamma @ f64(attention.key_proj.kernel) + f64(attention.key_proj.bias) + query[:, None, :]) @ f64(attention.v)
-    p = np_masked_softmax(b, source_mask)  # eq. 12
-    gamma_tilde = np.einsum("bj,bjh->bh", p, gamma)  # eq. 13
+    # eq. 12
+    p = np_masked_softmax(b, source_mask)
+    # eq. 13
+    gamma_tilde = np.einsum("bj,bjh->bh", p, gamma)
     alpha_tilde = np.einsum("bj,bjh->bh", p, alpha)
     h_tilde, c_tilde, _ = np_intra_attention(cell, hidden, memory_tape, written, summary, x)
-    if fusion == "shallow":  # the context in every gate, as RNNsearch's C c_i
+    # the context in every gate, as RNNsearch's C c_i
+    if fusion == "shallow":
         i, f, o, c_hat = np_gates(cell, np.concatenate([h_tilde, x, gamma_tilde], axis=-1))
         c = f * c_tilde + i * c_hat
     else:
         i, f, o, c_hat = np_gates(cell, np.concatenate([h_tilde, x], axis=-1))
-        r = sigmoid(np.concatenate([gamma_tilde, x], axis=-1) @ f64(cell.fusion.kernel) + f64(cell.fusion.bias))  # eq. 14
-        c = r * alpha_tilde + f * c_tilde + i * c_hat  # eq. 15
-    h = o * np.tanh(c)  # eq. 9 (eq. 16 under deep fusion)
+        # eq. 14
+        r = sigmoid(np.concatenate([gamma_tilde, x], axis=-1) @ f64(cell.fusion.kernel) + f64(cell.fusion.bias))
+        # eq. 15
+        c = r * alpha_tilde + f * c_tilde + i * c_hat
+    # eq. 9 (eq. 16 under deep fusion)
+    h = o * np.tanh(c)
     expected = np.concatenate([h, gamma_tilde], axis=-1) @ f64(model.output.kernel) + f64(model.output.bias)
     np.testing.assert_allclose(new_state.context, gamma_tilde, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(new_state.tapes[0].memory[:, 2], c, rtol=1e-5, atol=1e-5)
@@ -181,7 +202,8 @@ def paper_weights(model):
         return {name: f64(value) for name, value in names.items()}
 
     inter = model.cross_attention
-    query = f64(inter.query_proj.kernel)  # over [x_t; gamma~_{t-1}] (eq. 11) or h_{t-1} (eq. 11')
+    # over [x_t; gamma~_{t-1}] (eq. 11) or h_{t-1} (eq. 11')
+    query = f64(inter.query_proj.kernel)
     query_weights = dict(W_x=query[:E], W_gammatilde=query[E:]) if model.config.query == "word_and_context" else dict(W_s=query)
     return dict(
         source_embed=f64(model.source_embed.embedding), target_embed=f64(model.target_embed.embedding),
@@ -189,7 +211,7 @@ def paper_weights(model):
         # eq. 11's W_gamma (and bias), u; W_x and W_gamma~ (eq. 11) or W_s (eq. 11')
         W_gamma=f64(inter.key_proj.kernel), b_gamma=f64(inter.key_proj.bias), **query_weights,
         u=f64(inter.v), W_out=f64(model.output.kernel), b_out=f64(model.output.bias),
-    )  # fmt: skip
+    )
 
 
 def paper_softmax(scores):
@@ -203,11 +225,13 @@ def paper_lstmn_step(w, hs, cs, h_tilde_previous, x, fusion=None, gamma_tilde=No
     vector per earlier token), eqs. 4-9; in the decoder's first layer, the context gamma~_t in the gates
     (`fusion="shallow"`) or alpha~_t gated into the memory (`"deep"`, eqs. 14-16). Returns h_t, c_t, h~_t."""
     if hs:
-        a = [np.tanh(h_i @ w["W_h"] + x @ w["W_x"] + w["b_x"] + h_tilde_previous @ w["W_htilde"]) @ w["v"] for h_i in hs]  # (4)
+        # (4)
+        a = [np.tanh(h_i @ w["W_h"] + x @ w["W_x"] + w["b_x"] + h_tilde_previous @ w["W_htilde"]) @ w["v"] for h_i in hs]
         s = paper_softmax(a)  # (5)
         h_tilde = sum(s_i * h_i for s_i, h_i in zip(s, hs))  # (6)
         c_tilde = sum(s_i * c_i for s_i, c_i in zip(s, cs))
-    else:  # t = 1: nothing to read
+    else:
+        # t = 1: nothing to read
         h_tilde = c_tilde = np.zeros_like(h_tilde_previous)
     gate_input = [h_tilde, x] + ([gamma_tilde] if fusion == "shallow" else [])
     i, f, o, c_hat = np.split(np.concatenate(gate_input) @ w["W"] + w["b"], 4)  # (7)
@@ -227,7 +251,8 @@ def paper_lstmn_run(layers, xs, zero_slot=False):
     for layer in layers:
         size = len(layer["W_htilde"])
         hs, cs = ([np.zeros(size)], [np.zeros(size)]) if zero_slot else ([], [])
-        h_tilde = np.zeros(size)  # h~_0 = 0
+        # h~_0 = 0
+        h_tilde = np.zeros(size)
         for x in xs:
             h, c, h_tilde = paper_lstmn_step(layer, hs, cs, h_tilde, x)
             hs.append(h)
@@ -248,15 +273,19 @@ def paper_encoder_decoder(w, source, target, fusion, bos, query="word_and_contex
     runs = paper_lstmn_run(w["encoder"], [w["source_embed"][word] for word in source], zero_slot=seed)
     gamma, alpha = runs[-1]
     hidden = len(gamma[0])
-    tapes = [([hs[-1]], [cs[-1]]) for hs, cs in runs] if seed else [([], []) for _ in w["decoder"]]  # h, c tapes per layer
-    summaries = [np.zeros(hidden) for _ in w["decoder"]]  # h~_{t-1} per layer
-    gamma_tilde = np.zeros(hidden)  # gamma~_0
+    # h, c tapes per layer
+    tapes = [([hs[-1]], [cs[-1]]) for hs, cs in runs] if seed else [([], []) for _ in w["decoder"]]
+    # h~_{t-1} per layer
+    summaries = [np.zeros(hidden) for _ in w["decoder"]]
+    # gamma~_0
+    gamma_tilde = np.zeros(hidden)
     logits = []
     for previous in [bos, *target[:-1]]:
         x = w["target_embed"][previous]
         if query == "word_and_context":
             terms = x @ w["W_x"] + gamma_tilde @ w["W_gammatilde"]
-        else:  # s_{t-1}: the top decoder layer's latest state, 0 before the first (Bahdanau's e_ij = a(s_{i-1}, h_j))
+        else:
+            # s_{t-1}: the top decoder layer's latest state, 0 before the first (Bahdanau's e_ij = a(s_{i-1}, h_j))
             top = tapes[-1][0]
             terms = (top[-1] if top else np.zeros(hidden)) @ w["W_s"]
         b = [np.tanh(g_j @ w["W_gamma"] + w["b_gamma"] + terms) @ w["u"] for g_j in gamma]  # (11), (11')
@@ -277,7 +306,7 @@ def paper_encoder_decoder(w, source, target, fusion, bos, query="word_and_contex
 VARIANTS = [  # (fusion, inter_query, seed_tapes)
     ("shallow", "previous_state", False), ("shallow", "word_and_context", False), ("deep", "word_and_context", False),
     ("shallow", "previous_state", True), ("deep", "word_and_context", True),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("fusion, query, seed", VARIANTS)
@@ -290,7 +319,7 @@ def test_two_layer_encoder_decoder_logits_are_the_papers_equations(fusion, query
     word's, not the padding's). `embed_dim = hidden_dim`, so that a layer fed the wrong layer's input
     computes (wrongly) instead of failing on a shape."""
     model = make(fusion=fusion, inter_query=query, seed_tapes=seed, embed_dim=4, hidden_dim=4, attention_dim=3,
-                 num_encoder_layers=2, num_decoder_layers=2)  # fmt: skip
+                 num_encoder_layers=2, num_decoder_layers=2)
     randomize(model, seed=11)
     sources = np.array([[5, 9, 3], [7, 4, 0]])
     targets = np.array([[6, 3, 11], [8, 8, 12]])
@@ -317,13 +346,16 @@ def test_intra_attention_sees_only_earlier_real_positions(fusion):
     model = make(fusion=fusion, num_encoder_layers=2, num_decoder_layers=2)
     batch = batch_of()
     logits = np.asarray(model(batch))
-    j = 3  # a later target token changes nothing before it, bit for bit
-    other = (batch["targets"] + 1 - 3) % (V - 3) + 3  # another real token, padding left as it is
+    # a later target token changes nothing before it, bit for bit
+    j = 3
+    # another real token, padding left as it is
+    other = (batch["targets"] + 1 - 3) % (V - 3) + 3
     later = dict(batch, targets=batch["targets"].at[:, j:].set(jnp.where(batch["targets"][:, j:] > 0, other[:, j:], 0)))
     np.testing.assert_array_equal(np.asarray(model(later))[:, : j + 1], logits[:, : j + 1])
     memory, later_memory = model.encode(batch["inputs"]), model.encode(later["inputs"].at[:, 5:].set(4))
     np.testing.assert_array_equal(np.asarray(later_memory.hidden)[0, :5], np.asarray(memory.hidden)[0, :5])
-    for row in range(3):  # a padded row gives what the example gives alone
+    # a padded row gives what the example gives alone
+    for row in range(3):
         source, target = int((batch["inputs"][row] > 0).sum()), int((batch["targets"][row] > 0).sum())
         alone = model({"inputs": batch["inputs"][row : row + 1, :source], "targets": batch["targets"][row : row + 1, :target]})
         np.testing.assert_allclose(np.asarray(alone)[0], logits[row, :target], rtol=1e-5, atol=1e-6)
@@ -331,8 +363,10 @@ def test_intra_attention_sees_only_earlier_real_positions(fusion):
     roles = attention_roles(model)
     assert roles["encoder_cells/1"] is AttentionRole.SOURCE_SELF and roles["decoder_cells/0"] is AttentionRole.TARGET_SELF
     intra = np.asarray(weights["encoder_cells/0"])[:, 0]  # [B, S, S]: word t over the words before it
-    assert np.all(np.triu(intra, k=0) == 0.0)  # only i < t
-    assert np.all(intra[1][:, 4:] == 0.0)  # never padding
+    # only i < t
+    assert np.all(np.triu(intra, k=0) == 0.0)
+    # never padding
+    assert np.all(intra[1][:, 4:] == 0.0)
 
 
 @pytest.mark.parametrize("fields", [dict(fusion="shallow"), dict(fusion="deep"), dict(seed_tapes=True, num_encoder_layers=2)])
@@ -363,10 +397,12 @@ def test_beam_search_gives_each_padded_row_what_it_gives_alone(fields):
         np.testing.assert_allclose(alone_scores[0], scores[row], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("seed", [False, True])  # seeded: also through the decoder's first slots into the encoder
+# seeded: also through the decoder's first slots into the encoder
+@pytest.mark.parametrize("seed", [False, True])
 def test_gradient_through_the_tapes_matches_finite_differences(seed):
     model = make(fusion="deep", seed_tapes=seed, embed_dim=3, hidden_dim=3, attention_dim=3)
-    batch = {k: v[1:] for k, v in batch_of(3).items()}  # a padded source and a padded target among 2 rows
+    # a padded source and a padded target among 2 rows
+    batch = {k: v[1:] for k, v in batch_of(3).items()}
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def loss(params):
@@ -387,7 +423,8 @@ def test_tape_scan_gradient_equals_autodiff_through_a_scan_that_carries_the_tape
     L, B, D = 5, 2, 3
     rng = np.random.default_rng(0)
     weight, start, xs = (jnp.asarray(rng.normal(size=shape)) for shape in [(D, D), (B, D), (L, B, D)])
-    keep = jnp.asarray([True, False, True])  # a constant with no gradient
+    # a constant with no gradient
+    keep = jnp.asarray([True, False, True])
     real = jnp.asarray(np.arange(L)[:, None] < np.array([5, 3]))  # [L, B]: the second row is padded
 
     def step(consts, carry, tape, x, flag, t):
@@ -429,7 +466,8 @@ def test_bad_fields_are_named():
         make(fusion="deep", inter_query="previous_state")
     with pytest.raises(ConfigError, match=r"num_encoder_layers \(2\) must equal num_decoder_layers \(1\)"):
         make(seed_tapes=True, num_encoder_layers=2)
-    assert (make().config.query, make(fusion="deep").config.query) == ("previous_state", "word_and_context")  # each fusion's own
+    # each fusion's own
+    assert (make().config.query, make(fusion="deep").config.query) == ("previous_state", "word_and_context")
     with pytest.raises(ConfigError, match="bucket"):
         make()(dict(batch_of(), inputs_segment_ids=jnp.ones((3, 7), jnp.int32)))
 
@@ -444,14 +482,14 @@ def test_length_experiment_trains_every_variant_under_one_budget():
     runs = length_experiment.columns(["rnnsearch", "lstmn"], "all")
     assert list(runs) == ["rnnsearch"] + [f"lstmn_{name}" for name in length_experiment.LSTMN_VARIANTS]
     configs = {column: length_experiment.experiment_config(family, "copy", 7, "data/tfds", fields)
-               for column, (family, fields) in runs.items()}  # fmt: skip
+               for column, (family, fields) in runs.items()}
     expected = {  # (fusion, query, seed_tapes) by column
         "lstmn_shallow_state": ("shallow", "previous_state", False),
         "lstmn_shallow_word_context": ("shallow", "word_and_context", False),
         "lstmn_deep": ("deep", "word_and_context", False), "lstmn_shallow_state_seeded": ("shallow", "previous_state", True),
         "lstmn_shallow_word_context_seeded": ("shallow", "word_and_context", True),
         "lstmn_deep_seeded": ("deep", "word_and_context", True),
-    }  # fmt: skip
+    }
     for column, variant in expected.items():
         model = parse(configs[column]).model.hyperparameters
         assert (model.fusion, model.query, model.seed_tapes) == variant, column
@@ -494,6 +532,7 @@ def test_a_run_folder_naming_the_query_eq13_reads_as_word_and_context_and_resume
     assert saved.read_text().count('"inter_query": "word_and_context"') == 1
     saved.write_text(saved.read_text().replace('"inter_query": "word_and_context"', '"inter_query": "eq13"'))
     assert base.read_run_config(tmp_path).model.inter_query == "word_and_context"
-    check_resume(parse(config), tmp_path)  # a changed model field would stop here (ConfigError)
+    # a changed model field would stop here (ConfigError)
+    check_resume(parse(config), tmp_path)
     with pytest.raises(ConfigError, match="inter_query must be one of previous_state, word_and_context"):
         make(inter_query="eq13")

@@ -15,7 +15,8 @@ def np_smoothed_cross_entropy(logits, target, eps):
     q = np.full(vocab, eps / vocab)
     q[target] += 1 - eps
     entropy = -sum(p * math.log(p) for p in q if p > 0)
-    return -(q * log_probs).sum() - entropy  # cross-entropy minus the entropy of q
+    # cross-entropy minus the entropy of q
+    return -(q * log_probs).sum() - entropy
 
 
 def test_cross_entropy_with_and_without_label_smoothing():
@@ -39,10 +40,12 @@ def test_smoothed_loss_is_zero_at_the_smoothed_target():
 
 def test_token_sums_ignore_padding_and_summarize():
     logits = np.log(np.array([[[0.7, 0.1, 0.2], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]], np.float32))
-    targets = np.array([[1, 2, 0]])  # the last position is padding
+    # the last position is padding
+    targets = np.array([[1, 2, 0]])
     sums = {k: float(v) for k, v in metrics.token_sums(logits, targets).items()}
     assert sums["tokens"] == 2
-    assert sums["correct_sum"] == 0  # argmaxes are 0 and 1
+    # argmaxes are 0 and 1
+    assert sums["correct_sum"] == 0
     assert math.isclose(sums["nll_sum"], -math.log(0.1) - math.log(0.3), rel_tol=1e-5)
     summary = metrics.summarize(sums)
     assert math.isclose(summary["loss"], sums["nll_sum"] / 2, rel_tol=1e-6)
@@ -52,7 +55,8 @@ def test_token_sums_ignore_padding_and_summarize():
 
 def test_token_accuracy_counts_the_target_among_k_tied_largest_logits_as_one_kth():
     logits = np.array([[[0.0, 1.0, 3.0, 2.0], [0.0, 2.0, 2.0, 0.0], [0.0, 4.0, 4.0, 4.0], [0.0, 0.0, 1.0, 1.0]]], np.float32)
-    targets = np.array([[2, 1, 3, 1]])  # right; one of two tied; one of three tied; not among the largest (id 0 is padding)
+    # right; one of two tied; one of three tied; not among the largest (id 0 is padding)
+    targets = np.array([[2, 1, 3, 1]])
     assert math.isclose(float(metrics.token_sums(logits, targets)["correct_sum"]), 1 + 1 / 2 + 1 / 3, rel_tol=1e-6)
 
 
@@ -75,7 +79,8 @@ def test_symbol_accuracy_hand_worked():
 def test_bleu_chrf_and_exact_match_over_several_references_equal_sacrebleu():
     hypotheses = ["a dog runs", "two cats"]
     references = [["a dog runs fast", "a dog runs"], ["one cat"]]
-    streams = [["a dog runs fast", "one cat"], ["a dog runs", None]]  # sacreBLEU skips None
+    # sacreBLEU skips None
+    streams = [["a dog runs fast", "one cat"], ["a dog runs", None]]
     assert metrics.exact_match(hypotheses, references) == 1 / 2
     for order in (1, 4):
         expected = sacrebleu.BLEU(tokenize="char", max_ngram_order=order)

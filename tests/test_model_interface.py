@@ -20,10 +20,13 @@ from models.interface import READS, EncoderDecoder, ImageGrid, ModelConfig, OwnO
 from models.transformer import Transformer, TransformerConfig
 from run_setup.sharding import LOGICAL_AXES
 
-B, S, T, V = 2, 5, 4, 11  # batch, source length, target length, target vocabulary
+# batch, source length, target length, target vocabulary
+B, S, T, V = 2, 5, 4, 11
 BOS, PAD = 1, 0
-IMAGE = (8, 8)  # height, width of the pixel inputs
-GRID = 6  # cells of the feature-grid inputs
+# height, width of the pixel inputs
+IMAGE = (8, 8)
+# cells of the feature-grid inputs
+GRID = 6
 
 # Every registered family, tiny: one variant per value a declaration can take with the hyperparameters.
 TINY = {
@@ -52,7 +55,7 @@ VARIANTS = [
 def build(name: str, **fields):
     """The family `name` with these hyperparameters, abstract (parameters as shapes: nothing is run)."""
     return nnx.eval_shape(lambda: models.create_model(name, rngs=nnx.Rngs(params=0, dropout=1), vocab_size=V,
-                                                      bos_id=BOS, pad_id=PAD, **fields))  # fmt: skip
+                                                      bos_id=BOS, pad_id=PAD, **fields))
 
 
 def traced(model, method, *arrays):
@@ -73,7 +76,7 @@ def inputs_for(config: ModelConfig, length: int = S) -> jax.ShapeDtypeStruct:
 
 def positional_names(function) -> list[str]:
     return [p.name for p in inspect.signature(function).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"]  # fmt: skip
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"]
 
 
 def shapes(tree) -> list:
@@ -137,7 +140,8 @@ def check_family(model) -> None:
             model, lambda m, *args: m.objective(*args, metrics.token_sums), batch, model_state, jax.random.key(0))
         assert loss.shape == () and "smoothed_loss_sum" in sums
         assert jax.tree.structure(new_state) == jax.tree.structure(model_state), "objective changes the model state's structure"
-    if limit is not None:  # the model takes a source as long as its limit
+    # the model takes a source as long as its limit
+    if limit is not None:
         traced(model, lambda m, inputs: m.encode(inputs), inputs_for(config, limit))
 
 
@@ -188,18 +192,20 @@ def test_source_kind_follows_the_declaration(name):
 
 
 class NoDecodeStep(Transformer):
-    decode_step = None  # a family that forgot its decoding step
+    # a family that forgot its decoding step
+    decode_step = None
 
 
 @dataclasses.dataclass(frozen=True)
 class ClaimsObjective(TransformerConfig):
-    has_objective = True  # declared, but the Transformer has no `objective`
+    # declared, but the Transformer has no `objective`
+    has_objective = True
 
 
 @pytest.mark.parametrize("broken, complaint", [
     (lambda: NoDecodeStep(TransformerConfig(V, **TINY["transformer"][0]), rngs=nnx.Rngs(0)), "decode_step"),
     (lambda: Transformer(ClaimsObjective(V, **TINY["transformer"][0]), rngs=nnx.Rngs(0)), "has_objective"),
-])  # fmt: skip
+])
 def test_a_family_that_breaks_the_interface_fails(broken, complaint):
     with pytest.raises(AssertionError, match=complaint):
         check_family(nnx.eval_shape(broken))

@@ -16,7 +16,8 @@ def test_alignment_accuracy_hand_worked():
     spans = dates.alignment_spans({"alignment": np.array([[6, 10], [2, 5], [0, 1]])})
     np.testing.assert_array_equal(spans, [[0, 4, 6, 10], [5, 7, 2, 5], [8, 10, 0, 1]])
     weights = np.zeros((11, 10))
-    most_attended = [6, 7, 8, 1, 0, 3, 4, 0, 0, 9, 0]  # per target position
+    # per target position
+    most_attended = [6, 7, 8, 1, 0, 3, 4, 0, 0, 9, 0]
     for position, source in enumerate(most_attended):
         weights[position, source] = 1.0
     # year 0-3: 6,7,8 in [6,10) yes, 1 no -> 3; month 5,6: 3,4 in [2,5) -> 2; day 8,9: 0 yes, 9 no -> 1
@@ -30,7 +31,7 @@ def model():
     return models.create_model(
         "transformer", rngs=nnx.Rngs(0), vocab_size=9, d_model=8, num_heads=2, d_ff=16,
         num_encoder_layers=1, num_decoder_layers=2,
-    )  # fmt: skip
+    )
 
 
 def test_attention_weights_of_every_module(model):
@@ -44,9 +45,10 @@ def test_attention_weights_of_every_module(model):
     assert sorted(weights) == [
         "decoder_layers/0/cross_attention", "decoder_layers/0/self_attention",
         "decoder_layers/1/cross_attention", "decoder_layers/1/self_attention", "encoder_layers/0/self_attention",
-    ]  # fmt: skip
+    ]
     assert weights["decoder_layers/1/cross_attention"].shape == (1, 2, 3, 5)
-    assert np.all(np.asarray(weights["decoder_layers/1/cross_attention"])[..., 4] == 0)  # source padding
+    # source padding
+    assert np.all(np.asarray(weights["decoder_layers/1/cross_attention"])[..., 4] == 0)
 
 
 def test_draw_example_writes_pictures_and_weights(model, tmp_path):
@@ -60,7 +62,7 @@ def test_draw_example_writes_pictures_and_weights(model, tmp_path):
     drawn = pictures.draw_example(tmp_path, "example_0", cut, roles, source, output)
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "example_0_decoder_layers_0_cross_attention.png", "example_0_decoder_layers_1_cross_attention.png",
-    ]  # fmt: skip
+    ]
     assert all(p.ndim == 3 and p.shape[2] == 3 and p.dtype == np.uint8 for p in drawn.values())
     saved = np.load(tmp_path / "example_0.npz")
     assert saved["source_tokens"].tolist() == source and saved["output_tokens"].tolist() == output

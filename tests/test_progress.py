@@ -11,9 +11,11 @@ def test_a_phase_logs_its_start_its_rate_and_time_left_and_its_end(caplog, monke
     with caplog.at_level(logging.INFO):
         with progress.phase("tokenizing train", total=100, unit="pairs", log_every=5.0) as bar:
             now[0] = 10.0
-            bar.advance(25)  # 25 of 100 done in 10 s: 2.5/s, 75 left = 30 s
+            # 25 of 100 done in 10 s: 2.5/s, 75 left = 30 s
+            bar.advance(25)
             now[0] = 12.0
-            bar.advance(5)  # under log_every since the last line: nothing written
+            # under log_every since the last line: nothing written
+            bar.advance(5)
             now[0] = 20.0
             bar.advance(20)
             now[0] = 40.0

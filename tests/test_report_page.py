@@ -33,7 +33,8 @@ def test_damaged_metrics_lines_are_skipped_and_counted(tmp_path):
     assert rows == [good, {"step": 10, "split": "dev", "loss": 2.0}] and damaged == 2
     page = pages.write(tmp_path).read_text()
     assert "2 damaged line(s) of metrics.jsonl skipped" in page
-    assert "No evaluation yet" in page  # no eval/ folder: the page says so
+    # no eval/ folder: the page says so
+    assert "No evaluation yet" in page
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -59,11 +60,13 @@ def test_curve_series_by_metric_and_split():
 def test_packed_keeps_each_rows_largest_weights():
     weights = np.array([[[0.1, 0.6, 0.3], [0.5, 0.0, 0.4]]])  # [N=1, Tq=2, Tk=3]
     values = pages.quantized(weights)
-    np.testing.assert_array_equal(values, [[[26, 153, 76], [128, 0, 102]]])  # round(w * 255)
+    # round(w * 255)
+    np.testing.assert_array_equal(values, [[[26, 153, 76], [128, 0, 102]]])
     assert pages.packed_weights(values, None) == values.tobytes()
     kept = pages.packed_weights(values, 2)
     positions = np.frombuffer(kept[:8], "<u2").reshape(1, 2, 2)
-    shown = np.zeros_like(values)  # as the page rebuilds a row: the kept weights at their positions, 0 elsewhere
+    # as the page rebuilds a row: the kept weights at their positions, 0 elsewhere
+    shown = np.zeros_like(values)
     np.put_along_axis(shown, positions.astype(np.int64), np.frombuffer(kept[8:], np.uint8).reshape(1, 2, 2), axis=-1)
     np.testing.assert_array_equal(shown, [[[0, 153, 76], [128, 0, 102]]])
 
@@ -85,7 +88,7 @@ def test_a_feature_grid_example_is_explored_over_its_cells(tmp_path):
     weights = {"attention": np.array([[[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]], np.float32)}  # [N=1, T=2, L=3]
     features = input_kinds.KINDS["features"]
     features.draw(tmp_path / "attention" / "step_1", "example_0", np.zeros((3, 4), np.float32), weights,
-                  {"attention": AttentionRole.CROSS}, ["a", "</s>"], None, None)  # fmt: skip
+                  {"attention": AttentionRole.CROSS}, ["a", "</s>"], None, None)
     (example,) = pages.read_run(tmp_path).attention
     assert example["source"] == ["cell 0", "cell 1", "cell 2"] and example["output"] == ["a", "</s>"]
     assert [(m["name"], m["role"]) for m in example["modules"]] == [("attention", "cross")]
@@ -103,7 +106,8 @@ def test_every_evaluation_writes_the_report_and_its_inputs(finished_run):
     modules = saved["modules"].tolist()
     assert sorted(saved["roles"].tolist()) == ["cross", "source_self", "target_self"]
     assert dict(zip(modules, saved["roles"].tolist()))["decoder_layers/0/cross_attention"] == "cross"
-    assert saved["alignment"].shape == (3, 4)  # the dates task's gold spans of this example
+    # the dates task's gold spans of this example
+    assert saved["alignment"].shape == (3, 4)
 
 
 def test_rebuilt_from_the_folder_alone(finished_run, tmp_path):
@@ -141,7 +145,8 @@ class OpenPage:
 
     def check_clean(self):
         assert self.errors == []
-        assert self.requests == [self.url]  # the page itself, nothing else
+        # the page itself, nothing else
+        assert self.requests == [self.url]
 
     def weights(self, selector: str) -> list[float]:
         return [float(w) for w in self.page.eval_on_selector_all(selector, "nodes => nodes.map(n => n.dataset.w)")]
@@ -156,29 +161,33 @@ def test_explorer_hover_shows_the_rows_weights(browser, finished_run):
     explorer = page.locator("details.example").first.locator(".explorer")
     page.wait_for_selector("details.example .explorer[data-rendered]")
     assert explorer.locator("select.kind").input_value() == "cross"
-    target = 5  # the month: in the gold span (5, 7)
+    # the month: in the gold span (5, 7)
+    target = 5
     assert len(saved["output_tokens"]) > target
     explorer.locator(".queries .tok").nth(target).hover()
     shown = opened.weights("details.example >> nth=0 >> .keys .tok")
-    np.testing.assert_allclose(shown, cross[0, target], atol=0.5 / 255 + 1e-4)  # head 0, uint8 on the page
+    # head 0, uint8 on the page
+    np.testing.assert_allclose(shown, cross[0, target], atol=0.5 / 255 + 1e-4)
     explorer.locator("select.head").select_option("1")
     explorer.locator(".queries .tok").nth(target).hover()
     shown_head_1 = opened.weights("details.example >> nth=0 >> .keys .tok")
     np.testing.assert_allclose(shown_head_1, cross[1, target], atol=0.5 / 255 + 1e-4)
     assert not np.allclose(shown, shown_head_1)
-    explorer.locator(".keys .tok").nth(2).hover()  # a source token: its column over the output
+    # a source token: its column over the output
+    explorer.locator(".keys .tok").nth(2).hover()
     np.testing.assert_allclose(opened.weights("details.example >> nth=0 >> .queries .tok"), cross[1, :, 2], atol=0.5 / 255 + 1e-4)
     explorer.locator("select.head").select_option("mean")
     explorer.locator(".queries .tok").nth(target).hover()
     np.testing.assert_allclose(opened.weights("details.example >> nth=0 >> .keys .tok"), cross.mean(0)[target], atol=0.5 / 255 + 1e-4)
-    spans = saved["alignment"]  # the gold source span of the hovered output position is outlined
+    # the gold source span of the hovered output position is outlined
+    spans = saved["alignment"]
     t0, t1, s0, s1 = next(span for span in spans if span[0] <= target < span[1])
     gold = explorer.locator(".keys .tok.gold")
     assert [int(i) for i in gold.evaluate_all("ns => ns.map(n => n.dataset.index)")] == list(range(s0, min(s1, len(saved["source_tokens"]))))
     explorer.locator("select.kind").select_option("source_self")
     explorer.locator(".queries .tok").nth(1).hover()
     np.testing.assert_allclose(opened.weights("details.example >> nth=0 >> .keys .tok"), saved["encoder_layers_0_self_attention"].mean(0)[1],
-                               atol=0.5 / 255 + 1e-4)  # fmt: skip
+                               atol=0.5 / 255 + 1e-4)
     page.click("#worst-first")
     chrf = [float(t) for t in page.locator("#examples tbody tr td:nth-child(4)").all_text_contents()]
     assert chrf == sorted(chrf) and len(chrf) == 24
@@ -194,18 +203,21 @@ def test_image_explorer_and_sweep_page(browser, tmp_path):
     weights = np.full((3, 8), 0.02)  # [T, L]: 3 words over a 2 x 4 grid of 4 x 4 pixel cells
     weights[0, 1], weights[1, 6], weights[2, 0] = 0.86, 0.86, 0.86
     centres = np.array([[2 + 4 * c, 2 + 4 * r] for r in range(2) for c in range(4)])  # (x, y)
-    boxes = np.array([[4, 0, 8, 4], [8, 4, 12, 8], [-1, -1, -1, -1]])  # the words' boxes; cells 1 and 6 are inside
+    # the words' boxes; cells 1 and 6 are inside
+    boxes = np.array([[4, 0, 8, 4], [8, 4, 12, 8], [-1, -1, -1, -1]])
     extras = {"centres": centres, "boxes": boxes}
     pictures.draw_image_attention(run / "attention" / "step_5", "example_0", image, weights, (2, 4), ["one", "two", "</s>"], extras)
     opened = OpenPage(browser, pages.write(run))
     page = opened.page
     page.wait_for_selector("details.example .explorer[data-rendered]")
     assert page.locator("select.kind").input_value() == "grid"
-    assert "localisation accuracy: 1.000" in page.locator(".accuracy").inner_text()  # word 0's cell 1 lies in its box
+    # word 0's cell 1 lies in its box
+    assert "localisation accuracy: 1.000" in page.locator(".accuracy").inner_text()
     pixels = "() => Array.from(document.querySelector('canvas.heatmap').getContext('2d').getImageData(0, 0, 999, 999).data).join()"
     before = page.evaluate(pixels)
     page.locator(".queries .tok").nth(0).hover()
-    assert page.evaluate(pixels) != before  # the word's attention laid over the image
+    # the word's attention laid over the image
+    assert page.evaluate(pixels) != before
     opened.check_clean()
     page.close()
 
@@ -217,11 +229,13 @@ def test_image_explorer_and_sweep_page(browser, tmp_path):
     opened = OpenPage(browser, pages.write_sweep(tmp_path, rows, "dev/score", {"lr": ("log_uniform", 1e-4, 1.0)}))
     page = opened.page
     page.click("#trials th:has-text('dev/score')")
-    assert page.locator("#trials tbody tr td:nth-child(1)").all_text_contents() == ["0", "1", "2"]  # ascending, the failed trial last
+    # ascending, the failed trial last
+    assert page.locator("#trials tbody tr td:nth-child(1)").all_text_contents() == ["0", "1", "2"]
     page.click("#trials th:has-text('dev/score')")
     assert page.locator("#trials tbody tr td:nth-child(1)").all_text_contents() == ["1", "0", "2"]
     assert page.locator("#trials a", has_text="0").get_attribute("href") == "trial_0/report.html"
-    assert page.locator("svg.chart").count() == 2  # by trial, by lr
+    # by trial, by lr
+    assert page.locator("svg.chart").count() == 2
     opened.check_clean()
     page.close()
 
@@ -256,7 +270,8 @@ def test_an_lstmn_gets_an_explorer_of_its_kinds(browser, tmp_path):
     page = opened.page
     for number, name in enumerate(sorted(FAMILIES)):
         details = page.locator("details.example").nth(number)
-        details.locator("summary").click() if number else None  # the first opens by itself
+        # the first opens by itself
+        details.locator("summary").click() if number else None
         page.wait_for_selector(f"details.example >> nth={number} >> .explorer[data-rendered]")
         explorer = details.locator(".explorer")
         kinds = explorer.locator("select.kind option").evaluate_all("os => os.map(o => o.value)")
@@ -266,6 +281,6 @@ def test_an_lstmn_gets_an_explorer_of_its_kinds(browser, tmp_path):
             module = explorer.locator("select.layer option").first.text_content()
             explorer.locator(".queries .tok").nth(1).hover()
             np.testing.assert_allclose(opened.weights(f"details.example >> nth={number} >> .keys .tok"),
-                                       expected[name][1][module][0, 1], atol=0.5 / 255 + 1e-4, err_msg=f"{name} {module}")  # fmt: skip
+                                       expected[name][1][module][0, 1], atol=0.5 / 255 + 1e-4, err_msg=f"{name} {module}")
     opened.check_clean()
     page.close()

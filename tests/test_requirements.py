@@ -46,7 +46,8 @@ def test_every_third_party_import_of_the_code_is_pinned_in_requirements_txt():
     missing = {}
     for path in ROOT.rglob("*.py"):
         parts = path.relative_to(ROOT).parts
-        if NOT_CODE & set(parts) or any(part.startswith(".") for part in parts):  # hidden: .venv-prepare, .git
+        # hidden: .venv-prepare, .git
+        if NOT_CODE & set(parts) or any(part.startswith(".") for part in parts):
             continue
         allowed = dev if parts[0] == "benchmarks" else requirements
         for name in imported(path) - ours - set(sys.stdlib_module_names):
@@ -54,7 +55,8 @@ def test_every_third_party_import_of_the_code_is_pinned_in_requirements_txt():
             if not providers & set(allowed):
                 missing.setdefault(name, []).append(str(path.relative_to(ROOT)))
     assert not missing, f"imported but not in requirements.txt: {missing}"
-    for name, version in requirements.items():  # the pins are what the environment runs
+    # the pins are what the environment runs
+    for name, version in requirements.items():
         installed = importlib.metadata.version(name)
         assert installed == version, f"requirements.txt pins {name}=={version}, .venv has {installed}"
 

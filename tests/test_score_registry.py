@@ -35,7 +35,8 @@ def test_translation_text_scores_are_bleu_chrf_their_signatures_and_exact_match(
     assert results["bleu_signature"] == bleu_signature == "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" + sacrebleu.__version__
     assert results["chrf"] == chrf.corpus_score(HYPOTHESES, [REFERENCES]).score
     assert results["chrf_signature"] == str(chrf.get_signature())
-    assert results["exact_match"] == 1 / 3  # "it rains" only
+    # "it rains" only
+    assert results["exact_match"] == 1 / 3
 
 
 def test_bleu_of_one_sentence_by_hand():
@@ -69,13 +70,15 @@ def test_caption_scores_use_every_reference():
     assert math.isclose(results["bleu_1"], 100 * 3 / 5, rel_tol=1e-12)
     assert math.isclose(results["bleu_2"], 100 * (3 / 5 * 2 / 3) ** (1 / 2), rel_tol=1e-12)
     assert math.isclose(results["bleu_3"], 100 * (3 / 5 * 2 / 3 * 1) ** (1 / 3), rel_tol=1e-12)
-    streams = [["a dog runs fast", "one cat"], ["a dog runs", None]]  # sacreBLEU skips None
+    # sacreBLEU skips None
+    streams = [["a dog runs fast", "one cat"], ["a dog runs", None]]
     for order in range(1, 5):
         assert results[f"bleu_{order}"] == sacrebleu_bleu(hypotheses, streams, max_ngram_order=order)[0]
     assert results["bleu"] == results["bleu_4"]
     assert results["bleu_signature"] == sacrebleu_bleu(hypotheses, streams)[1]
     assert "nrefs:var" in results["bleu_signature"]
-    assert results["exact_match"] == 1 / 2  # "a dog runs" is the first image's second caption
+    # "a dog runs" is the first image's second caption
+    assert results["exact_match"] == 1 / 2
 
 
 def test_one_reference_as_a_string_or_a_list_of_one_scores_the_same():
@@ -163,11 +166,11 @@ def test_check_best_metric_names_the_field_it_checks():
 def test_valid_names_by_task():
     assert list(score_registry.objective_choices("exact_match", alignment=True)) == [
         "loss", "perplexity", "token_accuracy", "exact_match", "symbol_accuracy", "alignment_accuracy",
-    ]  # fmt: skip
+    ]
     assert list(score_registry.objective_choices("bleu")) == ["loss", "perplexity", "token_accuracy", "exact_match", "bleu", "chrf"]
     assert list(score_registry.objective_choices("caption", boxes=True)) == [
         "loss", "perplexity", "token_accuracy", "exact_match", "bleu", "bleu_1", "bleu_2", "bleu_3", "bleu_4", "localization_accuracy",
-    ]  # fmt: skip
+    ]
 
 
 def test_directions():
@@ -186,9 +189,11 @@ def test_every_registered_score_is_declared_in_full():
         assert isinstance(score.larger_is_better, bool)
         assert score.description.strip() and "\n" not in score.description
         assert score.applies_to and score.applies_to <= set(score_registry.TAGS)
-        assert (score.compute is None) != (score.computed_by is None)  # a text score, or where it is computed
+        # a text score, or where it is computed
+        assert (score.compute is None) != (score.computed_by is None)
         if score.computed_by is not None:
-            assert getattr(metrics, score.computed_by.__name__) is score.computed_by  # the math is in scoring/metrics.py
+            # the math is in scoring/metrics.py
+            assert getattr(metrics, score.computed_by.__name__) is score.computed_by
     for name, note in score_registry.NOTES.items():
         assert note.name == name and note.description.strip() and note.applies_to <= set(score_registry.TAGS)
 
@@ -207,7 +212,7 @@ def test_the_markdown_table_lists_every_score_signature_and_note_once():
 
 def test_is_known_covers_every_key_an_evaluation_writes():
     written = ["loss", "perplexity", "token_accuracy", "exact_match", "bleu", "bleu_signature", "chrf_signature",
-               "decoded_examples", "alignment_accuracy", "alignment_accuracy/encoder_decoder", "localized_words", "by_source_length"]  # fmt: skip
+               "decoded_examples", "alignment_accuracy", "alignment_accuracy/encoder_decoder", "localized_words", "by_source_length"]
     assert all(score_registry.is_known(key) for key in written)
     assert not any(score_registry.is_known(key) for key in ("step", "bleu/x", "rouge", "symbol_accuracy_signature"))
 
@@ -217,7 +222,7 @@ def test_a_new_score_is_one_registration(registry):
         return sum(map(len, texts.hypotheses)) / sum(len(r[0]) for r in texts.references)
 
     score_registry.register(score_registry.Score("length_ratio", False, {score_registry.TRANSLATION}, "output characters per reference character",
-                                 compute=length_ratio, signature=lambda texts: "chars"))  # fmt: skip
+                                 compute=length_ratio, signature=lambda texts: "chars"))
     results = score_registry.text_scores("bleu", ["abc", "d"], ["ab", "de"])
     assert results["length_ratio"] == 4 / 4 and results["length_ratio_signature"] == "chars"
     assert "length_ratio" not in score_registry.text_scores("exact_match", ["abc"], ["ab"])

@@ -28,7 +28,8 @@ from run_setup.compatibility import flatten
 from run_setup.settings import parse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-MULTI_PROCESS_FIELDS = ("coordinator_address", "num_processes", "process_id")  # joining a cluster is not a value check
+# joining a cluster is not a value check
+MULTI_PROCESS_FIELDS = ("coordinator_address", "num_processes", "process_id")
 
 
 def fields_of(config) -> dict:
@@ -42,7 +43,8 @@ FIELDS = fields_of(TINY)
 INTS = st.sampled_from([0, -1, -7, 1, 2, 3, 5, 10**12, 2**31, -(2**40)]) | st.integers(-3, 70)
 FLOATS = st.sampled_from([0.0, -1.0, 0.5, 1.0, 1.5, 1e300, 1e-300, math.nan, math.inf, -math.inf]) | st.floats(-2, 2)
 STRINGS = st.sampled_from(["", " ", "nonsense", "float16", "test", "x" * 300, "-1"])
-WRONG = st.sampled_from(["abc", "1.5", "()", "None", "[]", "True"])  # unparsable for many types
+# unparsable for many types
+WRONG = st.sampled_from(["abc", "1.5", "()", "None", "[]", "True"])
 
 
 def literal(value) -> str:
@@ -79,7 +81,8 @@ def checked(name: str, text: str):
     return config
 
 
-@pytest.mark.all_devices  # `checked` refuses on 8 devices; the run must see the same 8
+# `checked` refuses on 8 devices; the run must see the same 8
+@pytest.mark.all_devices
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(override=overrides())
 def test_fuzzed_overrides_are_refused_by_name_before_the_workdir_exists_or_build(override, tmp_path):
@@ -89,13 +92,15 @@ def test_fuzzed_overrides_are_refused_by_name_before_the_workdir_exists_or_build
     except ConfigError as error:
         assert name in str(error), f"--config.{name}={text}: the message does not name the field: {error}"
         workdir = tmp_path / f"w{abs(hash(override))}"
-        with pytest.raises(ConfigError):  # the run itself stops the same way, before creating its workdir
+        # the run itself stops the same way, before creating its workdir
+        with pytest.raises(ConfigError):
             training_loop.train_and_evaluate(parse(base.load(TINY, [f"--config.{name}={text}"])), workdir)
         assert not workdir.exists()
         return
     tokens = vocabularies.Tokenizers(*[vocabularies.CharTokenizer("abc")] * 2)
     shallow = base.load(config, [f"--config.model.{k}=2" for k, v in config.model.items() if k.endswith("layers") and v > 2])
-    abstract = nnx.eval_shape(lambda: build_model(parse(shallow), tokens))  # an accepted config builds (deeper stacks repeat the layers)
+    # an accepted config builds (deeper stacks repeat the layers)
+    abstract = nnx.eval_shape(lambda: build_model(parse(shallow), tokens))
     assert jax.tree.leaves(nnx.state(abstract, nnx.Param))
 
 
@@ -124,14 +129,15 @@ def test_values_that_cannot_work_are_named(name, text, message):
 
 def test_a_bad_value_on_the_command_line_is_one_line_exit_code_2_and_no_workdir(tmp_path):
     workdir = tmp_path / "run"
-    flagfile = tmp_path / "flags.txt"  # the second value comes from a --flagfile, among absl's own flags
+    # the second value comes from a --flagfile, among absl's own flags
+    flagfile = tmp_path / "flags.txt"
     flagfile.write_text(f"--workdir={workdir}\n--config.model.num_heads=3\n")
     for flags, message in ((["--config.model.d_model=0"], "model.d_model must be"),
-                           ([f"--flagfile={flagfile}"], "is not divisible by model.num_heads 3")):  # fmt: skip
+                           ([f"--flagfile={flagfile}"], "is not divisible by model.num_heads 3")):
         result = subprocess.run(
             [sys.executable, str(PROJECT_ROOT / "train.py"), f"--workdir={workdir}", *flags],
             cwd=PROJECT_ROOT, env={**os.environ, "XLA_FLAGS": xla_flags(1)}, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        )
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], result.stderr

@@ -25,9 +25,11 @@ from run_setup.run import prepare_run
 from run_setup.settings import parse, read_run_settings, write_run_config
 from helpers.tiny import first_devices_mesh, tiny_config
 
-pytestmark = pytest.mark.all_devices  # about the device count
+# about the device count
+pytestmark = pytest.mark.all_devices
 
-MODES = {"replicated": 1, "fsdp": 1, "fsdp_tp": 2}  # mode -> tensor_parallel
+# mode -> tensor_parallel
+MODES = {"replicated": 1, "fsdp": 1, "fsdp_tp": 2}
 
 
 def sharded_settings(data_dir, mode, tensor_parallel=1, **overrides):
@@ -76,7 +78,8 @@ def test_the_three_modes_train_to_the_same_losses_and_parameters(trained):
     for mode in ("fsdp", "fsdp_tp"):
         _, state, losses = trained[mode]
         np.testing.assert_allclose(losses, reference_losses, rtol=1e-5, err_msg=mode)
-        assert reference_losses[0] != reference_losses[-1]  # the steps did update
+        # the steps did update
+        assert reference_losses[0] != reference_losses[-1]
         for name, value in leaves(state["params"]).items():
             np.testing.assert_allclose(np.asarray(value), np.asarray(reference[name]), rtol=1e-4, atol=1e-7, err_msg=f"{mode} {name}")
 
@@ -145,9 +148,12 @@ def test_a_search_under_fsdp_decodes_what_a_replicated_one_does_and_gathers_only
     np.testing.assert_array_equal(np.asarray(outputs["fsdp"][0]), np.asarray(outputs["replicated"][0]))
     np.testing.assert_allclose(np.asarray(outputs["fsdp"][1]), np.asarray(outputs["replicated"][1]), rtol=1e-5)
 
-    assert all(s.is_fully_replicated for s in jax.tree.leaves(fsdp.search_shardings))  # fsdp on (data 8): whole
-    whole = sharding.bytes_per_device(replicated.params)  # every parameter whole
-    small = dataclasses.replace(fsdp, device_memory=2 * whole)  # a quarter of it holds half of them
+    # fsdp on (data 8): whole
+    assert all(s.is_fully_replicated for s in jax.tree.leaves(fsdp.search_shardings))
+    # every parameter whole
+    whole = sharding.bytes_per_device(replicated.params)
+    # a quarter of it holds half of them
+    small = dataclasses.replace(fsdp, device_memory=2 * whole)
     assert jax.tree.leaves(small.search_shardings) == jax.tree.leaves(fsdp.param_shardings)
 
 
@@ -181,7 +187,8 @@ def test_a_checkpoint_saved_under_fsdp_restores_exactly_under_fsdp_tp_on_four_de
             np.testing.assert_array_equal(np.asarray(value), saved[name], err_msg=f"{mode} on {len(devices)} devices: {name}")
     import inference
 
-    translator = inference.load(tmp_path)  # one device, replicated, whatever the run's sharding
+    # one device, replicated, whatever the run's sharding
+    translator = inference.load(tmp_path)
     assert {len(p.sharding.device_set) for p in jax.tree.leaves(translator.params)} == {1}
     for name, value in gathered(translator.params).items():
         np.testing.assert_array_equal(value, saved[f"params.{name}"], err_msg=name)
@@ -199,8 +206,9 @@ def test_eval_mode_scores_an_fsdp_run_alike_under_fsdp_fsdp_tp_and_on_one_device
         monkeypatch.setattr(run_module, "make_mesh", lambda *args, **kwargs: meshes.setdefault(mode, make_mesh(*args, **kwargs)))
         results[mode] = evaluation.evaluate(compatibility.for_evaluation(saved, requested, ["sharding", "tensor_parallel"]), tmp_path)
     assert {mode: dict(mesh.shape) for mode, mesh in meshes.items()} == {
-        "fsdp": {"data": 8, "model": 1}, "fsdp_tp": {"data": 4, "model": 2}, "replicated": {"data": 1, "model": 1}}  # fmt: skip
-    assert results["fsdp"]["decoded_examples"] == 24  # the whole dev split
+        "fsdp": {"data": 8, "model": 1}, "fsdp_tp": {"data": 4, "model": 2}, "replicated": {"data": 1, "model": 1}}
+    # the whole dev split
+    assert results["fsdp"]["decoded_examples"] == 24
     for mode in ("fsdp_tp", "replicated"):
         assert results[mode].keys() == results["fsdp"].keys()
         for name, value in results["fsdp"].items():
@@ -212,7 +220,7 @@ def test_eval_mode_scores_an_fsdp_run_alike_under_fsdp_fsdp_tp_and_on_one_device
     [({"sharding": "fsdp_tp", "tensor_parallel": 3}, ("tensor_parallel 3", "8 devices")),
      ({"sharding": "fsdp", "tensor_parallel": 2}, ("tensor_parallel 2", "'fsdp'")),
      ({"sharding": "zero3"}, ("sharding", "'zero3'"))],
-)  # fmt: skip
+)
 def test_a_mesh_that_does_not_fit_stops_naming_both_numbers(shared_data_dir, tmp_path, overrides, named):
     with pytest.raises(ConfigError) as error:
         prepare_run(parse(tiny_config(shared_data_dir, **overrides)), tmp_path / "never")
@@ -241,16 +249,21 @@ def recurrent_config(data_dir, family, mode):
 
 @pytest.mark.parametrize("family", ["rnnsearch", "lstmn", "captioner"])
 def test_the_recurrent_families_and_the_captioner_train_under_fsdp_as_replicated(shared_data_dir, tmp_path, family):
-    devices = jax.devices()[:2]  # the scans compile several times faster on 2 devices than on 8; the rules are the same
+    # the scans compile several times faster on 2 devices than on 8; the rules are the same
+    devices = jax.devices()[:2]
     runs = {mode: prepare_run(parse(recurrent_config(shared_data_dir, family, mode)), tmp_path, devices=devices) for mode in ("replicated", "fsdp")}
-    batches = first_batches(runs["replicated"], count=1) * 2  # one shape: one compilation per mode (buckets differ in length)
+    # one shape: one compilation per mode (buckets differ in length)
+    batches = first_batches(runs["replicated"], count=1) * 2
     (_, reference_losses), (state, losses) = (train_steps(runs[mode], batches) for mode in ("replicated", "fsdp"))
     np.testing.assert_allclose(losses, reference_losses, rtol=1e-5)
     specs = {name: leaf.sharding.spec for name, leaf in leaves(state["params"]).items()}
     embedding = next(name for name in specs if name.endswith("embed.embedding") or name.endswith("embed.embedding.embedding"))
-    assert specs[embedding] == P(None, "data"), specs  # vocabulary rows whole, the 16 widths split in 2
-    assert all(set(spec) <= {None, "data"} for spec in specs.values()), specs  # fsdp: nothing along `model`
-    assert sum("data" in spec for spec in specs.values()) >= 5, specs  # every layer's kernels, not the embedding alone
+    # vocabulary rows whole, the 16 widths split in 2
+    assert specs[embedding] == P(None, "data"), specs
+    # fsdp: nothing along `model`
+    assert all(set(spec) <= {None, "data"} for spec in specs.values()), specs
+    # every layer's kernels, not the embedding alone
+    assert sum("data" in spec for spec in specs.values()) >= 5, specs
 
 
 def test_changing_sharding_on_resume_is_allowed_and_logged(shared_data_dir, tmp_path, caplog):
@@ -258,5 +271,6 @@ def test_changing_sharding_on_resume_is_allowed_and_logged(shared_data_dir, tmp_
 
     write_run_config(sharded_settings(shared_data_dir, "replicated"), tmp_path)
     with caplog.at_level("INFO"):
-        check_resume(sharded_settings(shared_data_dir, "fsdp_tp", 2), tmp_path)  # raises for a changed model field
+        # raises for a changed model field
+        check_resume(sharded_settings(shared_data_dir, "fsdp_tp", 2), tmp_path)
     assert "sharding: 'replicated' -> 'fsdp_tp'" in caplog.text and "tensor_parallel: 1 -> 2" in caplog.text

@@ -11,13 +11,15 @@ from run_setup import summary
 from run_setup.settings import PipelineSettings
 
 DATA = PipelineSettings(batch_size=2, seed=0, max_source_length=8, max_target_length=6, length_policy="trim", batching="bucket",
-                        bucket_boundaries=(4, 8), batch_tokens=0, num_threads=1, prefetch_batches=0)  # fmt: skip
-LENGTHS = np.array([[3, 2], [4, 4], [7, 9], [8, 5]])  # the third's target is trimmed to 6: totals 22 source, 17 target
+                        bucket_boundaries=(4, 8), batch_tokens=0, num_threads=1, prefetch_batches=0)
+# the third's target is trimmed to 6: totals 22 source, 17 target
+LENGTHS = np.array([[3, 2], [4, 4], [7, 9], [8, 5]])
 
 
 def test_epoch_estimate_of_buckets_and_of_packed_rows_by_hand():
     steps, tokens = summary.epoch_estimate(LENGTHS, DATA)
-    assert steps == 2 and tokens == (11, 8.5)  # 4 examples in rows of 2
+    # 4 examples in rows of 2
+    assert steps == 2 and tokens == (11, 8.5)
     # with batch_tokens=16, bucket 4 takes 16 // 4 // 2 * 2 = 4 rows, bucket 8 takes 2: 2/4 + 2/2 steps
     steps, tokens = summary.epoch_estimate(LENGTHS, dataclasses.replace(DATA, batch_tokens=16))
     assert steps == 1.5 and tokens == pytest.approx((22 / 1.5, 17 / 1.5))
@@ -31,7 +33,7 @@ FACTS = summary.Facts(
     splits={"train": (4, 22, 17), "dev": (3, None, None)}, batch_rows=2, batch_tokens=(11.0, 8.5), steps_per_epoch=2.0,
     num_train_steps=10, start_step=4, vocabulary="char, 40 ids, shared", vocabulary_folder="runs/x/tokenizer",
     workdir="runs/x", outputs=(("config.json", "the resolved config"),), malloc="huge pages",
-)  # fmt: skip
+)
 
 
 def test_the_summary_of_a_hand_made_run():
@@ -40,12 +42,13 @@ def test_the_summary_of_a_hand_made_run():
         "devices:     cpu: 8 x cpu; 2 processes; malloc: huge pages",
         "parameters:  4,600 (decoder 3,400, encoder 1,200)",
         "data:        train 4 examples, 22 source + 17 target tokens; dev 3 examples",
-        "batch:       2 rows, about 11 source + 8 target tokens a step",  # 8.5 rounds to even
+        # 8.5 rounds to even
+        "batch:       2 rows, about 11 source + 8 target tokens a step",
         "steps:       10 (from step 4); about 2.0 a train epoch, 3.0 epochs to go",
         "vocabulary:  char, 40 ids, shared in runs/x/tokenizer",
         "workdir:     runs/x",
         "             config.json    the resolved config",
-    ])  # fmt: skip
+    ])
     image_like = dataclasses.replace(FACTS, splits={"train": (4, None, 17)}, batch_tokens=(None, 8.5), processes=1)
     assert "train 4 examples, 17 target tokens\n" in summary.format_summary(image_like)
     assert "8 target tokens a step" in summary.format_summary(image_like) and "cpu: 8 x cpu; 1 process; malloc" in summary.format_summary(image_like)

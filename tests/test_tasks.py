@@ -32,7 +32,7 @@ def data_dir(tmp_path_factory):
         (datetime.date(1999, 12, 31), "MM/dd/yy", "en", "12/31/99", [(6, 8), (0, 2), (3, 5)]),
         (datetime.date(1905, 1, 7), "d. MMMM y", "de", "7. Januar 1905", [(10, 14), (3, 9), (0, 1)]),
     ],
-)  # fmt: skip
+)
 def test_render_hand_worked(date, pattern, locale, text, spans):
     rendered, alignment = dates.render(date, pattern, locale)
     assert rendered == text
@@ -74,7 +74,8 @@ def test_dates_targets_and_spans_are_right_for_every_format():
         for example in split:
             check_example(example)
     used = {e["format"] for e in splits["train"]}
-    assert len(used) == len(dates.formats(dates.LANGUAGES))  # every format shows up
+    # every format shows up
+    assert len(used) == len(dates.formats(dates.LANGUAGES))
 
 
 def test_dates_are_deterministic_unambiguous_and_held_out():
@@ -165,12 +166,18 @@ def write(path, data: bytes):
 def test_malformed_lines_are_skipped_counted_and_reported(tmp_path, data_dir, caplog):
     train = write(
         tmp_path / "train.tsv",
-        b"a b\tA B\n"  # 1 ok
-        b"no tab here\n"  # 2 wrong field count
-        b"x\ty\tz\n"  # 3 wrong field count
-        b"\tonly target\n"  # 4 empty side
-        b"bad \xff\xfe utf8\tok\n"  # 5 invalid UTF-8
-        b"c d\tC D\n",  # 6 ok
+        # 1 ok
+        b"a b\tA B\n"
+        # 2 wrong field count
+        b"no tab here\n"
+        # 3 wrong field count
+        b"x\ty\tz\n"
+        # 4 empty side
+        b"\tonly target\n"
+        # 5 invalid UTF-8
+        b"bad \xff\xfe utf8\tok\n"
+        # 6 ok
+        b"c d\tC D\n",
     )
     dev = write(tmp_path / "dev.tsv", b"e\tE\n")
     test = write(tmp_path / "test.tsv", b"f\tF\n")
@@ -191,13 +198,14 @@ def test_line_aligned_files_and_derived_splits(tmp_path, data_dir):
     params = dict(
         train=str(tmp_path / "corpus"), dev="", test="", source_suffix="de", target_suffix="en",
         dev_fraction=0.1, test_fraction=0.1,
-    )  # fmt: skip
+    )
     task = tasks.load_task("parallel_text", data_dir, **params)
     seen = {s: {task.pair(r) for r in task.splits[s]} for s in ("train", "dev", "test")}
     assert sum(len(v) for v in seen.values()) == 400
     assert not (seen["train"] & seen["dev"]) and not (seen["train"] & seen["test"]) and not (seen["dev"] & seen["test"])
     assert 20 < len(seen["dev"]) < 60 and 20 < len(seen["test"]) < 60
-    assert all(s.split()[1] == t.split()[1] for s, t in seen["train"])  # still aligned
+    # still aligned
+    assert all(s.split()[1] == t.split()[1] for s, t in seen["train"])
     again = tasks.load_task("parallel_text", data_dir, **params)
     assert {task.pair(r) for r in again.splits["dev"]} == seen["dev"]
 
@@ -222,7 +230,8 @@ def test_a_corpus_is_built_as_a_stream_in_shards_without_the_shuffler(tmp_path, 
         expected[parallel_text.held_out_split(pair, 0.1, 0.1)].append((*pair, f"corpus.{'tsv' if layout == 'tsv' else 'de'}:{number}"))
     for split, records in task.splits.items():
         assert [(*task.pair(r), r["origin"].decode()) for r in records] == expected[split]
-        assert len(records.shards) == -(-len(expected[split]) // 7)  # shards of 7 examples
+        # shards of 7 examples
+        assert len(records.shards) == -(-len(expected[split]) // 7)
     assert "skipped 3 line(s) with an empty side" in caplog.text
 
 
@@ -239,7 +248,8 @@ def test_texts_are_serialized_as_tfds_serializes_them():
         assert tf_example_pb2.Example.FromString(ours) == tf_example_pb2.Example.FromString(theirs)
         assert sorted(ours) == sorted(theirs)
     with_spans = tfds.features.FeaturesDict({"source": tfds.features.Text(), "alignment": tfds.features.Tensor(shape=(3, 2), dtype=np.int32)})
-    assert tasks.task_builder.text_serializer(with_spans) is None  # other features: TFDS's own serializer
+    # other features: TFDS's own serializer
+    assert tasks.task_builder.text_serializer(with_spans) is None
 
 
 def test_edited_file_is_rebuilt(tmp_path, data_dir):

@@ -20,7 +20,8 @@ def load_events(folder) -> event_accumulator.EventAccumulator:
 def test_tensorboard_reads_the_metrics_and_the_attention_pictures(finished_run):
     _, workdir, _ = finished_run
     events = load_events(workdir / "tensorboard")
-    expected = {}  # tag -> {step: value}, from metrics.jsonl: the numbers of each row but flags
+    # tag -> {step: value}, from metrics.jsonl: the numbers of each row but flags
+    expected = {}
     for line in (workdir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         for name, value in row.items():
@@ -31,10 +32,12 @@ def test_tensorboard_reads_the_metrics_and_the_attention_pictures(finished_run):
     for tag, by_step in expected.items():
         read = {event.step: event.value for event in events.Scalars(tag)}
         assert read.keys() == by_step.keys(), tag
-        for step, value in by_step.items():  # TensorBoard keeps float32
+        # TensorBoard keeps float32
+        for step, value in by_step.items():
             assert math.isclose(read[step], value, rel_tol=1e-6, abs_tol=1e-30), (tag, step, read[step], value)
 
-    pictures = {}  # step -> {name: (width, height)}, from the PNG files of attention/step_<N>/
+    # step -> {name: (width, height)}, from the PNG files of attention/step_<N>/
+    pictures = {}
     for folder in (workdir / "attention").glob("step_*"):
         pictures[int(folder.name.removeprefix("step_"))] = {path.stem: Image.open(path).size for path in folder.glob("*.png")}
     assert sorted(pictures) == [10, 20] and all(pictures.values())
@@ -46,6 +49,7 @@ def test_tensorboard_reads_the_metrics_and_the_attention_pictures(finished_run):
             assert (event.width, event.height) == image.size and np.asarray(image).ndim == 3
             read.setdefault(event.step, {})[tag.removeprefix("attention/")] = image.size
     assert {step: set(names) for step, names in read.items()} == {step: set(names) for step, names in pictures.items()}
-    for step, names in pictures.items():  # the same picture, drawn at another resolution than the PNG file's
+    # the same picture, drawn at another resolution than the PNG file's
+    for step, names in pictures.items():
         for name, (width, height) in names.items():
             assert math.isclose(read[step][name][0] / read[step][name][1], width / height, rel_tol=0.01), (step, name)

@@ -18,7 +18,7 @@ from tasks import token_cache
 def copy_task(tmp_path_factory):
     # copies of strings over 30 symbols: every source is unique, so examples are identifiable
     return tasks.load_task("copy", str(tmp_path_factory.mktemp("data")), min_length=3, max_length=40, vocab_size=30,
-                           train_size=96, dev_size=21, test_size=5)  # fmt: skip
+                           train_size=96, dev_size=21, test_size=5)
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +52,14 @@ def test_tokenized_once_then_read_from_beside_the_built_data(copy_task, char_tok
     read = fresh(copy_task, "dev", char_tokenizers)
     monkeypatch.undo()
     assert isinstance(read.source, token_cache.IdsFile) and isinstance(read.target_starts, np.memmap)
-    whole = np.fromfile(folder / "source.ids", "<i4")  # the file as numpy reads it
+    # the file as numpy reads it
+    whole = np.fromfile(folder / "source.ids", "<i4")
     np.testing.assert_array_equal(read.source[3:40], whole[3:40])
-    np.testing.assert_array_equal(read.source[len(whole) - 5 :], whole[-5:])  # the file's end
+    # the file's end
+    np.testing.assert_array_equal(read.source[len(whole) - 5 :], whole[-5:])
     assert len(read.source[7:7]) == 0
-    copied = pickle.loads(pickle.dumps(read.source))  # as a data worker process would get it: opened again
+    # as a data worker process would get it: opened again
+    copied = pickle.loads(pickle.dumps(read.source))
     np.testing.assert_array_equal(copied[0 : len(whole)], whole)
     for ids in (made, read):
         assert_ids_of_every_pair(ids, copy_task, "dev", char_tokenizers)
@@ -69,7 +72,8 @@ def test_a_cache_of_another_format_or_damaged_is_made_again_not_misread(copy_tas
     folder = token_cache.cache_folder(token_cache.shard_ranges(copy_task.splits["test"]), "test", char_tokenizers)
     fresh(copy_task, "test", char_tokenizers)
     meta = json.loads((folder / "format.json").read_text())
-    if damage == "older version":  # e.g. the same files, but meant otherwise by version 1
+    # e.g. the same files, but meant otherwise by version 1
+    if damage == "older version":
         (folder / "format.json").write_text(json.dumps({**meta, "version": 1}))
     elif damage == "other count":
         (folder / "format.json").write_text(json.dumps({**meta, "examples": meta["examples"] + 1}))
@@ -78,7 +82,8 @@ def test_a_cache_of_another_format_or_damaged_is_made_again_not_misread(copy_tas
     else:
         (folder / "format.json").write_text("{not json")
     assert_ids_of_every_pair(fresh(copy_task, "test", char_tokenizers), copy_task, "test", char_tokenizers)
-    assert json.loads((folder / "format.json").read_text()) == meta  # made again, whole
+    # made again, whole
+    assert json.loads((folder / "format.json").read_text()) == meta
 
 
 def test_texts_read_straight_from_the_shards_are_tfds_decoded_ones(copy_task):
@@ -87,7 +92,8 @@ def test_texts_read_straight_from_the_shards_are_tfds_decoded_ones(copy_task):
     pairs = [copy_task.pair(records[i]) for i in range(len(records))]
     assert token_cache.read_texts(pieces, ("source", "target"), 0, len(records)) == pairs
     assert token_cache.read_texts(pieces, ("source", "target"), 7, 30) == pairs[7:30]
-    assert list(token_cache.pairs(copy_task, "train")) == pairs  # the stream the vocabulary's sample is read from
+    # the stream the vocabulary's sample is read from
+    assert list(token_cache.pairs(copy_task, "train")) == pairs
     # a split made of pieces of shards (as TFDS's "train[10:]" would be): records counted from each piece's skip
     split_pieces = [token_cache.ShardRange(pieces[0].path, 10, 20), token_cache.ShardRange(pieces[0].path, 50, 5)]
     assert token_cache.read_texts(split_pieces, ("source", "target"), 15, 23) == pairs[25:30] + pairs[50:53]
@@ -97,10 +103,12 @@ def test_a_pool_of_processes_tokenizes_as_this_process_does(copy_task, monkeypat
     spm = tk.SentencePieceTokenizer.train((t for r in copy_task.splits["train"] for t in copy_task.pair(r)), 40, "bpe", 10**6)
     tokenizers = tk.Tokenizers(spm, spm)
     monkeypatch.setattr(token_cache, "PARALLEL_FROM", 1)
-    monkeypatch.setattr(token_cache, "CHUNK_EXAMPLES", 7)  # 14 chunks, over two processes
+    # 14 chunks, over two processes
+    monkeypatch.setattr(token_cache, "CHUNK_EXAMPLES", 7)
     chunks = list(token_cache.encoded_chunks(copy_task, "train", tokenizers))
     assert len(chunks) == 14
-    ids = token_cache.TokenIds(*(np.concatenate(part) for part in zip(*chunks)))  # lengths stand in for starts here
+    # lengths stand in for starts here
+    ids = token_cache.TokenIds(*(np.concatenate(part) for part in zip(*chunks)))
     np.testing.assert_array_equal(ids.source_starts, [len(spm.encode(copy_task.pair(r)[0])) for r in copy_task.splits["train"]])
     made = fresh(copy_task, "train", tokenizers)
     assert_ids_of_every_pair(made, copy_task, "train", tokenizers)
@@ -121,4 +129,5 @@ def test_a_catalog_data_source_is_tokenized_once_beside_its_prepared_data(copy_t
     shutil.rmtree(token_cache.cache_folder(token_cache.shard_ranges(source), "dev", char_tokenizers), ignore_errors=True)
     assert_ids_of_every_pair(fresh(catalog, "dev", char_tokenizers), catalog, "dev", char_tokenizers)
     monkeypatch.setattr(tk.CharTokenizer, "encode", lambda *args: pytest.fail("tokenized again"))
-    assert isinstance(fresh(catalog, "dev", char_tokenizers).source, token_cache.IdsFile)  # kept: read back by the next run
+    # kept: read back by the next run
+    assert isinstance(fresh(catalog, "dev", char_tokenizers).source, token_cache.IdsFile)

@@ -58,8 +58,10 @@ def test_eval_reads_the_run_folder_and_refuses_another_model(finished_run, tmp_p
     done = train_py(f"--workdir={run}", "--mode=eval", "--config.eval_split=dev", "--config.decode.beam_size=2")
     assert done.returncode == 0, done.stderr
     written = json.loads((run / "eval" / "step_20.json").read_text())["dev"]
-    assert written["decoded_examples"] == 24  # the whole split: no training-time subset carries over
-    assert written["loss"] == pytest.approx(final["dev"]["loss"], rel=1e-6)  # same parameters, same data
+    # the whole split: no training-time subset carries over
+    assert written["decoded_examples"] == 24
+    # same parameters, same data
+    assert written["loss"] == pytest.approx(final["dev"]["loss"], rel=1e-6)
 
 
 def test_evaluation_config_keeps_the_run_and_takes_evaluation_fields(finished_run):
@@ -69,7 +71,8 @@ def test_evaluation_config_keeps_the_run_and_takes_evaluation_fields(finished_ru
     merged = compatibility.for_evaluation(parse(saved), requested, ["decode.beam_size", "eval_decode_examples", "learning_rate"])
     assert (merged.decode.beam_size, merged.evaluation.eval_decode_examples, merged.optimization.learning_rate) == (3, 5, saved.learning_rate)
     assert compatibility.for_evaluation(parse(saved), requested, ["decode.beam_size"]).evaluation.eval_decode_examples == 0
-    assert settings.read_run_settings(workdir) == parse(saved)  # config.json reads back into the same settings
+    # config.json reads back into the same settings
+    assert settings.read_run_settings(workdir) == parse(saved)
     with pytest.raises(ConfigError, match=r"task.train_size: 600 -> 700"):
         compatibility.for_evaluation(parse(saved), parse(base.load(saved, ["--config.task.train_size=700"])), ["task.train_size"])
 
@@ -83,7 +86,8 @@ def test_predict_with_an_n_best_list_and_standard_input(finished_run, tmp_path, 
     assert len(n_best) == 2 * 24 and [r[1] for r in n_best[:4]] == ["1", "2", "1", "2"]
     assert all(float(first[2]) >= float(second[2]) for first, second in zip(n_best[::2], n_best[1::2]))
     best = [line.split("\t")[2] for line in path.read_text().splitlines()[1:]]
-    assert best == [r[3] for r in n_best[::2]]  # predictions.tsv holds each source's first
+    # predictions.tsv holds each source's first
+    assert best == [r[3] for r in n_best[::2]]
     monkeypatch.setattr(sys, "stdin", io.StringIO("3 March 2021\n\n12/24/99\n"))
     path = inference.translate_file(parse(config), run, "-")
     assert path.name == "step_20_stdin.tsv" and len(path.read_text().splitlines()) == 3
@@ -122,18 +126,22 @@ def test_readme_own_corpus_command(tmp_path):
         "--config.warmup_steps=2", "--config.eval_every_steps=4", "--config.checkpoint_every_steps=4",
         "--config.decode.beam_size=1", "--config.visualize_examples=0", "--config.data.max_source_length=32",
         "--config.data.max_target_length=32", "--config.log_every_steps=2",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     log = (workdir / "log.txt").read_text()
-    assert log.index("start-up summary") < log.index("step 2/4")  # before the first step
+    # before the first step
+    assert log.index("start-up summary") < log.index("step 2/4")
     assert "data:        train 60 examples, " in log and "dev 6 examples; test 6 examples" in log
     assert re.search(rf"vocabulary:  sentencepiece, \d+ ids, shared in {re.escape(str(workdir / 'tokenizer'))}\n", log)
-    assert "checkpoints/" in log and "attention/" not in log  # the outputs this run writes (no pictures asked)
-    assert log.count("of training to the end (0 steps at") == 1  # once, at the second log interval
+    # the outputs this run writes (no pictures asked)
+    assert "checkpoints/" in log and "attention/" not in log
+    # once, at the second log interval
+    assert log.count("of training to the end (0 steps at") == 1
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["task"]["name"] == "parallel_text" and saved["task"]["train"].endswith("my/train.tsv")
     assert "bleu" in json.loads((workdir / "eval" / "step_4.json").read_text())["test"]
-    assert "INFO" in (workdir / "log.txt").read_text()  # the run's log, in the run folder
+    # the run's log, in the run folder
+    assert "INFO" in (workdir / "log.txt").read_text()
 
 
 def test_switching_task_or_model_in_any_order_and_misspelt_fields():
@@ -179,9 +187,11 @@ def test_a_run_folder_from_before_a_field_existed_resumes_and_loads(finished_run
     config, workdir, _ = finished_run
     run = copy_of(workdir, tmp_path)
     saved = json.loads((run / "config.json").read_text())
-    del saved["data"]["batch_tokens"]  # a field added after the run was made
+    # a field added after the run was made
+    del saved["data"]["batch_tokens"]
     (run / "config.json").write_text(json.dumps(saved))
-    compatibility.check_resume(parse(config), run)  # the same run: no refusal over the missing field
+    # the same run: no refusal over the missing field
+    compatibility.check_resume(parse(config), run)
     assert inference.load(run).translate(["3 March 2021"])
 
 
@@ -189,18 +199,21 @@ def test_inference_api_from_a_copied_run_folder(finished_run, tmp_path):
     _, workdir, _ = finished_run
     run = copy_of(workdir, tmp_path)
     saved = json.loads((run / "config.json").read_text())
-    saved["data_dir"] = str(tmp_path / "no_data_here")  # inference needs no training data
+    # inference needs no training data
+    saved["data_dir"] = str(tmp_path / "no_data_here")
     (run / "config.json").write_text(json.dumps(saved))
     translator = inference.load(run)
     sources = ["3 March 2021", "12/24/99"]
     outputs = translator.translate(sources)
     assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)
     assert not (tmp_path / "no_data_here").exists()
-    mixed = ["the 1st of January, 1999", "12/24/99", "3 March 2021"]  # decoded sorted by length, returned in order
+    # decoded sorted by length, returned in order
+    mixed = ["the 1st of January, 1999", "12/24/99", "3 March 2021"]
     assert translator.translate(mixed, beam_size=2) == [translator.translate([s], beam_size=2)[0] for s in mixed]
     # score: the summed log-probabilities of the targets' tokens, eos included, which greedy search
     # also returns for its own output
-    greedy = translator.n_best(sources, beam_size=1, length_penalty=0.0)  # lp = 1: log P itself
+    # lp = 1: log P itself
+    greedy = translator.n_best(sources, beam_size=1, length_penalty=0.0)
     np.testing.assert_allclose(translator.score(sources, outputs), [h[0][1] for h in greedy], rtol=1e-4, atol=1e-4)
     n_best = translator.n_best(sources, beam_size=3, num_hypotheses=3)
     assert all(len(h) == 3 and h[0][1] >= h[1][1] >= h[2][1] for h in n_best)
@@ -224,7 +237,8 @@ def test_early_stopping_ends_the_run_and_its_count_survives_a_resume(shared_data
     # learning rate 0: the dev loss never improves after the first evaluation
     overrides = dict(learning_rate=0.0, schedule="constant", num_train_steps=40, eval_every_steps=5, checkpoint_every_steps=40)
     final = training_loop.train_and_evaluate(parse(tiny_config(shared_data_dir, early_stopping_patience=2, **overrides)), tmp_path)
-    assert [r["step"] for r in rows(tmp_path) if r["split"] == "dev"] == [5, 10, 15]  # best at 5, then 2 without
+    # best at 5, then 2 without
+    assert [r["step"] for r in rows(tmp_path) if r["split"] == "dev"] == [5, 10, 15]
     assert [r["step"] for r in rows(tmp_path) if r["split"] == "test"] == [15] and "test" in final
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [15]
     # two more evaluations are allowed now only if the count started over: it must not
@@ -237,7 +251,8 @@ def test_bleu_tokenizer_is_a_field_and_its_signature_is_kept():
     default = score_registry.text_scores("bleu", hypotheses, references)
     by_char = score_registry.text_scores("bleu", hypotheses, references, bleu_tokenize="char")
     assert "tok:13a" in default["bleu_signature"] and "tok:char" in by_char["bleu_signature"]
-    assert by_char["bleu"] > default["bleu"]  # 13a sees one word; char sees the shared characters
+    # 13a sees one word; char sees the shared characters
+    assert by_char["bleu"] > default["bleu"]
 
 
 # ---------------------------------------------------------------- fine-tuning
@@ -248,10 +263,13 @@ def test_a_run_initialised_from_another_starts_at_its_dev_loss_and_loads_like_an
 
     config, workdir, final = finished_run
     tuned = tiny_config(config.data_dir, init_from=f"{workdir}:20", num_train_steps=2, eval_every_steps=2, checkpoint_every_steps=2,
-                        **{"model.dropout_rate": 0.0})  # a field that shapes no parameter may change  # fmt: skip
-    run = prepare_run(parse(tuned), tmp_path / "first")  # before its first update
+                        # a field that shapes no parameter may change
+                        **{"model.dropout_rate": 0.0})
+    # before its first update
+    run = prepare_run(parse(tuned), tmp_path / "first")
     results, _ = evaluation.evaluate_split(evaluation.Evaluator(run), run.params, "dev", max_decoded=1)
-    assert results["loss"] == final["dev"]["loss"]  # the other run's parameters, exactly
+    # the other run's parameters, exactly
+    assert results["loss"] == final["dev"]["loss"]
     assert (tmp_path / "first" / "tokenizer" / "shared.json").read_bytes() == (workdir / "tokenizer" / "shared.json").read_bytes()
     run.checkpoints.close()
     training_loop.train_and_evaluate(parse(tuned), tmp_path / "tuned")

@@ -44,7 +44,8 @@ def test_rsqrt_schedule_is_the_papers_formula():
     config = base.get_config()
     config.update(learning_rate=512**-0.5 * 4000**-0.5, warmup_steps=4000, schedule="rsqrt")
     schedule = training_loop.learning_rate_schedule(parse(config).optimization)
-    for step_number in (1, 100, 4000, 9000, 100_000):  # the paper counts steps from 1
+    # the paper counts steps from 1
+    for step_number in (1, 100, 4000, 9000, 100_000):
         paper = 512**-0.5 * min(step_number**-0.5, step_number * 4000**-1.5)
         assert abs(float(schedule(step_number - 1)) / paper - 1) < 1e-5
 
@@ -54,7 +55,8 @@ def test_cosine_and_constant_schedules():
     config.update(learning_rate=1.0, warmup_steps=10, num_train_steps=110, schedule="cosine")
     schedule = training_loop.learning_rate_schedule(parse(config).optimization)
     assert float(schedule(5)) == pytest.approx(0.5)
-    assert float(schedule(60)) == pytest.approx(0.5, abs=1e-6)  # halfway through the cosine
+    # halfway through the cosine
+    assert float(schedule(60)) == pytest.approx(0.5, abs=1e-6)
     assert float(schedule(110)) == pytest.approx(0.0, abs=1e-6)
     config.schedule = "constant"
     assert float(training_loop.learning_rate_schedule(parse(config).optimization)(50)) == 1.0
@@ -82,7 +84,8 @@ def test_eight_devices_equal_one_device(shared_data_dir, tmp_path):
     batch = next(iter(train_dataset(run8.task, run8.tokens, run8.settings.data, run8.settings.source)[0]))
     state8, metrics8 = first_step(run8, batch)
     state1, metrics1 = first_step(run1, batch)
-    assert all(len(p.sharding.device_set) == 8 for p in jax.tree.leaves(state8["params"]))  # replicated over 8
+    # replicated over 8
+    assert all(len(p.sharding.device_set) == 8 for p in jax.tree.leaves(state8["params"]))
     np.testing.assert_allclose(metrics8["loss"], metrics1["loss"], rtol=1e-6)
     for p8, p1 in zip(jax.tree.leaves(state8["params"]), jax.tree.leaves(state1["params"])):
         np.testing.assert_allclose(np.asarray(p8), np.asarray(p1), rtol=1e-6, atol=1e-6)
@@ -112,12 +115,14 @@ def test_run_writes_its_outputs(finished_run):
     assert json.loads((workdir / "eval" / "step_20.json").read_text())["test"] == final["test"]
     assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [10, 20]
     assert any((workdir / "tensorboard").iterdir())
-    for step in (10, 20):  # attention pictures of 3 dev examples at each evaluation
+    # attention pictures of 3 dev examples at each evaluation
+    for step in (10, 20):
         pictures = workdir / "attention" / f"step_{step}"
         assert sorted(p.name for p in pictures.glob("*.npz")) == ["example_0.npz", "example_1.npz", "example_2.npz"]
         assert len(list(pictures.glob("example_*_decoder_layers_0_cross_attention.png"))) == 3
     per_module = {k: v for k, v in final["dev"].items() if k.startswith("alignment_accuracy/")}
-    assert set(per_module) == {"alignment_accuracy/decoder_layers/0/cross_attention"}  # cross-attention only
+    # cross-attention only
+    assert set(per_module) == {"alignment_accuracy/decoder_layers/0/cross_attention"}
     assert final["dev"]["alignment_accuracy"] == pytest.approx(np.mean(list(per_module.values())))
 
 
@@ -162,8 +167,10 @@ def test_eval_mode_reproduces_the_final_eval(finished_run, caplog):
     with caplog.at_level(logging.INFO):
         results = evaluation.evaluate(parse(config), workdir)
     assert results == final["test"]
-    assert "test (eval mode)" in (workdir / "report.html").read_text()  # the page rewritten, with the eval's row
-    logged = [record.getMessage() for record in caplog.records]  # the decoding's progress (plain lines: no terminal)
+    # the page rewritten, with the eval's row
+    assert "test (eval mode)" in (workdir / "report.html").read_text()
+    # the decoding's progress (plain lines: no terminal)
+    logged = [record.getMessage() for record in caplog.records]
     assert "evaluating test: started (24 examples)" in logged and any(m.startswith("evaluating test: done, 24 examples in ") for m in logged)
 
 
@@ -183,7 +190,8 @@ def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp
     copy = copy_with_a_damaged_checkpoint(workdir, tmp_path, step=20)
     training_loop.train_and_evaluate(parse(tiny_config(config.data_dir, visualize_examples=3, num_train_steps=30)), copy)
     names = sorted(p.name for p in (copy / "checkpoints").iterdir() if not p.name.startswith("."))
-    assert "20.unreadable" in names and {"20", "30"} <= set(names)  # saved again, the bad one kept aside
+    # saved again, the bad one kept aside
+    assert "20.unreadable" in names and {"20", "30"} <= set(names)
     assert [r["step"] for r in metric_rows(copy) if r["split"] == "train"] == [5, 10, 15, 20, 25, 30]
 
 
@@ -192,7 +200,8 @@ def test_a_run_compiles_its_train_step_once(shared_data_dir, tmp_path, monkeypat
     compile_train_step = training_loop.compile_train_step
     monkeypatch.setattr(training_loop, "compile_train_step", lambda *args: compiled.append(compile_train_step(*args)) or compiled[-1])
     training_loop.train_and_evaluate(parse(tiny_config(shared_data_dir, num_train_steps=12, eval_every_steps=12, checkpoint_every_steps=6)), tmp_path)
-    assert [step._cache_size() for step in compiled] == [1]  # no second compilation at step 1 or after a save
+    # no second compilation at step 1 or after a save
+    assert [step._cache_size() for step in compiled] == [1]
 
 
 PERSISTENT_CACHE_PROBE = """
@@ -218,7 +227,8 @@ def test_a_process_set_up_like_train_py_reads_its_compilation_cache_back(tmp_pat
     env.update(HOME=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONPATH=str(PROJECT_ROOT))
     probe = subprocess.run([sys.executable, "-c", PERSISTENT_CACHE_PROBE], env=env, capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, probe.stderr
-    assert int(probe.stdout.split()[-1]) >= 1, probe.stdout + probe.stderr  # the second compilation (at least) was a hit
+    # the second compilation (at least) was a hit
+    assert int(probe.stdout.split()[-1]) >= 1, probe.stdout + probe.stderr
     assert any((tmp_path / ".cache" / "attend" / "jax").iterdir())
 
 
@@ -229,13 +239,14 @@ def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
     dev_loss = {r["step"]: r["loss"] for r in metric_rows(tmp_path) if r["split"] == "dev"}
     best = min(dev_loss, key=dev_loss.get)
     assert run.checkpoints.best_step() == best
-    assert set(run.checkpoints.steps()) == {best, 40}  # the last one and the best one
+    # the last one and the best one
+    assert set(run.checkpoints.steps()) == {best, 40}
 
 
 
 def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
     process = run_train_py(tmp_path, shared_data_dir, "--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000",
-                           "--config.curves_png=true")  # fmt: skip
+                           "--config.curves_png=true")
     deadline = time.time() + 300
     while time.time() < deadline and not ((tmp_path / "metrics.jsonl").exists() and len(metric_rows(tmp_path)) >= 3):
         time.sleep(0.05)
@@ -245,7 +256,8 @@ def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
     saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(saved) == 1 and 10 <= saved[0] < 100000
     assert "SIGTERM" in output
-    assert (tmp_path / "curves.png").exists()  # drawn as the run stopped: no evaluation was the last one or 5 minutes in
+    # drawn as the run stopped: no evaluation was the last one or 5 minutes in
+    assert (tmp_path / "curves.png").exists()
 
 
 def test_a_window_cut_by_a_stop_keeps_its_seconds_for_the_resumed_row(tmp_path):
@@ -257,8 +269,10 @@ def test_a_window_cut_by_a_stop_keeps_its_seconds_for_the_resumed_row(tmp_path):
     assert [step for step, _ in kept] == list(range(1001, 1033)) and seconds == 45.7
     row = training_loop.summarize_window(kept + [(step, values) for step in range(1033, 1051)], 1e-3, seconds + 29.3)
     assert row["steps_per_second"] == pytest.approx(50 / 75.0) and row["tokens_per_second"] == pytest.approx(5000 / 75.0)
-    assert training_loop.unfinished_window(tmp_path, 1000) == ([], 0.0)  # resumed from another step: nothing kept
-    (tmp_path / training_loop.UNFINISHED_WINDOW).write_text('{"step": 1032, "window": []}')  # a file without the seconds
+    # resumed from another step: nothing kept
+    assert training_loop.unfinished_window(tmp_path, 1000) == ([], 0.0)
+    # a file without the seconds
+    (tmp_path / training_loop.UNFINISHED_WINDOW).write_text('{"step": 1032, "window": []}')
     assert training_loop.unfinished_window(tmp_path, 1032) == ([], 0.0)
 
 
@@ -272,17 +286,22 @@ def test_curves_png_is_drawn_once_its_interval_has_passed_and_when_the_run_ends(
     assert not curves.due()
     clock[0] += 1
     assert curves.due()
-    curves.drawn()  # at an evaluation before the last: rows follow it
+    # at an evaluation before the last: rows follow it
+    curves.drawn()
     assert not curves.due()
-    curves.finish()  # the run stopped (early, by a signal or an error): drawn again
+    # the run stopped (early, by a signal or an error): drawn again
+    curves.finish()
     assert drawn == [tmp_path]
     curves.finish()
-    assert drawn == [tmp_path]  # nothing written since
+    # nothing written since
+    assert drawn == [tmp_path]
     last = training_loop.CurvesPicture(tmp_path, enabled=True)
-    last.drawn(final=True)  # the last step's evaluation drew it
+    # the last step's evaluation drew it
+    last.drawn(final=True)
     last.finish()
     assert drawn == [tmp_path]
-    off = training_loop.CurvesPicture(tmp_path, enabled=False)  # another process than the chief, or curves_png=False
+    # another process than the chief, or curves_png=False
+    off = training_loop.CurvesPicture(tmp_path, enabled=False)
     clock[0] += training_loop.CURVES_EVERY_SECONDS
     assert not off.due() and not off.due(final=True)
     off.finish()
@@ -331,11 +350,12 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_di
     exploding = tiny_config(
         shared_data_dir, learning_rate=1e30, schedule="constant", num_train_steps=60,
         checkpoint_every_steps=5, eval_every_steps=1000,
-    )  # fmt: skip
+    )
     drawn_before = (tmp_path / "curves.png").stat().st_mtime_ns
     with pytest.raises(NonFiniteLoss, match=r"loss is (nan|inf) at step 1[1-5]"):
         training_loop.train_and_evaluate(parse(exploding), tmp_path)
-    assert (tmp_path / "curves.png").stat().st_mtime_ns > drawn_before  # drawn again as the error ended the run
+    # drawn again as the error ended the run
+    assert (tmp_path / "curves.png").stat().st_mtime_ns > drawn_before
     run = prepare_run(parse(exploding), tmp_path)
     assert run.checkpoints.steps() == [10]
     _, params = run.restore_params()
@@ -348,12 +368,16 @@ def test_a_second_run_on_a_workdir_is_refused_and_a_killed_runs_lock_is_taken_ov
 
     config = tiny_config(shared_data_dir, num_train_steps=2, eval_every_steps=2, checkpoint_every_steps=2)
     tmp_path.mkdir(exist_ok=True)
-    first = WorkdirLock.acquire(tmp_path)  # another run training there (another open file: flock refuses even this process)
+    # another run training there (another open file: flock refuses even this process)
+    first = WorkdirLock.acquire(tmp_path)
     with pytest.raises(WorkdirInUse, match=f"in use by another run .*\"pid\": {os.getpid()}"):
         training_loop.train_and_evaluate(parse(config), tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".lock.holder"]  # no tokenizer, checkpoints, metrics or log
-    first.release()  # as the kernel does when a run is killed; the holder file and its stale pid stay behind
+    # no tokenizer, checkpoints, metrics or log
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".lock.holder"]
+    # as the kernel does when a run is killed; the holder file and its stale pid stay behind
+    first.release()
     assert (tmp_path / ".lock.holder").read_text()
     training_loop.train_and_evaluate(parse(config), tmp_path)
     assert (tmp_path / "checkpoints" / "2").exists()
-    WorkdirLock.acquire(tmp_path).release()  # the finished run let go of it
+    # the finished run let go of it
+    WorkdirLock.acquire(tmp_path).release()

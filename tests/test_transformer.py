@@ -114,7 +114,8 @@ def test_cached_decoding_under_jit():
         def step(carry, _):
             token, state = carry
             logits, state = model.decode_step(memory, token, state)
-            next_token = jnp.argmax(logits[:, 3:], -1) + 3  # no pad/bos/eos: teacher forcing would mask pads
+            # no pad/bos/eos: teacher forcing would mask pads
+            next_token = jnp.argmax(logits[:, 3:], -1) + 3
             return (next_token, state), next_token
 
         start = (jnp.full((2,), 1), model.init_decode_state(memory, 2, 4))
@@ -135,7 +136,8 @@ def test_dropout_only_in_training_at_the_configured_rates():
     # layer) and on the embedding sums; attention and ReLU dropout one per attention / FFN.
     assert dropout_rates(model) == sorted([0.3] * (2 * 2 + 3 * 2 + 1) + [0.2] * (2 + 2 * 2) + [0.1] * (2 + 2))
     batch = {"inputs": random_tokens(11, (2, 5), [5, 5]), "targets": random_tokens(12, (2, 4), [4, 4])}
-    np.testing.assert_array_equal(forward(model, batch), forward(model, batch))  # deterministic: no dropout
+    # deterministic: no dropout
+    np.testing.assert_array_equal(forward(model, batch), forward(model, batch))
     training = forward(model, batch, deterministic=False)
     assert not np.allclose(training, forward(model, batch))
     # with every rate 0, training mode is the deterministic pass: dropout is the only difference
@@ -169,10 +171,12 @@ def test_capture_returns_every_layers_attention_weights():
     np.testing.assert_allclose(logits, forward(model, batch), rtol=1e-5, atol=1e-5)
     (cross,) = recorded["decoder_layers"][1]["cross_attention"]["attention_weights"].get_value()
     assert cross.shape == (1, 4, 4, 5)  # [B, N, T, S]
-    assert np.all(np.asarray(cross)[..., 3:] == 0.0)  # source padding
+    # source padding
+    assert np.all(np.asarray(cross)[..., 3:] == 0.0)
     np.testing.assert_allclose(np.asarray(cross).sum(-1), 1.0, rtol=1e-5)
     (self_weights,) = recorded["decoder_layers"][0]["self_attention"]["attention_weights"].get_value()
-    assert np.all(np.triu(np.asarray(self_weights)[0, 0], k=1) == 0.0)  # causal
+    # causal
+    assert np.all(np.triu(np.asarray(self_weights)[0, 0], k=1) == 0.0)
 
 
 def count_params(**fields) -> int:

@@ -32,12 +32,14 @@ def build(pre_layer_norm: bool, layers: int = 1):
     return models.create_model(
         "transformer", rngs=nnx.Rngs(7), vocab_size=VOCAB, d_model=D, num_heads=HEADS, d_ff=FF,
         num_encoder_layers=layers, num_decoder_layers=layers, dropout_rate=0.0, pre_layer_norm=pre_layer_norm,
-    )  # fmt: skip
+    )
 
 
 def batch():
-    inputs = np.array([[4, 5, 6, 7, 2], [8, 9, 2, 0, 0]])  # the second source is padded
-    targets = np.array([[5, 6, 2, 0], [7, 7, 8, 2]])  # the first target is padded
+    # the second source is padded
+    inputs = np.array([[4, 5, 6, 7, 2], [8, 9, 2, 0, 0]])
+    # the first target is padded
+    targets = np.array([[5, 6, 2, 0], [7, 7, 8, 2]])
     return {"inputs": inputs, "targets": targets}
 
 
@@ -106,13 +108,15 @@ def masks(inputs, targets):
 
 def forward(model, inputs, targets, pre_layer_norm):
     """The whole model: logits `[B, T, V]` for teacher-forced targets (decoder inputs = bos, y_1, ...)."""
-    table = f64(model.target_embed.embedding.embedding)  # shared by source, target and output (section 3.4)
+    # shared by source, target and output (section 3.4)
+    table = f64(model.target_embed.embedding.embedding)
     encoder_mask, decoder_mask, cross_mask = masks(inputs, targets)
     x = table[inputs] * math.sqrt(D) + positions(inputs.shape[1])
     for layer in model.encoder_layers:
         x = encoder_layer(x, encoder_mask, layer, pre_layer_norm)
     memory = layer_norm(x, model.encoder_norm) if pre_layer_norm else x
-    decoder_inputs = np.concatenate([np.ones((len(targets), 1), int), targets[:, :-1]], axis=1)  # bos = 1
+    # bos = 1
+    decoder_inputs = np.concatenate([np.ones((len(targets), 1), int), targets[:, :-1]], axis=1)
     y = table[decoder_inputs] * math.sqrt(D) + positions(targets.shape[1])
     for layer in model.decoder_layers:
         y = decoder_layer(y, memory, decoder_mask, cross_mask, layer, pre_layer_norm)
@@ -142,7 +146,8 @@ def test_one_encoder_layer_and_one_decoder_layer(pre_layer_norm):
     layer = model.decoder_layers[0]
     got = layer(jnp.float32(y), jnp.float32(memory), jnp.asarray(decoder_mask[:, None]), jnp.asarray(cross_mask[:, None]), deterministic=True)
     expected = decoder_layer(y, memory, decoder_mask, cross_mask, layer, pre_layer_norm)
-    real = b["targets"] != 0  # a padded query position's output is not used: compare the real ones
+    # a padded query position's output is not used: compare the real ones
+    real = b["targets"] != 0
     np.testing.assert_allclose(np.asarray(got)[real], expected[real], rtol=1e-4, atol=1e-5)
 
 

@@ -27,7 +27,8 @@ import tensorflow_datasets as tfds
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from utils.tfds_names import name_problem  # noqa: E402
 
-FILE_FORMAT = "array_record"  # what tfds.data_source (and so Grain) reads with random access
+# what tfds.data_source (and so Grain) reads with random access
+FILE_FORMAT = "array_record"
 
 
 class PrepareError(Exception):
@@ -57,7 +58,8 @@ def prepare(name: str, data_dir: str, manual_dir: str | None = None) -> Path:
     config = tfds.download.DownloadConfig(manual_dir=manual_dir)
     try:
         builder.download_and_prepare(download_config=config, file_format=FILE_FORMAT)
-    except AssertionError as error:  # TFDS's builders report a missing manual download this way
+    except AssertionError as error:
+        # TFDS's builders report a missing manual download this way
         if "manual" not in str(error).lower():
             raise
         raise PrepareError(f"{name}: {' '.join(str(error).split())} (give that folder with --manual_dir=DIR)") from error

@@ -16,7 +16,8 @@ from optuna.trial import TrialState
 from report import pages
 from tuning.study import Sweep, trials_toward_the_count
 
-NOT_SHOWN = ("step", "decoded_examples")  # and per-module metrics (names with "/")
+# and per-module metrics (names with "/")
+NOT_SHOWN = ("step", "decoded_examples")
 
 
 def result_rows(study: optuna.Study, sweep: Sweep) -> list[dict]:
@@ -51,21 +52,22 @@ def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = Tr
         f"# Sweep {study.study_name}", "",
         f"config `{args.config}`, sweep `{args.sweep}`: {sweep.method}, {sweep.num_trials} trials, "
         f"objective {sweep.objective} ({sweep.direction}); budget {sweep.budget}", "",
-    ]  # fmt: skip
+    ]
     if any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
         best = study.best_trial
         command = shlex.split(best.user_attrs["command"])
         command = [f"--workdir={workdir / 'best'}" if part.startswith("--workdir=") else part for part in command]
         command[:2] = ["python", os.path.relpath(command[1])]
         lines += [f"Best: trial {best.number}, {sweep.objective} = {best.value:.4g}. To reproduce it:", "",
-                  "```", shlex.join(command), "```", ""]  # fmt: skip
+                  "```", shlex.join(command), "```", ""]
     shown = [c for c in columns if c not in ("workdir",)]
     lines.append("| " + " | ".join(shown) + " |")
     lines.append("|" + "---|" * len(shown))
     for row in rows:
         lines.append("| " + " | ".join(format_cell(row.get(c)) for c in shown) + " |")
     (workdir / "results.md").write_text("\n".join(lines) + "\n")
-    if picture:  # matplotlib (and JAX, imported by visualize) only in the process that ends the sweep
+    # matplotlib (and JAX, imported by visualize) only in the process that ends the sweep
+    if picture:
         plot_objective(rows, sweep, workdir / "objective_by_field.png")
     pages.write_sweep(workdir, rows, sweep.objective, sweep.space)
     return workdir / "results.md"

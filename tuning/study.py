@@ -36,11 +36,15 @@ class Sweep:
     """A validated sweep file: see configs/sweeps/smoke.py for the fields."""
 
     method: str
-    space: dict[str, tuple]  # field -> ("categorical", [choices]) | ("uniform"|"log_uniform"|"int", low, high)
-    objective: str  # "<split>/<metric>", e.g. "dev/exact_match"
-    direction: str  # "maximize" or "minimize"
+    # field -> ("categorical", [choices]) | ("uniform"|"log_uniform"|"int", low, high)
+    space: dict[str, tuple]
+    # "<split>/<metric>", e.g. "dev/exact_match"
+    objective: str
+    # "maximize" or "minimize"
+    direction: str
     num_trials: int
-    budget: dict[str, Any]  # config overrides of every trial
+    # config overrides of every trial
+    budget: dict[str, Any]
     pruning: bool = True
     seed: int = 0
 
@@ -68,7 +72,8 @@ def with_overrides(config_path: str | Path, overrides: dict[str, Any], where: st
     """The config file with `overrides` applied exactly as train.py will apply them (`base.load`);
     an unknown field or a value the field cannot take names `where` and the field."""
     config = base.load(config_path)
-    for name, value in overrides.items():  # one at a time, so the message names the field
+    # one at a time, so the message names the field
+    for name, value in overrides.items():
         if not base.has_field(config, name):
             raise SweepError(f"{where}: unknown config field {name!r}")
         try:
@@ -105,7 +110,8 @@ def objective_direction(path: str | Path, config, metric: str, given: str | None
     writes. A config that is not attend's (another `--train_script`) states it, or minimizes."""
     if not base.has_field(config, "task.name"):
         return given or "minimize"
-    from scoring import score_registry  # JAX, through scoring/metrics.py: only for attend's own configs (see configs/base.py)
+    # JAX, through scoring/metrics.py: only for attend's own configs (see configs/base.py)
+    from scoring import score_registry
     import tasks
 
     task_metric, alignment, boxes = tasks.scoring_of(config.task.name)
@@ -115,7 +121,7 @@ def objective_direction(path: str | Path, config, metric: str, given: str | None
         raise SweepError(f"sweep file {path}: {error}") from error
     if given not in (None, score.direction):
         raise SweepError(f"sweep file {path}: direction {given!r} contradicts {metric!r}, which is better {'larger' if score.larger_is_better else 'smaller'}; "
-                         f"leave direction out or set {score.direction!r}")  # fmt: skip
+                         f"leave direction out or set {score.direction!r}")
     return score.direction
 
 
@@ -126,7 +132,8 @@ def load_sweep(path: str | Path, config_path: str | Path) -> Sweep:
       SweepError: naming the file and the culprit (unknown key or field, empty space, bad method...).
     """
     fields = base.call_in_file(path, "get_sweep", "sweep")
-    fields = dict(fields) if isinstance(fields, Mapping) else fields.to_dict()  # a dict, or a ConfigDict
+    # a dict, or a ConfigDict
+    fields = dict(fields) if isinstance(fields, Mapping) else fields.to_dict()
     unknown = sorted(set(fields) - set(SWEEP_KEYS))
     if unknown:
         raise SweepError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(SWEEP_KEYS)}")
@@ -157,7 +164,7 @@ def load_sweep(path: str | Path, config_path: str | Path) -> Sweep:
     if num_trials < 1:
         raise SweepError(f"sweep file {path}: num_trials must be at least 1")
     return Sweep(fields["method"], space, objective, direction, grid_size or num_trials, budget,
-                 bool(fields.get("pruning", True)), int(fields.get("seed", 0)))  # fmt: skip
+                 bool(fields.get("pruning", True)), int(fields.get("seed", 0)))
 
 
 def distributions(sweep: Sweep) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -193,7 +200,8 @@ def open_study(args, sweep: Sweep) -> optuna.Study:
     """
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    worker_seed = sweep.seed + (args.worker_index or 0)  # workers must not draw the same random points
+    # workers must not draw the same random points
+    worker_seed = sweep.seed + (args.worker_index or 0)
     sampler = optuna.samplers.TPESampler(seed=worker_seed) if sweep.method == "tpe" else optuna.samplers.RandomSampler(seed=worker_seed)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=2) if sweep.pruning else optuna.pruners.NopPruner()
     description = json.loads(json.dumps({"config": str(args.config), "sweep": dataclasses.asdict(sweep)}))
@@ -202,11 +210,12 @@ def open_study(args, sweep: Sweep) -> optuna.Study:
         study = optuna.create_study(
             storage=open_storage(args.storage, workdir), sampler=sampler, pruner=pruner, study_name=study_name,
             direction=sweep.direction, load_if_exists=True,
-        )  # fmt: skip
+        )
         recorded = study.user_attrs.get("description")
         if recorded is None:
             if sweep.method == "grid":
-                for point in grid_points(sweep):  # skipping the points queued before a kill
+                # skipping the points queued before a kill
+                for point in grid_points(sweep):
                     study.enqueue_trial(point, user_attrs={"queued": True}, skip_if_exists=True)
             study.set_user_attr("description", description)
         elif recorded != description:
@@ -223,7 +232,8 @@ def open_storage(storage: str, workdir: Path) -> optuna.storages.BaseStorage:
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal")))
     try:
         return optuna.storages.RDBStorage(storage)
-    except Exception as error:  # SQLAlchemy and the drivers raise many types
+    except Exception as error:
+        # SQLAlchemy and the drivers raise many types
         raise cannot_open(storage, error) from error
 
 
@@ -250,11 +260,13 @@ def queue_lock(storage: str, workdir: Path):
         with files.exclusive(workdir / ".init.lock"):
             yield
         return
-    import sqlalchemy  # only here: the journal file does without it
+    # only here: the journal file does without it
+    import sqlalchemy
 
     try:
         url = sqlalchemy.engine.make_url(storage)
-    except Exception as error:  # a malformed URL
+    except Exception as error:
+        # a malformed URL
         raise cannot_open(storage, error) from error
     backend = url.get_backend_name()
     if backend == "postgresql":
@@ -266,12 +278,14 @@ def queue_lock(storage: str, workdir: Path):
                 stack.callback(engine.dispose)
                 connection = stack.enter_context(engine.begin())
                 connection.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
-            except Exception as error:  # no driver, no server, no access
+            except Exception as error:
+                # no driver, no server, no access
                 raise cannot_open(storage, error) from error
             yield
     elif backend == "sqlite":
         database = url.database
-        if database in (None, "", ":memory:"):  # a database in memory has only this process
+        # a database in memory has only this process
+        if database in (None, "", ":memory:"):
             yield
             return
         with files.exclusive(Path(database).with_name(Path(database).name + ".sweep.lock")):

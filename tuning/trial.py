@@ -26,9 +26,12 @@ from utils.stop_signals import StopSignals
 from tuning.results import write_results
 from tuning.study import Sweep, SweepError, trials_toward_the_count, distributions, open_study, override_flags, requeue, with_overrides
 
-HEARTBEAT_S = 30  # a running trial's worker says it is alive this often
-HEARTBEAT_GRACE_S = 300  # ... and is taken for dead after this long without
-CLUSTER_VARIABLES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "JAX_COORDINATOR_")  # prefixes that make JAX join a cluster
+# a running trial's worker says it is alive this often
+HEARTBEAT_S = 30
+# ... and is taken for dead after this long without
+HEARTBEAT_GRACE_S = 300
+# prefixes that make JAX join a cluster
+CLUSTER_VARIABLES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "JAX_COORDINATOR_")
 
 
 # ---------------------------------------------------------------- one trial
@@ -59,7 +62,8 @@ class MetricsFollower:
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read()
-        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        # a line still being written waits for the next poll
+        complete = data[: data.rfind(b"\n") + 1]
         self.offset += len(complete)
         new = [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
         self.rows.extend(new)
@@ -100,9 +104,11 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
             if not running:
                 break
             if outcome or stop.requested:
-                process.send_signal(signal.SIGTERM)  # train.py saves a checkpoint and stops
+                # train.py saves a checkpoint and stops
+                process.send_signal(signal.SIGTERM)
                 process.wait()
-                continue  # read the rows it wrote on the way out
+                # read the rows it wrote on the way out
+                continue
             if time.time() - heartbeat > HEARTBEAT_S:
                 heartbeat = time.time()
                 trial.set_user_attr("heartbeat", heartbeat)
@@ -123,7 +129,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
         error = (
             f"train.py exited with {process.returncode}: {last_lines(workdir / 'log.txt')}" if process.returncode
             else f"no {sweep.objective} at step {num_train_steps} in {workdir / 'metrics.jsonl'} (have: {', '.join(have) or 'nothing'})"
-        )  # fmt: skip
+        )
         trial.set_user_attr("error", error)
         study.tell(trial, state=TrialState.FAIL)
     else:
@@ -156,11 +162,13 @@ def work_until_done(args, sweep: Sweep, stop: StopSignals) -> None:
         trial = study.ask(space)
         earlier = trials_toward_the_count([t for t in study.get_trials(deepcopy=False) if t.number < trial.number])
         if not trial.user_attrs.get("queued") and (sweep.method == "grid" or len(earlier) >= sweep.num_trials):
-            trial.set_user_attr("surplus", True)  # another worker took the last one meanwhile
+            # another worker took the last one meanwhile
+            trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.FAIL)
             continue
         run_trial(study, trial, args, sweep, stop)
-        write_results(study, sweep, args, picture=False)  # the sweep's page and tables as of this trial; the picture at the end
+        # the sweep's page and tables as of this trial; the picture at the end
+        write_results(study, sweep, args, picture=False)
 
 
 def recover_dead_trials(study: optuna.Study) -> None:
@@ -178,7 +186,8 @@ def recover_dead_trials(study: optuna.Study) -> None:
             continue
         try:
             study.tell(trial.number, state=TrialState.FAIL)
-        except (RuntimeError, ValueError):  # another worker got there first
+        except (RuntimeError, ValueError):
+            # another worker got there first
             continue
         requeue(study, trial)
 
@@ -202,10 +211,12 @@ def visible_gpus(environ: Mapping[str, str]) -> list[str]:
         return []
     if "CUDA_VISIBLE_DEVICES" in environ:
         names = [name.strip() for name in environ["CUDA_VISIBLE_DEVICES"].split(",")]
-        return list(itertools.takewhile(lambda name: name and not name.startswith("-"), names))  # as CUDA reads it
+        # as CUDA reads it
+        return list(itertools.takewhile(lambda name: name and not name.startswith("-"), names))
     try:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True, env=dict(environ)).stdout
-    except (OSError, subprocess.SubprocessError):  # no nvidia-smi, no driver
+    except (OSError, subprocess.SubprocessError):
+        # no nvidia-smi, no driver
         return []
     return re.findall(r"^GPU (\d+):", listing, flags=re.MULTILINE)
 

@@ -43,9 +43,12 @@ M_MMAP_MAX = -4
 M_ARENA_MAX = -8
 
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb"
-RESTARTED = "ATTEND_RESTARTED_FOR_HUGE_PAGES"  # set on the restart: a process restarts once at most
-TRANSPARENT_HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # e.g. "always [madvise] never"
-PROCESS_STATUS = Path("/proc/self/status")  # "THP_enabled: 0" where prctl turned them off for the process
+# set on the restart: a process restarts once at most
+RESTARTED = "ATTEND_RESTARTED_FOR_HUGE_PAGES"
+# e.g. "always [madvise] never"
+TRANSPARENT_HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+# "THP_enabled: 0" where prctl turned them off for the process
+PROCESS_STATUS = Path("/proc/self/status")
 
 
 def huge_pages_available() -> bool:
@@ -88,7 +91,8 @@ def restart_with_huge_pages(script: str) -> None:
     os.environ[RESTARTED] = "1"
     try:
         os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
-    except OSError as error:  # no interpreter to run again: go on without huge pages
+    except OSError as error:
+        # no interpreter to run again: go on without huge pages
         os.environ.pop(RESTARTED)
         if before is None:
             os.environ.pop("GLIBC_TUNABLES")
@@ -97,7 +101,8 @@ def restart_with_huge_pages(script: str) -> None:
         logging.warning("could not restart on huge pages (%s): freed memory is kept instead", error)
 
 
-GC_THRESHOLDS = (50_000, 20, 20)  # Python's defaults are (700, 10, 10)
+# Python's defaults are (700, 10, 10)
+GC_THRESHOLDS = (50_000, 20, 20)
 
 
 def collect_garbage_less_often() -> None:
@@ -112,7 +117,8 @@ def collect_garbage_less_often() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-chosen = "malloc's defaults"  # what `set_up` chose for this process (malloc is the process's): the start-up summary shows it
+# what `set_up` chose for this process (malloc is the process's): the start-up summary shows it
+chosen = "malloc's defaults"
 
 
 def set_up() -> str:
@@ -136,7 +142,8 @@ def keep_freed_memory() -> bool:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others: nothing to set
+    except (OSError, AttributeError):
+        # musl and others: nothing to set
         return False
     # -1 as the trim threshold is SIZE_MAX to glibc: never trim.
     done = all(mallopt(parameter, value) == 1 for parameter, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1)))

@@ -31,7 +31,8 @@ def write_whole(path: Path, write: Callable[[Path], None]) -> None:
     try:
         write(temporary)
         os.replace(temporary, path)
-    except BaseException:  # an OSError, or whatever `write` raised (bad data, Ctrl-C): nothing is left
+    except BaseException:
+        # an OSError, or whatever `write` raised (bad data, Ctrl-C): nothing is left
         if temporary.is_dir():
             shutil.rmtree(temporary, ignore_errors=True)
         else:
@@ -42,7 +43,8 @@ def write_whole(path: Path, write: Callable[[Path], None]) -> None:
 # Digest algorithms by name: SHA-256 for the small files (vocabularies), BLAKE3 for checkpoints
 # (benchmarks/restore.py: a 2.6 GB checkpoint hashes about five times faster than with SHA-256).
 HASHES = {"sha256": hashlib.sha256, "blake3": blake3.blake3}
-CHUNK_BYTES = 8 * 2**20  # read in pieces: a checkpoint file may be gigabytes
+# read in pieces: a checkpoint file may be gigabytes
+CHUNK_BYTES = 8 * 2**20
 
 
 def feed(digest, path: Path) -> None:
@@ -50,7 +52,8 @@ def feed(digest, path: Path) -> None:
     running digest of several files (a corpus' content, for its cache key) or one file's."""
     with open(path, "rb") as file:
         while chunk := file.read(CHUNK_BYTES):
-            digest.update(chunk)  # both release the GIL: hashing runs beside other threads' work
+            # both release the GIL: hashing runs beside other threads' work
+            digest.update(chunk)
 
 
 def file_digest(path: Path, algorithm: str = "sha256") -> str:
@@ -79,7 +82,8 @@ def exclusive(path: Path) -> Iterator[None]:
     """Holds the lock file `path` (created with its folder), waiting for the process holding it:
     it serialises the processes of one machine (builds into one data_dir, opening one study)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(path, fallback_to_soft=False):  # the kernel's flock: a killed holder leaves it free
+    # the kernel's flock: a killed holder leaves it free
+    with filelock.FileLock(path, fallback_to_soft=False):
         yield
 
 

@@ -54,11 +54,13 @@ class Reporter:
         self.num_steps, self.start_step = num_steps, start_step
         self.interactive = sys.stderr.isatty()
         self.start_time = time.time()
-        self.intervals = 0  # progress lines so far
+        # progress lines so far
+        self.intervals = 0
         self.jsonl = workdir / "metrics.jsonl"
         self.tensorboard = None
         if enabled:
-            if truncate:  # rows after the checkpoint are written again (all of them on a fresh start)
+            # rows after the checkpoint are written again (all of them on a fresh start)
+            if truncate:
                 truncate_jsonl(self.jsonl, start_step if start_step > 0 else -1)
             self.tensorboard = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1 if truncate else None)
 
@@ -120,7 +122,7 @@ def estimate_line(steps_left: int, steps_per_second: float) -> str:
     if not steps_per_second > 0 or not math.isfinite(steps_per_second):
         return f"{steps_left:,} steps to the end (no rate measured yet)"
     return (f"about {_clock(steps_left / steps_per_second)} of training to the end ({steps_left:,} steps at "
-            f"{steps_per_second:.2f} steps/s after compilation; evaluations add to it)")  # fmt: skip
+            f"{steps_per_second:.2f} steps/s after compilation; evaluations add to it)")
 
 
 def write_eval(workdir: Path, step: int, split: str, results: dict) -> None:
@@ -155,7 +157,8 @@ def write_n_best(path: Path, rows: Sequence[tuple[str, Sequence[tuple[str, float
 def log_file(workdir: Path, enabled: bool = True) -> Iterator[None]:
     """While active, what is logged also goes to `workdir/log.txt` (appended: a resumed run continues it)."""
     path = workdir / "log.txt"
-    if not enabled or _stderr_is(path):  # a sweep sends a trial's whole output there already
+    # a sweep sends a trial's whole output there already
+    if not enabled or _stderr_is(path):
         yield
         return
     handler = logging.FileHandler(path, encoding="utf-8")

@@ -31,7 +31,8 @@ class StopSignals:
         for signum in self._signals:
             try:
                 self._previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread
+            except ValueError:
+                # not the main thread
                 pass
         return self
 

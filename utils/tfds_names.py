@@ -26,7 +26,8 @@ def name_problem(name: str) -> str | None:
         return f"unknown TFDS catalog dataset {dataset!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
     try:
         configs = [c.name for c in getattr(tfds.builder_cls(dataset), "BUILDER_CONFIGS", [])]
-    except ImportError:  # coco_captions's builder without TensorFlow
+    except ImportError:
+        # coco_captions's builder without TensorFlow
         return None
     if config and configs and config not in configs:
         return f"{dataset} has no config {config!r}; its configs: {', '.join(configs)}"

@@ -36,7 +36,8 @@ class FixtureDownloader:
         self.files, self.registered = files, registered
 
     def tqdm(self):
-        return contextlib.nullcontext()  # no progress bars in a test's output
+        # no progress bars in a test's output
+        return contextlib.nullcontext()
 
     def increase_tqdm(self, url_info) -> None:
         pass

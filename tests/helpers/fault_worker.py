@@ -43,7 +43,8 @@ def signal_at_step(number: int, signum: int, pause_after: float = 0.0) -> None:
 
         def signalling_step(state, batch):
             step = int(jax.device_get(state["step"])) + 1
-            outputs = step_function(state, batch)  # dispatched: the step is under way
+            # dispatched: the step is under way
+            outputs = step_function(state, batch)
             if step == number:
                 os.kill(os.getpid(), signum)
             elif step > number:

@@ -24,8 +24,9 @@ TINY_FLAGS = [
     "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.d_ff=32",
     "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1", "--config.batch_size=16",
     "--config.warmup_steps=5", "--config.log_every_steps=5",
-    "--config.curves_png=false",  # matplotlib's import and a drawing, 0.5 s of a tiny run's 4 (tests/conftest.py's stub is in-process only)
-]  # fmt: skip
+    # matplotlib's import and a drawing, 0.5 s of a tiny run's 4 (tests/conftest.py's stub is in-process only)
+    "--config.curves_png=false",
+]
 
 
 def run_train_py(workdir, data_dir, *flags, env=None, tiny=TINY_FLAGS, script=PROJECT_ROOT / "train.py", point=None, **popen):
@@ -54,7 +55,8 @@ def final_state(config, workdir, step):
 def assert_same_final_state(config, whole_dir, cut_dir, step):
     whole_state, cut_state = final_state(config, whole_dir, step), final_state(config, cut_dir, step)
     for a, b in zip(jax.tree.leaves(whole_state), jax.tree.leaves(cut_state), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit-identical
+        # bit-identical
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     return whole_state
 
 
@@ -68,7 +70,8 @@ def sigkill_and_rerun(tmp_path, data_dir, flags, *, kill_after: int, checkpoint:
     interrupted = run_train_py(tmp_path / "cut", data_dir, *flags, tiny=tiny)
     metrics_file = tmp_path / "cut" / "metrics.jsonl"
     deadline = time.time() + 300
-    while time.time() < deadline:  # kill once the checkpoint is complete and training has gone on
+    # kill once the checkpoint is complete and training has gone on
+    while time.time() < deadline:
         past = metrics_file.exists() and any(r["split"] == "train" and r["step"] >= kill_after for r in metric_rows(tmp_path / "cut"))
         if past and (tmp_path / "cut" / "checkpoints" / str(checkpoint)).exists():
             break

@@ -49,7 +49,7 @@ def two_process_config(data_dir, steps: int, sharding: str = "replicated", **ove
     runs are compared with one process's, to rounding)."""
     dropout = {} if sharding == "replicated" else {"model.dropout_rate": 0.0}
     return tiny_config(data_dir, num_train_steps=steps, log_every_steps=4, checkpoint_every_steps=1000, eval_every_steps=1000,
-                       sharding=sharding, curves_png=False, **dropout, **overrides)  # fmt: skip
+                       sharding=sharding, curves_png=False, **dropout, **overrides)
 
 
 # The captioner shrunk to seconds (tests of captioning through the trainer).
@@ -66,7 +66,7 @@ def captioning_config(data_dir, attention="soft", **overrides):
     config.task.update(train_size=96, dev_size=8, test_size=8)
     config.model.update(attention=attention, **TINY_CAPTIONER)
     config.update(batch_size=8, num_train_steps=4, eval_every_steps=4, checkpoint_every_steps=4, log_every_steps=2,
-                  warmup_steps=2, visualize_examples=1)  # fmt: skip
+                  warmup_steps=2, visualize_examples=1)
     for name, value in overrides.items():
         base.set_field(config, name, value)
     config.lock()

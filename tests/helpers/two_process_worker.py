@@ -25,12 +25,15 @@ from run_setup.cluster import setup_distributed  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
 from helpers.tiny import two_process_config  # noqa: E402
 
-logging.getLogger().setLevel(logging.INFO)  # the trainer's INFO lines (resuming, ...) in log.txt, as train.py logs them
+# the trainer's INFO lines (resuming, ...) in log.txt, as train.py logs them
+logging.getLogger().setLevel(logging.INFO)
 for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
     logging.getLogger(library).setLevel(logging.WARNING)
-allocator.collect_garbage_less_often()  # as train.py's set-up does
+# as train.py's set-up does
+allocator.collect_garbage_less_often()
 process_id, coordinator, workdir, data_dir, steps, sigterm_at, sharding = sys.argv[1:]
-if int(sigterm_at) > 0:  # JAX's thread looks for the notice once a second: the slowed steps bound how many pass first
+# JAX's thread looks for the notice once a second: the slowed steps bound how many pass first
+if int(sigterm_at) > 0:
     signal_at_step(int(sigterm_at), signal.SIGTERM, pause_after=0.2)
 joining = {} if coordinator == "cluster" else {"coordinator_address": coordinator, "num_processes": 2, "process_id": int(process_id)}
 settings = parse(two_process_config(data_dir, int(steps), sharding, **joining))
