@@ -24,13 +24,13 @@ from typing import Sequence
 import jax
 from absl import flags
 
-from utils import metric_writer
-from utils.errors import DataError, UserError
+from engine.restored_model import Translator
 from run_setup import command_line
+from run_setup.input_kinds import KINDS
 from run_setup.run import prepare_run
 from run_setup.settings import Settings, read_run_settings, single_process
-from run_setup.input_kinds import KINDS
-from engine.restored_model import Translator
+from utils import metric_writer
+from utils.errors import DataError, UserError
 
 
 def load(
@@ -50,7 +50,9 @@ def load(
         settings = read_run_settings(workdir)
         if settings is None:
             raise DataError(f"{workdir} holds no config.json: not a run folder")
-    run = prepare_run(single_process(settings), workdir, devices=jax.local_devices()[:1], with_data=False, training=False)
+    run = prepare_run(
+        single_process(settings), workdir, devices=jax.local_devices()[:1], with_data=False, training=False
+    )
     restored_step, params = run.restore_params(step, best=best)
     if average_last > 1:
         _, params = run.averaged_params(average_last, restored_step)
@@ -66,8 +68,13 @@ def translate_file(settings: Settings, workdir: str | Path, input_file: str) -> 
     if not sources:
         raise DataError(f"--input_file {input_file} holds no source line")
     checkpoints = settings.checkpoints
-    translator = load(workdir, step=checkpoints.step_to_restore, best=checkpoints.restore_best, average_last=checkpoints.average_last,
-                      settings=settings)
+    translator = load(
+        workdir,
+        step=checkpoints.step_to_restore,
+        best=checkpoints.restore_best,
+        average_last=checkpoints.average_last,
+        settings=settings,
+    )
     hypotheses = translator.translate(sources)
     name = "stdin" if input_file == "-" else Path(input_file).stem
     path = Path(workdir) / "predictions" / f"step_{translator.step}_{name}.tsv"
@@ -87,8 +94,12 @@ FLAGS = flags.FlagValues()
 flags.DEFINE_string("workdir", None, "a run folder", required=True, flag_values=FLAGS)
 # a flag per input kind, named by it: --text, --image, --features
 for _kind in KINDS.values():
-    flags.DEFINE_string(_kind.name, None, f"the source of a run on {_kind.name} inputs: {_kind.from_command_line.__doc__.splitlines()[0]}",
-                        flag_values=FLAGS)
+    flags.DEFINE_string(
+        _kind.name,
+        None,
+        f"the source of a run on {_kind.name} inputs: {_kind.from_command_line.__doc__.splitlines()[0]}",
+        flag_values=FLAGS,
+    )
 flags.DEFINE_integer("step", None, "the checkpoint (default: the latest)", flag_values=FLAGS)
 flags.DEFINE_bool("self_attention", False, "draw self-attention too", flag_values=FLAGS)
 flags.mark_flags_as_mutual_exclusive(list(KINDS), required=True, flag_values=FLAGS)
@@ -100,7 +111,9 @@ def main(argv: Sequence[str]) -> int:
     given = next(FLAGS[name].value for name in KINDS if FLAGS[name].value is not None)
     try:
         translator = load(FLAGS.workdir, step=FLAGS.step)
-        source = translator.kind.from_command_line(given, translator.settings.task.params, translator.settings.model.fields)
+        source = translator.kind.from_command_line(
+            given, translator.settings.task.params, translator.settings.model.fields
+        )
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -41,11 +41,11 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import grain
 import numpy as np
 
-from utils.errors import ConfigError, DataError
-from run_setup.settings import PipelineSettings
 from run_setup.input_kinds import SourceKind
+from run_setup.settings import PipelineSettings
 from tasks import Task
 from tasks.vocabularies import Tokenizers
+from utils.errors import ConfigError, DataError
 
 Batch = dict[str, np.ndarray]
 
@@ -61,7 +61,11 @@ def select(lengths: np.ndarray, settings: PipelineSettings, policy: str, what: s
     if too_long.any():
         logging.warning(
             "%s: %d of %d examples are longer than max_source_length=%d / max_target_length=%d: %s",
-            what, too_long.sum(), len(lengths), settings.max_source_length, settings.max_target_length,
+            what,
+            too_long.sum(),
+            len(lengths),
+            settings.max_source_length,
+            settings.max_target_length,
             "dropped" if policy == "drop" else "trimmed",
         )
     return indices, report
@@ -93,7 +97,9 @@ def pad_batch(examples: Sequence[Batch], lengths: Mapping[str, int], batch_size:
 PACK_CHUNK = 8192
 
 
-def pack_batches(order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]) -> Iterator[list[list[int]]]:
+def pack_batches(
+    order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]
+) -> Iterator[list[list[int]]]:
     """First-fit packing of examples (in `order`) into batches of `rows` rows of `limits` tokens,
     made as they are asked for: a corpus of millions packs no further than training has read.
 
@@ -231,7 +237,9 @@ def bucket_plan(
     return plan
 
 
-def shared_remainders(remainders: Sequence[tuple[int, int]], shapes: Sequence[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
+def shared_remainders(
+    remainders: Sequence[tuple[int, int]], shapes: Sequence[tuple[int, int]]
+) -> list[tuple[int, np.ndarray]]:
     """The examples left over by the buckets' full batches, `(bucket, index)` in bucket order, in
     batches of the existing shapes (no new compilation): each batch takes the shape `(length, rows)`
     of its longest member's bucket, as many members as those rows hold, and padding rows (-1) after them.
@@ -309,7 +317,9 @@ def train_dataset(
 
         def plan(epoch: int) -> Iterator:
             order = np.random.default_rng([settings.seed, epoch]).permutation(kept)
-            packed = pack_batches(order, lengths, settings.batch_size, (settings.max_source_length, settings.max_target_length))
+            packed = pack_batches(
+                order, lengths, settings.batch_size, (settings.max_source_length, settings.max_target_length)
+            )
             return (process_rows(batch, process_index, process_count) for batch in packed)
 
         def make_batch(rows_of_indices: list[list[int]]) -> Batch:
@@ -321,7 +331,9 @@ def train_dataset(
         global_plan = bucket_plan(kept, lengths[kept], bucket_rows, boundaries, settings.seed)
 
         def plan(epoch: int) -> list:
-            return [(length, process_rows(members, process_index, process_count)) for length, members in global_plan(epoch)]
+            return [
+                (length, process_rows(members, process_index, process_count)) for length, members in global_plan(epoch)
+            ]
 
         def make_batch(item: tuple[int, np.ndarray]) -> Batch:
             length, members = item

@@ -56,27 +56,37 @@ import optuna
 import sqlalchemy
 from absl import flags
 
-from utils import progress
 from configs import base
-from utils.errors import ConfigError
 from run_setup import command_line
-from utils.stop_signals import StopSignals
 from tuning.results import write_results
-from tuning.study import SweepError, trials_toward_the_count, load_sweep, open_study
+from tuning.study import SweepError, load_sweep, open_study, trials_toward_the_count
 from tuning.trial import visible_gpus, work, worker_environment
+from utils import progress
+from utils.errors import ConfigError
+from utils.stop_signals import StopSignals
 
 PROJECT_ROOT = Path(__file__).resolve().parent
 
 
 # the command's own, parsed by run_setup.command_line like every script's
 FLAGS = flags.FlagValues()
-flags.DEFINE_string("config", None, "the experiment config file train.py runs (FILE.py or FILE.py:ARG)", required=True, flag_values=FLAGS)
+flags.DEFINE_string(
+    "config",
+    None,
+    "the experiment config file train.py runs (FILE.py or FILE.py:ARG)",
+    required=True,
+    flag_values=FLAGS,
+)
 flags.DEFINE_string("sweep", None, "the sweep file (configs/sweeps/NAME.py)", required=True, flag_values=FLAGS)
 flags.DEFINE_string("workdir", None, "the sweep folder: study, trials, results", required=True, flag_values=FLAGS)
 flags.DEFINE_integer("parallel", 1, "worker processes on this machine", flag_values=FLAGS)
 flags.DEFINE_string("storage", "", "database URL of a shared study, e.g. postgresql://user@host/db", flag_values=FLAGS)
-flags.DEFINE_string("study_name", "", "the study's name in the storage (default: the workdir's name)", flag_values=FLAGS)
-flags.DEFINE_string("train_script", str(PROJECT_ROOT / "train.py"), "what runs a trial (train.py's flags)", flag_values=FLAGS)
+flags.DEFINE_string(
+    "study_name", "", "the study's name in the storage (default: the workdir's name)", flag_values=FLAGS
+)
+flags.DEFINE_string(
+    "train_script", str(PROJECT_ROOT / "train.py"), "what runs a trial (train.py's flags)", flag_values=FLAGS
+)
 flags.DEFINE_integer("worker_index", None, "internal: set for the worker processes", flag_values=FLAGS)
 # how often the sweep's progress looks at the study
 POLL_SECONDS = 2.0
@@ -103,7 +113,9 @@ def launch_workers(argv: list[str], environments: list[dict[str, str]], study: o
     """Starts a worker process per environment and waits, showing the trials done of `num_trials`
     (`progress.phase`); SIGTERM/SIGINT are passed on to the workers."""
     workers = [
-        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, f"--worker_index={index}"], env=environment)
+        subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), *argv, f"--worker_index={index}"], env=environment
+        )
         for index, environment in enumerate(environments)
     ]
 
@@ -114,7 +126,10 @@ def launch_workers(argv: list[str], environments: list[dict[str, str]], study: o
 
     # a resumed sweep: what earlier runs finished
     done_before = finished_trials(study)
-    with StopSignals(on_signal=forward), progress.phase("sweep", total=max(num_trials - done_before, 0), unit="trials") as shown:
+    with (
+        StopSignals(on_signal=forward),
+        progress.phase("sweep", total=max(num_trials - done_before, 0), unit="trials") as shown,
+    ):
         while running := [worker for worker in workers if worker.poll() is None]:
             # a progress line every POLL_SECONDS, and the sweep ends as soon as its last worker does
             try:
@@ -139,7 +154,10 @@ def main(argv: list[str]) -> int:
         gpus = visible_gpus(os.environ)
         environments = [worker_environment(index, args.parallel, os.environ, gpus) for index in range(args.parallel)]
         if gpus and args.parallel > 1:
-            print("GPUs by worker: " + "; ".join(f"{i}: {e['CUDA_VISIBLE_DEVICES']}" for i, e in enumerate(environments)), flush=True)
+            print(
+                "GPUs by worker: " + "; ".join(f"{i}: {e['CUDA_VISIBLE_DEVICES']}" for i, e in enumerate(environments)),
+                flush=True,
+            )
         # creates the study (and queues the grid) once, before the workers
         study = open_study(args, sweep)
         # the sweep's progress lines (absl's handler shows them on stderr)

@@ -33,13 +33,18 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from utils import allocator  # noqa: E402
-from engine import evaluation  # noqa: E402
 import inference  # noqa: E402
-from run_setup import settings  # noqa: E402
-from engine import training_loop  # noqa: E402
-from run_setup import command_line, compatibility  # noqa: E402
 from configs import base  # noqa: E402
+from engine import (
+    evaluation,  # noqa: E402
+    training_loop,  # noqa: E402
+)
+from run_setup import (  # noqa: E402
+    command_line,
+    compatibility,
+    settings,  # noqa: E402
+)
+from utils import allocator  # noqa: E402
 from utils.errors import ConfigError, UserError  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent
@@ -48,10 +53,14 @@ DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.py"
 COMPILATION_CACHE = Path.home() / ".cache" / "attend" / "jax"
 COMPILATION_CACHE_BYTES = 2 * 2**30
 
-flags.DEFINE_string("config", str(DEFAULT_CONFIG), "Experiment config file (eval/predict: default the run's config.json).")
+flags.DEFINE_string(
+    "config", str(DEFAULT_CONFIG), "Experiment config file (eval/predict: default the run's config.json)."
+)
 flags.DEFINE_string("workdir", None, "Run folder (default: a fresh runs/<config>-<time>).")
 flags.DEFINE_enum("mode", "train", ["train", "eval", "predict"], "What to do.")
-flags.DEFINE_string("input_file", None, "--mode=predict: decode these lines (one source each; - = standard input) instead of a split.")
+flags.DEFINE_string(
+    "input_file", None, "--mode=predict: decode these lines (one source each; - = standard input) instead of a split."
+)
 FLAGS = flags.FLAGS
 # the --config.a.b=value arguments, taken out before absl parses the rest
 OVERRIDES: list[str] = []

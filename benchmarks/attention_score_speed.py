@@ -26,9 +26,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
-from run_setup import command_line  # noqa: E402
 from benchmarks.timing import median_seconds  # noqa: E402
 from models import attention  # noqa: E402
+from run_setup import command_line  # noqa: E402
 
 MIB = 2**20
 
@@ -38,11 +38,15 @@ def score_functions(chunk: int, heads: int, head_dim: int):
     w = jnp.asarray(rng.normal(size=(heads, head_dim, head_dim)), jnp.float32)
     v = jnp.asarray(rng.normal(size=(heads, head_dim)), jnp.float32)
     return {
-        "scaled_dot (explicit, +softmax+values)": lambda q, k, val: attention.scaled_dot_product_attention(q, k, val)[0],
+        "scaled_dot (explicit, +softmax+values)": lambda q, k, val: attention.scaled_dot_product_attention(q, k, val)[
+            0
+        ],
         "scaled_dot (library jax.nn)": attention.library_scaled_dot_product_attention,
         "dot scores": lambda q, k, val: attention.dot_scores(q, k),
         "general scores": lambda q, k, val: attention.general_scores(q, k, w),
-        f"additive scores (chunk {chunk})": lambda q, k, val: attention.additive_scores(q, k, v, query_chunk_size=chunk),
+        f"additive scores (chunk {chunk})": lambda q, k, val: attention.additive_scores(
+            q, k, v, query_chunk_size=chunk
+        ),
         "additive scores (naive, one chunk)": lambda q, k, val: attention.additive_scores(
             q, k, v, query_chunk_size=q.shape[1]
         ),

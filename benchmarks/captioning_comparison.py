@@ -25,6 +25,7 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from absl import flags  # noqa: E402
 
 from run_setup import command_line  # noqa: E402
+
 CONFIGS = {"soft": "configs/captioner_digit_strips.py", "hard": "configs/captioner_hard_digit_strips.py"}
 
 
@@ -33,9 +34,16 @@ def run_variant(attention: str, penalty: float, steps: int, workdir: Path) -> tu
     final = workdir / "eval" / f"step_{steps}.json"
     if final.exists():
         return json.loads(final.read_text())["test"], None
-    command = [sys.executable, str(PROJECT_ROOT / "train.py"), f"--config={PROJECT_ROOT / CONFIGS[attention]}",
-               f"--workdir={workdir}", f"--config.num_train_steps={steps}", f"--config.model.doubly_stochastic={penalty}",
-               f"--config.eval_every_steps={steps}", f"--config.checkpoint_every_steps={steps}"]
+    command = [
+        sys.executable,
+        str(PROJECT_ROOT / "train.py"),
+        f"--config={PROJECT_ROOT / CONFIGS[attention]}",
+        f"--workdir={workdir}",
+        f"--config.num_train_steps={steps}",
+        f"--config.model.doubly_stochastic={penalty}",
+        f"--config.eval_every_steps={steps}",
+        f"--config.checkpoint_every_steps={steps}",
+    ]
     start = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)
     # the run's own log.txt starts after set-up
@@ -66,8 +74,10 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for attention, penalty, results, seconds in rows:
         wall = "reused" if seconds is None else f"{seconds / 60:.1f} min"
-        print(f"| {attention} | {penalty:g} | {results['bleu']:.1f} | {results['exact_match']:.3f} | "
-              f"{results['localization_accuracy']:.3f} | {wall} |")
+        print(
+            f"| {attention} | {penalty:g} | {results['bleu']:.1f} | {results['exact_match']:.3f} | "
+            f"{results['localization_accuracy']:.3f} | {wall} |"
+        )
 
 
 if __name__ == "__main__":

@@ -37,11 +37,12 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 from absl import flags  # noqa: E402
 
-from run_setup import command_line  # noqa: E402
-from scoring import decoding  # noqa: E402
 import models  # noqa: E402
 from benchmarks.timing import median_seconds  # noqa: E402
+from run_setup import command_line  # noqa: E402
+from scoring import decoding  # noqa: E402
 from tasks.vocabularies import EOS_ID  # noqa: E402
+
 
 class NoEos:
     """Wraps a model so that eos never wins until the length limit forces it."""
@@ -73,14 +74,18 @@ def decode_run(workdir: str, split: str, beams: list[int]) -> None:
     translator = inference.load(workdir)
     startup = time.time() - psutil.Process().create_time()
     sources = [line.split("\t")[0] for line in Path(split).read_text(encoding="utf-8").splitlines() if line.strip()]
-    print(f"{workdir} (step {translator.step}) on {jax.devices()[0].platform}: {len(sources)} sources of {split}; "
-          f"start-up {startup:.1f} s")
+    print(
+        f"{workdir} (step {translator.step}) on {jax.devices()[0].platform}: {len(sources)} sources of {split}; "
+        f"start-up {startup:.1f} s"
+    )
     print("| search | compilations (s) | decode s | sentences/s | generated tokens/s | generated tokens |")
     print("|---|---:|---:|---:|---:|---:|")
     # seconds of each compilation (cache hits are not compilations)
     compilations = []
     jax.monitoring.register_event_duration_secs_listener(
-        lambda event, seconds, **_: compilations.append(seconds) if event == "/jax/core/compile/backend_compile_duration" else None
+        lambda event, seconds, **_: (
+            compilations.append(seconds) if event == "/jax/core/compile/backend_compile_duration" else None
+        )
     )
     for beam in beams:
         compilations.clear()
@@ -89,8 +94,11 @@ def decode_run(workdir: str, split: str, beams: list[int]) -> None:
         seconds = time.perf_counter() - start
         generated = sum(len(hypotheses[0][0]) for hypotheses in outputs if hypotheses)
         name = "greedy" if beam == 1 else f"beam {beam}"
-        print(f"| {name} | {len(compilations)} ({sum(compilations):.1f}) | {seconds:.1f} | {len(sources) / seconds:,.1f} | "
-              f"{generated / seconds:,.0f} | {generated:,} |", flush=True)
+        print(
+            f"| {name} | {len(compilations)} ({sum(compilations):.1f}) | {seconds:.1f} | {len(sources) / seconds:,.1f} | "
+            f"{generated / seconds:,.0f} | {generated:,} |",
+            flush=True,
+        )
 
 
 # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
@@ -109,8 +117,15 @@ def main() -> None:
     if args.workdir:
         return decode_run(args.workdir, args.split, [int(b) for b in args.beams.split(",")])
     model = models.create_model(
-        "transformer", rngs=nnx.Rngs(0), vocab_size=8000, d_model=256, num_heads=4, d_ff=1024,
-        num_encoder_layers=3, num_decoder_layers=3, dropout_rate=0.0,
+        "transformer",
+        rngs=nnx.Rngs(0),
+        vocab_size=8000,
+        d_model=256,
+        num_heads=4,
+        d_ff=1024,
+        num_encoder_layers=3,
+        num_decoder_layers=3,
+        dropout_rate=0.0,
     )
     graphdef, params = nnx.split(model)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; batch {args.batch}; output length = source length")
@@ -121,6 +136,7 @@ def main() -> None:
         limits = jnp.full((args.batch,), length)
         for search, beam in (("greedy", 1), ("beam 4", 4)):
             for cached in (True, False):
+
                 def run(params, inputs):
                     model = nnx.merge(graphdef, params)
                     m = NoEos(model if cached else decoding.WithoutCache(model))

@@ -32,7 +32,9 @@ flags.DEFINE_string("config", "configs/default.py", "FILE.py[:ARG]", flag_values
 
 
 COLLECTIVE = re.compile(r"\b(?:all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
-CALLED = re.compile(r"(?:body|condition|calls|to_apply|branch_computations|true_computation|false_computation)=\{?([^}\s]+(?:, ?%[^},\s]+)*)")
+CALLED = re.compile(
+    r"(?:body|condition|calls|to_apply|branch_computations|true_computation|false_computation)=\{?([^}\s]+(?:, ?%[^},\s]+)*)"
+)
 
 
 def collectives(hlo: str) -> tuple[int, int]:
@@ -53,17 +55,19 @@ def collectives(hlo: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> None:
     command_line.parse(FLAGS, argv or sys.argv, __doc__)
     args = FLAGS
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}".strip()
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}".strip()
+    )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
     import jax
     import numpy as np
 
-    from scoring import decoding
+    from benchmarks.timing import median_seconds
     from engine.evaluation import Evaluator
     from run_setup.run import prepare_run
-    from benchmarks.timing import median_seconds
     from run_setup.settings import parse
+    from scoring import decoding
 
     settings = parse(base.load(args.config, ["--config.sharding=fsdp"]))
     with tempfile.TemporaryDirectory(prefix="fsdp_decoding_") as workdir:
@@ -71,14 +75,21 @@ def main(argv: list[str] | None = None) -> None:
         evaluator = Evaluator(run)
         batch, _, _ = next(evaluator.batches("dev"))
         options, key = settings.decode.search_options(), jax.random.key(0)
-        print(f"{args.config} under fsdp on {args.devices} devices: a dev batch of {batch['inputs'].shape[0]} rows, "
-              f"{settings.decode.method} (beam {settings.decode.beam_size}), output length {evaluator.output_length}\n")
+        print(
+            f"{args.config} under fsdp on {args.devices} devices: a dev batch of {batch['inputs'].shape[0]} rows, "
+            f"{settings.decode.method} (beam {settings.decode.beam_size}), output length {evaluator.output_length}\n"
+        )
         print("| parameters in the search | collectives in the loop | collectives in all | s per batch | same tokens |")
         print("|---|---:|---:|---:|---|")
         reference = None
-        for name, model_of in (("as they lie (run.model)", run.model), ("gathered once (run.searching_model)", run.searching_model)):
+        for name, model_of in (
+            ("as they lie (run.model)", run.model),
+            ("gathered once (run.searching_model)", run.searching_model),
+        ):
             search = jax.jit(
-                lambda params, inputs, key, model_of=model_of: decoding.decode(model_of(params), inputs, length=evaluator.output_length, key=key, **options),
+                lambda params, inputs, key, model_of=model_of: decoding.decode(
+                    model_of(params), inputs, length=evaluator.output_length, key=key, **options
+                ),
                 in_shardings=(run.param_shardings, run.batch_sharding, None),
             )
             inside, total = collectives(search.lower(run.params, batch["inputs"], key).compile().as_text())

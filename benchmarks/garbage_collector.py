@@ -28,10 +28,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags  # noqa: E402
 
-from utils import allocator  # noqa: E402
-from engine import training_loop  # noqa: E402
 from configs import base, default  # noqa: E402
+from engine import training_loop  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
+from utils import allocator  # noqa: E402
 
 flags.DEFINE_integer("runs", 6, "tiny runs, alternating the two settings")
 FLAGS = flags.FLAGS
@@ -41,9 +41,22 @@ DEFAULTS = (700, 10, 10)
 def small_config(data_dir: Path):
     config = default.get_config()
     config.data_dir = str(data_dir)
-    overrides = {"task.train_size": 600, "task.dev_size": 24, "task.test_size": 24, "model.d_model": 16, "model.num_heads": 2,
-                 "model.d_ff": 32, "model.num_encoder_layers": 1, "model.num_decoder_layers": 1, "batch_size": 16,
-                 "num_train_steps": 20, "eval_every_steps": 10, "checkpoint_every_steps": 10, "warmup_steps": 5, "visualize_examples": 0}
+    overrides = {
+        "task.train_size": 600,
+        "task.dev_size": 24,
+        "task.test_size": 24,
+        "model.d_model": 16,
+        "model.num_heads": 2,
+        "model.d_ff": 32,
+        "model.num_encoder_layers": 1,
+        "model.num_decoder_layers": 1,
+        "batch_size": 16,
+        "num_train_steps": 20,
+        "eval_every_steps": 10,
+        "checkpoint_every_steps": 10,
+        "warmup_steps": 5,
+        "visualize_examples": 0,
+    }
     for name, value in overrides.items():
         base.set_field(config, name, value)
     return config
@@ -90,8 +103,10 @@ def main(argv: list[str]) -> None:
     print("|---|---|---:|---:|---:|")
     for setting, thresholds in (("defaults", DEFAULTS), ("tuned", allocator.GC_THRESHOLDS)):
         runs = measured[setting]
-        print(f"| {setting} | {thresholds} | {statistics.median(r[0] for r in runs):.2f} | {statistics.median(r[1] for r in runs):.2f} "
-              f"| {statistics.median(r[2] for r in runs):g} |")
+        print(
+            f"| {setting} | {thresholds} | {statistics.median(r[0] for r in runs):.2f} | {statistics.median(r[1] for r in runs):.2f} "
+            f"| {statistics.median(r[2] for r in runs):g} |"
+        )
 
 
 if __name__ == "__main__":

@@ -57,17 +57,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
-from engine import evaluation  # noqa: E402
-from utils import metric_writer  # noqa: E402
-from scoring import score_registry  # noqa: E402
 import tasks  # noqa: E402
 import train as train_py  # noqa: E402
-from engine import training_loop  # noqa: E402
-from tasks import vocabularies  # noqa: E402
-from utils.errors import NonFiniteLoss  # noqa: E402
+from engine import (
+    evaluation,  # noqa: E402
+    training_loop,  # noqa: E402
+)
 from run_setup import command_line, preflight  # noqa: E402
 from run_setup.run import model_fields, prepare_run  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
+from scoring import score_registry  # noqa: E402
+from tasks import vocabularies  # noqa: E402
+from utils import metric_writer  # noqa: E402
+from utils.errors import NonFiniteLoss  # noqa: E402
 
 # column: (config module, model fields over the config's)
 COLUMNS = {
@@ -188,8 +190,10 @@ def plan(column: str, args) -> dict:
     if path.exists():
         planned = json.loads(path.read_text())
         if (planned["minutes"], planned["tune_minutes"]) != (args.minutes, args.tune_minutes):
-            raise SystemExit(f"{path} was planned for --minutes={planned['minutes']:g} --tune_minutes={planned['tune_minutes']:g}: "
-                             "rerun with those, or delete the column's folder to plan again")
+            raise SystemExit(
+                f"{path} was planned for --minutes={planned['minutes']:g} --tune_minutes={planned['tune_minutes']:g}: "
+                "rerun with those, or delete the column's folder to plan again"
+            )
         return planned
     base_rate = column_config(column, None, 1, args.data_dir).learning_rate
     # the speed that sizes the tuning runs
@@ -199,7 +203,9 @@ def plan(column: str, args) -> dict:
     trials = {}
 
     def try_rate(rate: float) -> None:
-        trials[rate] = train(column_config(column, rate, tune_steps, args.data_dir), Path(args.workdir) / column / f"tune_{rate:g}")
+        trials[rate] = train(
+            column_config(column, rate, tune_steps, args.data_dir), Path(args.workdir) / column / f"tune_{rate:g}"
+        )
 
     for factor in RATE_FACTORS:
         try_rate(base_rate * factor)
@@ -209,12 +215,20 @@ def plan(column: str, args) -> dict:
         try_rate(best * 2 if best == max(trials) else best / 2)
         best = min(trials, key=lambda rate: trials[rate]["dev_loss"])
     # of 3 to 5 runs
-    speed = statistics.median(trial["steps_per_second"] for trial in trials.values() if math.isfinite(trial["steps_per_second"]))
-    result = {"learning_rate": best, "steps": max(20, round(args.minutes * 60 * speed)), "steps_per_second": speed,
-              "minutes": args.minutes, "tune_minutes": args.tune_minutes, "tune_steps": tune_steps,
-              # the grid stopped at MAX_RATES
-              "best_at_edge": best in (min(trials), max(trials)),
-              "dev_loss_by_rate": {f"{rate:g}": trial["dev_loss"] for rate, trial in trials.items()}}
+    speed = statistics.median(
+        trial["steps_per_second"] for trial in trials.values() if math.isfinite(trial["steps_per_second"])
+    )
+    result = {
+        "learning_rate": best,
+        "steps": max(20, round(args.minutes * 60 * speed)),
+        "steps_per_second": speed,
+        "minutes": args.minutes,
+        "tune_minutes": args.tune_minutes,
+        "tune_steps": tune_steps,
+        # the grid stopped at MAX_RATES
+        "best_at_edge": best in (min(trials), max(trials)),
+        "dev_loss_by_rate": {f"{rate:g}": trial["dev_loss"] for rate, trial in trials.items()},
+    }
     path.write_text(json.dumps(result, indent=2))
     return result
 
@@ -252,7 +266,12 @@ def write_test_scores(config, workdir: Path) -> None:
     start = time.perf_counter()
     results, decoded = evaluation.evaluate_split(evaluator, params, "test")
     seconds = time.perf_counter() - start
-    measured = {"bleu": results["bleu"], "chrf": results["chrf"], "sentences": len(decoded), "sentences_per_second": len(decoded) / seconds}
+    measured = {
+        "bleu": results["bleu"],
+        "chrf": results["chrf"],
+        "sentences": len(decoded),
+        "sentences_per_second": len(decoded) / seconds,
+    }
     path.write_text(json.dumps(measured, indent=2))
 
 
@@ -281,7 +300,9 @@ def copy_scores(config) -> dict:
     records = task.splits["test"]
     indices = range(len(records))
     sources = [task.pair(records[i])[0] for i in indices]
-    return score_registry.text_scores(task.metric, sources, task.references("test", indices), bleu_tokenize=settings.evaluation.bleu_tokenize)
+    return score_registry.text_scores(
+        task.metric, sources, task.references("test", indices), bleu_tokenize=settings.evaluation.bleu_tokenize
+    )
 
 
 def main() -> None:
@@ -304,14 +325,22 @@ def main() -> None:
             edge = " (the grid's edge)" if tuned and chosen["best_at_edge"] else ""
             label = f"{rate:g}{edge}" if tuned else f"{rate:g} (runner-up: tied in tuning)"
             epochs = trained["target_tokens"] / split_target_tokens(config, workdir)
-            rows.append((column, label, chosen, trained, epochs, test_scores(config, workdir), parameter_count(config, workdir)))
-    print(f"kjv_web, {args.minutes:g} minutes of training each (steps fixed from the measured speed); "
-          f"test split ({rows[0][5]['sentences'] if rows else 0} verses), beam {BEAM}")
-    print("| model | parameters | learning rate (tuned) | steps | epochs | train min | dev loss | test BLEU | test chrF | decode sentences/s |")
+            rows.append(
+                (column, label, chosen, trained, epochs, test_scores(config, workdir), parameter_count(config, workdir))
+            )
+    print(
+        f"kjv_web, {args.minutes:g} minutes of training each (steps fixed from the measured speed); "
+        f"test split ({rows[0][5]['sentences'] if rows else 0} verses), beam {BEAM}"
+    )
+    print(
+        "| model | parameters | learning rate (tuned) | steps | epochs | train min | dev loss | test BLEU | test chrF | decode sentences/s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for column, rate, chosen, trained, epochs, test, parameters in rows:
-        print(f"| {column} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {epochs:.1f} | {trained['train_seconds'] / 60:.1f} "
-              f"| {trained['dev_loss']:.3f} | {test['bleu']:.2f} | {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |")
+        print(
+            f"| {column} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {epochs:.1f} | {trained['train_seconds'] / 60:.1f} "
+            f"| {trained['dev_loss']:.3f} | {test['bleu']:.2f} | {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |"
+        )
     if rows:
         floor = copy_scores(column_config(columns[0], None, 1, args.data_dir))
         print(f"| the source copied (no model) | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")

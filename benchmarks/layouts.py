@@ -27,10 +27,10 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
-from run_setup import command_line  # noqa: E402
 from benchmarks.timing import median_seconds  # noqa: E402
 from models import attention  # noqa: E402
 from models.layers import Linear  # noqa: E402
+from run_setup import command_line  # noqa: E402
 
 B, T, D, N, F = 64, 128, 256, 4, 1024
 
@@ -83,17 +83,32 @@ def main() -> None:
     args = FLAGS
     x = jax.random.normal(jax.random.key(9), (B, T, D))
     rows = [
-        ("feed-forward block", "nnx.Linear on [B, T, D]", feed_forward_seconds(nnx.Linear, x, args.repeats),
-         "models.layers.Linear (rows flattened)", feed_forward_seconds(Linear, x, args.repeats)),
-        ("self-attention", "einsums over [B, T, N, H]", attention_seconds(token_major, x, args.repeats),
-         "heads-major einsums (explicit path)",
-         attention_seconds(lambda *a: attention.scaled_dot_product_attention(*a)[0], x, args.repeats)),
-        ("self-attention", "jax.nn.dot_product_attention", attention_seconds(attention.library_scaled_dot_product_attention, x, args.repeats),
-         "heads-major einsums (explicit path)",
-         attention_seconds(lambda *a: attention.scaled_dot_product_attention(*a)[0], x, args.repeats)),
+        (
+            "feed-forward block",
+            "nnx.Linear on [B, T, D]",
+            feed_forward_seconds(nnx.Linear, x, args.repeats),
+            "models.layers.Linear (rows flattened)",
+            feed_forward_seconds(Linear, x, args.repeats),
+        ),
+        (
+            "self-attention",
+            "einsums over [B, T, N, H]",
+            attention_seconds(token_major, x, args.repeats),
+            "heads-major einsums (explicit path)",
+            attention_seconds(lambda *a: attention.scaled_dot_product_attention(*a)[0], x, args.repeats),
+        ),
+        (
+            "self-attention",
+            "jax.nn.dot_product_attention",
+            attention_seconds(attention.library_scaled_dot_product_attention, x, args.repeats),
+            "heads-major einsums (explicit path)",
+            attention_seconds(lambda *a: attention.scaled_dot_product_attention(*a)[0], x, args.repeats),
+        ),
     ]
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {B} x {T} tokens, d_model {D}, {N} heads, d_ff {F}; "
-          "forward + backward, median ms")
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].platform}; {B} x {T} tokens, d_model {D}, {N} heads, d_ff {F}; "
+        "forward + backward, median ms"
+    )
     print("| block | alternative | ms | attend's | ms |")
     print("|---|---|---:|---|---:|")
     for block, other, other_s, ours, ours_s in rows:

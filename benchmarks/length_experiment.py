@@ -38,11 +38,13 @@ import ml_collections
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
-from run_setup import command_line  # noqa: E402
-from engine import evaluation  # noqa: E402
-from engine import training_loop  # noqa: E402
-from report import pictures  # noqa: E402
 from configs import base, default, recurrent  # noqa: E402
+from engine import (
+    evaluation,  # noqa: E402
+    training_loop,  # noqa: E402
+)
+from report import pictures  # noqa: E402
+from run_setup import command_line  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
 
 FAMILIES = ("rnnencdec", "rnnsearch", "lstmn", "transformer")
@@ -56,11 +58,16 @@ LSTMN_QUERIES = {
 }
 LSTMN_VARIANTS = {
     f"{name}{suffix}": dict(fields, seed_tapes=bool(suffix))
-    for suffix in ("", "_seeded") for name, fields in LSTMN_QUERIES.items()
+    for suffix in ("", "_seeded")
+    for name, fields in LSTMN_QUERIES.items()
 }
 MAX_SOURCE = 100
-STYLES = [dict(marker="o", linestyle="-", markersize=7), dict(marker="s", linestyle="--", markersize=9, fillstyle="none"),
-          dict(marker="D", linestyle="-.", markersize=6, fillstyle="none"), dict(marker="^", linestyle=":", markersize=5)]
+STYLES = [
+    dict(marker="o", linestyle="-", markersize=7),
+    dict(marker="s", linestyle="--", markersize=9, fillstyle="none"),
+    dict(marker="D", linestyle="-.", markersize=6, fillstyle="none"),
+    dict(marker="^", linestyle=":", markersize=5),
+]
 
 
 def experiment_config(family: str, task: str, steps: int, data_dir: str, model_fields: dict | None = None):
@@ -141,7 +148,9 @@ flags.DEFINE_enum("task", "copy", ("copy", "kjv_web"), "", flag_values=FLAGS)
 flags.DEFINE_integer("steps", 3000, "", flag_values=FLAGS)
 flags.DEFINE_string("data_dir", "data/tfds", "", flag_values=FLAGS)
 flags.DEFINE_string("families", ",".join(FAMILIES), "", flag_values=FLAGS)
-flags.DEFINE_string("lstmn_variants", "shallow_state", f"comma-separated, or all: {', '.join(LSTMN_VARIANTS)}", flag_values=FLAGS)
+flags.DEFINE_string(
+    "lstmn_variants", "shallow_state", f"comma-separated, or all: {', '.join(LSTMN_VARIANTS)}", flag_values=FLAGS
+)
 
 
 def main() -> None:
@@ -153,7 +162,9 @@ def main() -> None:
     families = list(runs)
     metrics = ("exact_match", "symbol_accuracy") if args.task == "copy" else ("bleu",)
     results = {
-        column: train_and_score(experiment_config(family, args.task, args.steps, args.data_dir, fields), workdir / column)
+        column: train_and_score(
+            experiment_config(family, args.task, args.steps, args.data_dir, fields), workdir / column
+        )
         for column, (family, fields) in runs.items()
     }
     buckets = sorted({b for scores in results.values() for b in scores}, key=bucket_start)
@@ -164,9 +175,13 @@ def main() -> None:
     for bucket in buckets:
         examples = next(scores[bucket]["examples"] for scores in results.values() if bucket in scores)
         cells = [
-            f"{results[f][bucket][m]:.3f}" if bucket in results[f] and m != "bleu" else
-            f"{results[f][bucket][m]:.1f}" if bucket in results[f] else "-"
-            for m in metrics for f in families
+            f"{results[f][bucket][m]:.3f}"
+            if bucket in results[f] and m != "bleu"
+            else f"{results[f][bucket][m]:.1f}"
+            if bucket in results[f]
+            else "-"
+            for m in metrics
+            for f in families
         ]
         print(f"| {bucket} | {examples} | " + " | ".join(cells) + " |")
 

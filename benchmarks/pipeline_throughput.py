@@ -27,9 +27,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 from absl import flags  # noqa: E402
 
-from run_setup import command_line  # noqa: E402
-
 import input_pipeline  # noqa: E402
+from run_setup import command_line  # noqa: E402
 from run_setup.run import load_task_and_tokenizers  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
 
@@ -59,7 +58,11 @@ def pipeline_rates(config: str | Path, overrides: list[str], batches: int, windo
             counts = np.zeros(3)
             for _ in range(window):
                 batch = next(iterator)
-                counts += examples_in(batch), (batch["targets"] > 0).sum(), (batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum()
+                counts += (
+                    examples_in(batch),
+                    (batch["targets"] > 0).sum(),
+                    (batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum(),
+                )
             elapsed = time.perf_counter() - start
             example_rates.append(counts[0] / elapsed)
             target_rates.append(counts[1] / elapsed)
@@ -90,7 +93,9 @@ flags.DEFINE_integer("train_steps", 30, "steps of the training measurement", fla
 def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
     args = FLAGS
-    print("| config | batching | examples/s | target tokens/s | all tokens/s | training consumes target tokens/s | pipeline / training |")
+    print(
+        "| config | batching | examples/s | target tokens/s | all tokens/s | training consumes target tokens/s | pipeline / training |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for name in args.configs.split(","):
         rates = pipeline_rates(PROJECT_ROOT / "configs" / f"{name}.py", [], args.batches, args.window)

@@ -31,9 +31,11 @@ sys.path.insert(0, str(PROJECT_ROOT))
 
 import numpy as np  # noqa: E402
 
-from report import pages  # noqa: E402
-from report import pictures  # noqa: E402
 from models.attention import AttentionRole  # noqa: E402
+from report import (
+    pages,  # noqa: E402
+    pictures,  # noqa: E402
+)
 
 flags.DEFINE_integer("examples", 50, "drawn examples")
 flags.DEFINE_integer("tokens", 128, "source and output length")
@@ -45,7 +47,9 @@ flags.DEFINE_string("chromium", "/usr/bin/chromium", "the Chromium executable")
 FLAGS = flags.FLAGS
 
 
-def softmax_weights(rng: np.random.Generator, heads: int, queries: int, keys: int, scale: float, causal: bool) -> np.ndarray:
+def softmax_weights(
+    rng: np.random.Generator, heads: int, queries: int, keys: int, scale: float, causal: bool
+) -> np.ndarray:
     """`[N, Tq, Tk]` float32 rows of softmax(scale * Gaussian), zero above the diagonal when `causal`."""
     logits = rng.normal(size=(heads, queries, keys)) * scale
     if causal:
@@ -66,16 +70,31 @@ def build_run(workdir: Path) -> None:
     folder.mkdir(parents=True)
     words = [f"w{i}" for i in range(t)]
     for example in range(FLAGS.examples):
-        weights = {m: softmax_weights(rng, n, t, t, FLAGS.logit_scale, r is AttentionRole.TARGET_SELF) for m, r in roles.items()}
+        weights = {
+            m: softmax_weights(rng, n, t, t, FLAGS.logit_scale, r is AttentionRole.TARGET_SELF)
+            for m, r in roles.items()
+        }
         pictures.save_weights(folder / f"example_{example}.npz", weights, roles, words, words)
-    train = ("loss", "nll", "token_accuracy", "grad_norm", "update_norm", "param_norm", "learning_rate", "tokens_per_second", "steps_per_second")
+    train = (
+        "loss",
+        "nll",
+        "token_accuracy",
+        "grad_norm",
+        "update_norm",
+        "param_norm",
+        "learning_rate",
+        "tokens_per_second",
+        "steps_per_second",
+    )
     # a training run's rows: one panel each in curves.png
     dev = ("loss", "perplexity", "token_accuracy", "bleu", "chrf", "exact_match")
     rows = [{"step": s, "split": "train", **{m: float(rng.random()) for m in train}} for s in range(100, 1001, 100)]
     rows += [{"step": s, "split": "dev", **{m: float(rng.random()) for m in dev}} for s in range(200, 1001, 200)]
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (workdir / "predictions").mkdir()
-    lines = ["source\treference\thypothesis"] + [f"s {i}\tthe reference {i}\tthe hypothesis {i % 7}" for i in range(FLAGS.examples)]
+    lines = ["source\treference\thypothesis"] + [
+        f"s {i}\tthe reference {i}\tthe hypothesis {i % 7}" for i in range(FLAGS.examples)
+    ]
     (workdir / "predictions" / "step_1000_dev.tsv").write_text("\n".join(lines) + "\n")
 
 
@@ -118,11 +137,15 @@ def main(argv: list[str]) -> None:
         described, _, keep = pages.attention_payloads(pages.read_run(workdir).attention)
         numbers = sum(int(np.prod(m["shape"])) for e in described for m in e["modules"])
         times = open_times(path)
-        print("| examples | tokens | layers x heads | weights | kept per row | page MB | write s | curves s | load s | first explorer s |")
+        print(
+            "| examples | tokens | layers x heads | weights | kept per row | page MB | write s | curves s | load s | first explorer s |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
-        print(f"| {FLAGS.examples} | {FLAGS.tokens} | {FLAGS.layers} x {FLAGS.heads} | {numbers / 1e6:.1f}M | {keep or 'all'} "
-              f"| {path.stat().st_size / 2**20:.2f} | {written:.1f} | {curves:.2f} | {statistics.median(t[0] for t in times):.2f} "
-              f"| {statistics.median(t[1] for t in times):.2f} |")
+        print(
+            f"| {FLAGS.examples} | {FLAGS.tokens} | {FLAGS.layers} x {FLAGS.heads} | {numbers / 1e6:.1f}M | {keep or 'all'} "
+            f"| {path.stat().st_size / 2**20:.2f} | {written:.1f} | {curves:.2f} | {statistics.median(t[0] for t in times):.2f} "
+            f"| {statistics.median(t[1] for t in times):.2f} |"
+        )
 
 
 if __name__ == "__main__":

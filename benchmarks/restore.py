@@ -20,15 +20,13 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 from absl import flags  # noqa: E402
 
 from run_setup import command_line  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from utils import files  # noqa: E402
 from run_setup.checkpoints import Checkpoints  # noqa: E402
+from utils import files  # noqa: E402
 
 # parameters per array: a 2048 x 2048 matrix, the size of Transformer-big's larger blocks
 LAYER = 4_194_304
@@ -39,7 +37,9 @@ def train_state(parameters: int) -> dict:
     LAYER (random: Orbax compresses what it writes, and constant arrays would shrink to nothing)."""
     sizes = [LAYER] * (parameters // LAYER) + ([parameters % LAYER] if parameters % LAYER else [])
     keys = jax.random.split(jax.random.key(0), len(sizes))
-    params = {f"w{i}": 0.02 * jax.random.normal(key, (size,), jnp.float32) for i, (key, size) in enumerate(zip(keys, sizes))}
+    params = {
+        f"w{i}": 0.02 * jax.random.normal(key, (size,), jnp.float32) for i, (key, size) in enumerate(zip(keys, sizes))
+    }
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": (params, jax.tree.map(jnp.square, params))}
 
 
@@ -80,11 +80,15 @@ def main() -> None:
                 del restored
         reader.close()
     plain, checked, hashing, sha = (statistics.median(times[key]) for key in (False, True, "hashing", "sha256"))
-    print(f"| checkpoint | restore s (median of {args.repeats}) | with the check (BLAKE3 while reading) s | its share | "
-          "BLAKE3 alone s | SHA-256 alone s (a SHA-256 check before the restore) | its share |")
+    print(
+        f"| checkpoint | restore s (median of {args.repeats}) | with the check (BLAKE3 while reading) s | its share | "
+        "BLAKE3 alone s | SHA-256 alone s (a SHA-256 check before the restore) | its share |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| {args.params / 1e6:.0f}M parameters + Adam, {gigabytes:.2f} GB | {plain:.2f} | {checked:.2f} | {(checked - plain) / plain:.2f} | "
-          f"{hashing:.2f} | {sha:.2f} | {sha / plain:.2f} |")
+    print(
+        f"| {args.params / 1e6:.0f}M parameters + Adam, {gigabytes:.2f} GB | {plain:.2f} | {checked:.2f} | {(checked - plain) / plain:.2f} | "
+        f"{hashing:.2f} | {sha:.2f} | {sha / plain:.2f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
-from run_setup import command_line  # noqa: E402
 from benchmarks.timing import median_seconds, train_step_of  # noqa: E402
+from run_setup import command_line  # noqa: E402
 
 MIB = 2**20
 VOCAB = 8000
@@ -65,7 +65,9 @@ def measure(rows: int, length: int, repeats: int, **fields) -> dict:
 def length_table(lengths: list[int], tokens: int, repeats: int) -> None:
     shape = dict(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3)
     print(f"Transformer 3+3 layers, d_model 256, 4 heads, d_ff 1024; {tokens} source and {tokens} target tokens a step")
-    print("| length | rows | dot s/step | dot peak MiB | additive s/step | additive peak MiB | one unchunked tanh tensor per layer, MiB |")
+    print(
+        "| length | rows | dot s/step | dot peak MiB | additive s/step | additive peak MiB | one unchunked tanh tensor per layer, MiB |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for length in lengths:
         rows = max(tokens // length, 1)
@@ -75,8 +77,11 @@ def length_table(lengths: list[int], tokens: int, repeats: int) -> None:
         layers = shape["num_encoder_layers"] + 2 * shape["num_decoder_layers"]
         # [B, T, S, N, A] float32, N x A = d_model
         unchunked = layers * rows * length * length * shape["d_model"] * 4 / MIB
-        print(f"| {length} | {rows} | {dot['seconds']:.3f} | {dot['peak_mib']:,.0f} | {additive['seconds']:.3f} | "
-              f"{additive['peak_mib']:,.0f} | {unchunked:,.0f} |", flush=True)
+        print(
+            f"| {length} | {rows} | {dot['seconds']:.3f} | {dot['peak_mib']:,.0f} | {additive['seconds']:.3f} | "
+            f"{additive['peak_mib']:,.0f} | {unchunked:,.0f} |",
+            flush=True,
+        )
 
 
 def size_table(sizes: list[int], tokens: int, repeats: int) -> None:
@@ -86,10 +91,15 @@ def size_table(sizes: list[int], tokens: int, repeats: int) -> None:
     print("| d_model | parameters | s/step | peak MiB | GFLOP/step | achieved GFLOP/s |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size in sizes:
-        shape = dict(d_model=size, num_heads=max(size // 64, 1), d_ff=4 * size, num_encoder_layers=3, num_decoder_layers=3)
+        shape = dict(
+            d_model=size, num_heads=max(size // 64, 1), d_ff=4 * size, num_encoder_layers=3, num_decoder_layers=3
+        )
         r = measure(rows, length, repeats, **shape)
-        print(f"| {size} | {r['parameters'] / 1e6:.1f}M | {r['seconds']:.3f} | {r['peak_mib']:,.0f} | {r['flop'] / 1e9:.1f} | "
-              f"{r['flop'] / r['seconds'] / 1e9:.0f} |", flush=True)
+        print(
+            f"| {size} | {r['parameters'] / 1e6:.1f}M | {r['seconds']:.3f} | {r['peak_mib']:,.0f} | {r['flop'] / 1e9:.1f} | "
+            f"{r['flop'] / r['seconds'] / 1e9:.0f} |",
+            flush=True,
+        )
 
 
 # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)

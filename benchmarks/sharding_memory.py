@@ -34,7 +34,9 @@ flags.DEFINE_string("config", "configs/wmt14_transformer.py:big", "FILE.py[:ARG]
 def main(argv: list[str] | None = None) -> None:
     command_line.parse(FLAGS, argv or sys.argv, __doc__)
     args = FLAGS
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}".strip()
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}".strip()
+    )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
     import jax
@@ -42,20 +44,29 @@ def main(argv: list[str] | None = None) -> None:
 
     import models
     from engine import training_loop
-    from tasks import vocabularies
     from run_setup import sharding
     from run_setup.cluster import make_mesh
     from run_setup.run import split_model
     from run_setup.settings import parse
+    from tasks import vocabularies
 
     settings = parse(base.load(args.config))
-    fields = {**settings.model.fields, "vocab_size": args.vocab_size, "source_vocab_size": args.vocab_size,
-              "bos_id": vocabularies.BOS_ID, "pad_id": vocabularies.PAD_ID}
-    _, abstract_params, _ = split_model(nnx.eval_shape(lambda: models.create_model(settings.model.name, rngs=nnx.Rngs(0), **fields)))
+    fields = {
+        **settings.model.fields,
+        "vocab_size": args.vocab_size,
+        "source_vocab_size": args.vocab_size,
+        "bos_id": vocabularies.BOS_ID,
+        "pad_id": vocabularies.PAD_ID,
+    }
+    _, abstract_params, _ = split_model(
+        nnx.eval_shape(lambda: models.create_model(settings.model.name, rngs=nnx.Rngs(0), **fields))
+    )
     tx = training_loop.make_optimizer(settings.optimization)
     count = sum(leaf.size for leaf in jax.tree.leaves(abstract_params))
     print(f"{args.config}: {count / 1e6:.1f}M parameters (vocabulary {args.vocab_size}), {args.devices} devices\n")
-    print("| sharding | mesh (data, model) | parameters MiB/device | optimizer MiB/device | total MiB/device | of replicated |")
+    print(
+        "| sharding | mesh (data, model) | parameters MiB/device | optimizer MiB/device | total MiB/device | of replicated |"
+    )
     print("|---|---|---|---|---|---|")
     reference = None
     for mode in ("replicated", "fsdp", "fsdp_tp"):
@@ -69,7 +80,9 @@ def main(argv: list[str] | None = None) -> None:
         total = param_bytes + opt_bytes
         reference = reference or total
         shape = f"({mesh.shape['data']}, {mesh.shape['model']})"
-        print(f"| {mode} | {shape} | {param_bytes / MIB:.1f} | {opt_bytes / MIB:.1f} | {total / MIB:.1f} | {total / reference:.3f} |")
+        print(
+            f"| {mode} | {shape} | {param_bytes / MIB:.1f} | {opt_bytes / MIB:.1f} | {total / MIB:.1f} | {total / reference:.3f} |"
+        )
 
 
 if __name__ == "__main__":

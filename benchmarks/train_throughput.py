@@ -48,7 +48,6 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from absl import flags  # noqa: E402
 
 from run_setup import command_line  # noqa: E402
-
 from run_setup.settings import parse  # noqa: E402
 
 
@@ -76,8 +75,8 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
     import jax
 
     import input_pipeline
-    from engine import training_loop
     from configs import base
+    from engine import training_loop
     from run_setup.run import prepare_run
 
     config = base.load(PROJECT_ROOT / "configs" / f"{config_name}.py", overrides)
@@ -142,14 +141,21 @@ def recurrent_step_seconds(family: str, length: int, width: int, repeats: int, *
 
 
 def recurrent_table(lengths: list[int], width: int, repeats: int) -> None:
-    print(f"train step of 64 rows, width {width} (embedding, hidden, attention), source = target length; median of {repeats}")
-    print("| tokens | RNNsearch s/step | LSTMN shallow s/step | LSTMN deep s/step | shallow / RNNsearch | deep / RNNsearch |")
+    print(
+        f"train step of 64 rows, width {width} (embedding, hidden, attention), source = target length; median of {repeats}"
+    )
+    print(
+        "| tokens | RNNsearch s/step | LSTMN shallow s/step | LSTMN deep s/step | shallow / RNNsearch | deep / RNNsearch |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for length in lengths:
         rnnsearch = recurrent_step_seconds("rnnsearch", length, width, repeats)
         shallow = recurrent_step_seconds("lstmn", length, width, repeats, fusion="shallow", max_length=length + 1)
         deep = recurrent_step_seconds("lstmn", length, width, repeats, fusion="deep", max_length=length + 1)
-        print(f"| {length} | {rnnsearch:.3f} | {shallow:.3f} | {deep:.3f} | {shallow / rnnsearch:.2f}x | {deep / rnnsearch:.2f}x |", flush=True)
+        print(
+            f"| {length} | {rnnsearch:.3f} | {shallow:.3f} | {deep:.3f} | {shallow / rnnsearch:.2f}x | {deep / rnnsearch:.2f}x |",
+            flush=True,
+        )
 
 
 # the Flax WMT example's kjv_web_transformer step, XLA's count (docs/performance.md)
@@ -171,15 +177,26 @@ def train_py_check(steps: int, overrides: list[str]) -> None:
     dtype = config.model.dtype
     before = [matmul_peak_flops(dtype=dtype) for _ in range(3)]
     with tempfile.TemporaryDirectory() as workdir:
-        command = [sys.executable, "train.py", "--config=configs/kjv_web_transformer.py", f"--workdir={workdir}",
-                   f"--config.num_train_steps={steps}", "--config.log_every_steps=10", "--config.eval_every_steps=100000",
-                   "--config.checkpoint_every_steps=100000", "--config.eval_decode_examples=8", *overrides]
+        command = [
+            sys.executable,
+            "train.py",
+            "--config=configs/kjv_web_transformer.py",
+            f"--workdir={workdir}",
+            f"--config.num_train_steps={steps}",
+            "--config.log_every_steps=10",
+            "--config.eval_every_steps=100000",
+            "--config.checkpoint_every_steps=100000",
+            "--config.eval_decode_examples=8",
+            *overrides,
+        ]
         subprocess.run(command, cwd=PROJECT_ROOT, check=True, capture_output=True, text=True)
         rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
         # the run's own vocabulary: the same batches, to count their tokens
         run = prepare_run(parse(config), workdir)
         batches = iter(input_pipeline.train_dataset(run.task, run.tokens, run.settings.data, run.settings.source)[0])
-        counts = [(int((b["inputs"] > 0).sum()), int((b["targets"] > 0).sum())) for b in (next(batches) for _ in range(20))]
+        counts = [
+            (int((b["inputs"] > 0).sum()), int((b["targets"] > 0).sum())) for b in (next(batches) for _ in range(20))
+        ]
     after = [matmul_peak_flops(dtype=dtype) for _ in range(3)]
     peak = statistics.median(before + after)
     other = "bfloat16" if dtype == "float32" else "float32"
@@ -187,14 +204,20 @@ def train_py_check(steps: int, overrides: list[str]) -> None:
     train = [r for r in rows if r["split"] == "train" and r["step"] >= 20]
     steps_per_second = statistics.median(r["steps_per_second"] for r in train)
     source, target = (statistics.mean(c[i] for c in counts) for i in (0, 1))
-    print(f"{dtype} matmul peak (2048^3; medians before {statistics.median(before) / 1e9:.0f}, after "
-          f"{statistics.median(after) / 1e9:.0f}): {peak / 1e9:.0f} GFLOP/s; {other} after them: "
-          f"{other_peak / 1e9:.0f} GFLOP/s")
-    print("| run | steps/s (median of rows >= 20) | s/step | source+target tok/s | target tok/s | reference FLOP x steps/s / peak |")
+    print(
+        f"{dtype} matmul peak (2048^3; medians before {statistics.median(before) / 1e9:.0f}, after "
+        f"{statistics.median(after) / 1e9:.0f}): {peak / 1e9:.0f} GFLOP/s; {other} after them: "
+        f"{other_peak / 1e9:.0f} GFLOP/s"
+    )
+    print(
+        "| run | steps/s (median of rows >= 20) | s/step | source+target tok/s | target tok/s | reference FLOP x steps/s / peak |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
-    print(f"| train.py kjv_web_transformer, {steps} steps {' '.join(overrides)} | {steps_per_second:.3f} | {1 / steps_per_second:.2f} | "
-          f"{steps_per_second * (source + target):,.0f} | {steps_per_second * target:,.0f} | "
-          f"{REFERENCE_STEP_FLOP * steps_per_second / peak:.3f} |")
+    print(
+        f"| train.py kjv_web_transformer, {steps} steps {' '.join(overrides)} | {steps_per_second:.3f} | {1 / steps_per_second:.2f} | "
+        f"{steps_per_second * (source + target):,.0f} | {steps_per_second * target:,.0f} | "
+        f"{REFERENCE_STEP_FLOP * steps_per_second / peak:.3f} |"
+    )
 
 
 def startup_check(overrides: list[str]) -> None:
@@ -207,7 +230,9 @@ def startup_check(overrides: list[str]) -> None:
     from configs import base
 
     config = base.load(PROJECT_ROOT / "configs" / "kjv_web_transformer.py", overrides)
-    task = tasks.load_task(config.task.name, config.data_dir, **{k: v for k, v in config.task.to_dict().items() if k != "name"})
+    task = tasks.load_task(
+        config.task.name, config.data_dir, **{k: v for k, v in config.task.to_dict().items() if k != "name"}
+    )
     built = Path(task.splits["train"].shards[0]).parent
     print("| start | first step done, s from process start | train step compilations |")
     print("|---|---:|---:|")
@@ -218,7 +243,9 @@ def startup_check(overrides: list[str]) -> None:
                     shutil.rmtree(built / folder, ignore_errors=True)
             command = [sys.executable, __file__, "--one", "kjv_web_transformer", "--steps", "0", *overrides]
             environment = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache}
-            output = subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, check=True).stdout
+            output = subprocess.run(
+                command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, check=True
+            ).stdout
             r = json.loads(output.strip().splitlines()[-1])
             print(f"| {start} | {r['first_step_s']:.1f} | {r['compilations']} |", flush=True)
 
@@ -232,7 +259,12 @@ flags.DEFINE_bool("recurrent", False, "RNNsearch and LSTMN train steps against l
 flags.DEFINE_string("lengths", "32,64,128,256", "--recurrent: the lengths", flag_values=FLAGS)
 flags.DEFINE_integer("width", 128, "--recurrent: embedding, hidden and attention size", flag_values=FLAGS)
 flags.DEFINE_integer("repeats", 5, "--recurrent: timed steps per model and length", flag_values=FLAGS)
-flags.DEFINE_bool("train_py", False, "a train.py run of kjv_web_transformer against the matmul peak (docs/performance.md)", flag_values=FLAGS)
+flags.DEFINE_bool(
+    "train_py",
+    False,
+    "a train.py run of kjv_web_transformer against the matmul peak (docs/performance.md)",
+    flag_values=FLAGS,
+)
 flags.DEFINE_bool("startup", False, "kjv_web_transformer's start-up, cold and warm", flag_values=FLAGS)
 flags.DEFINE_string("one", None, "internal: measure one config in this process", flag_values=FLAGS)
 
@@ -256,8 +288,10 @@ def main() -> None:
 
     peak = matmul_peak_flops()
     print(f"float32 matmul peak of this machine (2048^3, median of 10): {peak / 1e9:.1f} GFLOP/s\n")
-    print("| config | batch | first step s | compilations | steps/s | non-pad source+target tokens/s | target tokens/s | "
-          "GFLOP/step | achieved GFLOP/s | of peak |")
+    print(
+        "| config | batch | first step s | compilations | steps/s | non-pad source+target tokens/s | target tokens/s | "
+        "GFLOP/step | achieved GFLOP/s | of peak |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.configs.split(","):
         command = [sys.executable, __file__, "--one", name, "--steps", str(args.steps), "--window", str(args.window)]

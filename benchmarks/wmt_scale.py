@@ -47,8 +47,12 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from benchmarks.input_pipeline import pipeline_rates  # noqa: E402
 
 flags.DEFINE_integer("pairs", 4_500_000, "Pairs in the corpus's train split (WMT14 en-de: 4.5M).")
-flags.DEFINE_integer("steps", 12, "Train steps of each run: the first is timed, the later ones give the step's consumption.")
-flags.DEFINE_string("folder", None, "Where the corpus, data_dir and workdirs go (default: a temporary folder, removed after).")
+flags.DEFINE_integer(
+    "steps", 12, "Train steps of each run: the first is timed, the later ones give the step's consumption."
+)
+flags.DEFINE_string(
+    "folder", None, "Where the corpus, data_dir and workdirs go (default: a temporary folder, removed after)."
+)
 flags.DEFINE_integer("batches", 200, "Batches read to time the input pipeline.")
 FLAGS = flags.FLAGS
 
@@ -101,12 +105,24 @@ def tree_cpu_seconds(process: psutil.Process) -> float:
 def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: int) -> dict:
     """train.py on the corpus in a fresh process: seconds to its first step, peak tree memory, and
     the tokens/s of its logged steps."""
-    command = [sys.executable, "train.py", f"--config={CONFIG}", f"--workdir={workdir}", f"--config.task.train={corpus}",
-               f"--config.data_dir={data_dir}", f"--config.num_train_steps={steps}", "--config.log_every_steps=1",
-               "--config.eval_every_steps=1000000", "--config.checkpoint_every_steps=1000000", "--config.eval_decode_examples=8"]
+    command = [
+        sys.executable,
+        "train.py",
+        f"--config={CONFIG}",
+        f"--workdir={workdir}",
+        f"--config.task.train={corpus}",
+        f"--config.data_dir={data_dir}",
+        f"--config.num_train_steps={steps}",
+        "--config.log_every_steps=1",
+        "--config.eval_every_steps=1000000",
+        "--config.checkpoint_every_steps=1000000",
+        "--config.eval_decode_examples=8",
+    ]
     environment = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache)}
     started = time.time()
-    child = subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen(
+        command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     watched, peak, done = psutil.Process(child.pid), [0], threading.Event()
 
     def sample() -> None:
@@ -125,7 +141,9 @@ def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: i
         phase = PHASE_LINE.search(line)
         if phase:
             hours, minutes, seconds = map(int, phase.groups()[3:])
-            phases.append(f"{phase.group(1)} ({phase.group(2)} {phase.group(3)}): {3600 * hours + 60 * minutes + seconds} s")
+            phases.append(
+                f"{phase.group(1)} ({phase.group(2)} {phase.group(3)}): {3600 * hours + 60 * minutes + seconds} s"
+            )
         # the data are ready (built, vocabulary, token ids); compiling comes next
         if DATA_LINE.search(line):
             data_peak = peak[0]
@@ -153,8 +171,12 @@ def timed_run(workdir: Path, data_dir: Path, corpus: Path, cache: Path, steps: i
     (workdir.parent / f"{workdir.name}.log").write_text("".join(log))
     later = [rate for step, rate in rates.items() if step > 2]
     return {
-        "first_step_s": first_step, "first_step_cpu_s": first_step_cpu, "peak_bytes": peak[0], "data_peak_bytes": data_peak,
-        "train_tokens_per_s": statistics.median(later) if later else float("nan"), "phases": phases,
+        "first_step_s": first_step,
+        "first_step_cpu_s": first_step_cpu,
+        "peak_bytes": peak[0],
+        "data_peak_bytes": data_peak,
+        "train_tokens_per_s": statistics.median(later) if later else float("nan"),
+        "phases": phases,
     }
 
 
@@ -173,28 +195,42 @@ def main(argv: list[str]) -> None:
     try:
         start = time.time()
         write_corpus(corpus, FLAGS.pairs)
-        print(f"corpus: {FLAGS.pairs:,} pairs, {corpus.stat().st_size / 2**20:,.0f} MiB, written in {time.time() - start:.0f} s", flush=True)
+        print(
+            f"corpus: {FLAGS.pairs:,} pairs, {corpus.stat().st_size / 2**20:,.0f} MiB, written in {time.time() - start:.0f} s",
+            flush=True,
+        )
         cold = timed_run(root / "cold", data_dir, corpus, cache, FLAGS.steps)
         warm = timed_run(root / "warm", data_dir, corpus, cache, FLAGS.steps)
         built = next(data_dir.glob("parallel_text/*/*/"))
         tokenized = size_of(built / "tokenized")
         data = size_of(built) - tokenized - size_of(built / "vocabularies")
-        pipeline = pipeline_rates(CONFIG, [f"--config.task.train={corpus}", f"--config.data_dir={data_dir}"], FLAGS.batches, 20)
+        pipeline = pipeline_rates(
+            CONFIG, [f"--config.task.train={corpus}", f"--config.data_dir={data_dir}"], FLAGS.batches, 20
+        )
     finally:
         if not FLAGS.folder:
             shutil.rmtree(root, ignore_errors=True)
     gib = 2**30
-    print(f"| {FLAGS.pairs:,} pairs | first step, s | CPU s to it (process tree) | peak memory, GiB (process tree) | of it, before compiling (the data) |")
+    print(
+        f"| {FLAGS.pairs:,} pairs | first step, s | CPU s to it (process tree) | peak memory, GiB (process tree) | of it, before compiling (the data) |"
+    )
     print("|---|---:|---:|---:|---:|")
-    for name, run in (("cold: build, vocabulary, token ids, compile", cold), ("warm: a new workdir, same data_dir", warm)):
-        print(f"| {name} | {run['first_step_s']:.0f} | {run['first_step_cpu_s']:.0f} | {run['peak_bytes'] / gib:.2f} | {run['data_peak_bytes'] / gib:.2f} |")
+    for name, run in (
+        ("cold: build, vocabulary, token ids, compile", cold),
+        ("warm: a new workdir, same data_dir", warm),
+    ):
+        print(
+            f"| {name} | {run['first_step_s']:.0f} | {run['first_step_cpu_s']:.0f} | {run['peak_bytes'] / gib:.2f} | {run['data_peak_bytes'] / gib:.2f} |"
+        )
     for name, run in (("cold", cold), ("warm", warm)):
         print(f"{name}, the phases before the first step: {'; '.join(run['phases']) or 'none logged'}")
     print()
     print(f"on disk: built data {data / gib:.2f} GiB, token ids {tokenized / gib:.2f} GiB")
-    print(f"input pipeline {pipeline['all_tokens_per_s']:,.0f} source+target tokens/s ({pipeline['target_tokens_per_s']:,.0f} target); "
-          f"the train step consumes {warm['train_tokens_per_s']:,.0f} tokens/s (its log's tok/s): "
-          f"{pipeline['target_tokens_per_s'] / warm['train_tokens_per_s']:.1f}x")
+    print(
+        f"input pipeline {pipeline['all_tokens_per_s']:,.0f} source+target tokens/s ({pipeline['target_tokens_per_s']:,.0f} target); "
+        f"the train step consumes {warm['train_tokens_per_s']:,.0f} tokens/s (its log's tok/s): "
+        f"{pipeline['target_tokens_per_s'] / warm['train_tokens_per_s']:.1f}x"
+    )
 
 
 if __name__ == "__main__":

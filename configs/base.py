@@ -271,7 +271,10 @@ def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict | None:
     if not path.is_file():
         return None
     try:
-        saved = json.loads(path.read_text(), object_hook=lambda fields: {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        saved = json.loads(
+            path.read_text(),
+            object_hook=lambda fields: {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()},
+        )
     except (OSError, json.JSONDecodeError) as error:
         raise DataError(f"{path} is not a readable config ({error}); restore it or use a fresh workdir") from error
     return with_defaults(ml_collections.ConfigDict(saved))
@@ -401,5 +404,11 @@ def _switch_families(config: ml_collections.ConfigDict, assignments: dict[str, s
             dropped = sorted(set(config[field]) - {"name"})
             with config.unlocked() if config.is_locked else contextlib.nullcontext():
                 config[field] = make(name)
-            logging.info("%s.name %s -> %s: its own fields are now %s's (dropped: %s)",
-                         field, previous, name, name, ", ".join(dropped) or "none")
+            logging.info(
+                "%s.name %s -> %s: its own fields are now %s's (dropped: %s)",
+                field,
+                previous,
+                name,
+                name,
+                ", ".join(dropped) or "none",
+            )

@@ -26,5 +26,7 @@ def get_config():
     config.data.batching = "pack"
     config.data.max_source_length = 48
     config.data.max_target_length = 32
-    config.model = base.model("transformer", d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=512)
+    config.model = base.model(
+        "transformer", d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=512
+    )
     return config

@@ -1,6 +1,6 @@
 """LSTMN (Cheng et al. 2016, shallow fusion) on dates: the shared recurrent settings of configs/recurrent.py.
 
-    python train.py --config=configs/lstmn_dates.py --workdir=runs/lstmn_dates
+python train.py --config=configs/lstmn_dates.py --workdir=runs/lstmn_dates
 """
 
 from configs import recurrent

@@ -1,6 +1,6 @@
 """LSTMN (Cheng et al. 2016, shallow fusion) on reverse: the shared recurrent settings of configs/recurrent.py.
 
-    python train.py --config=configs/lstmn_reverse.py --workdir=runs/lstmn_reverse
+python train.py --config=configs/lstmn_reverse.py --workdir=runs/lstmn_reverse
 """
 
 from configs import recurrent

@@ -1,6 +1,6 @@
 """luong on kjv_web: the shared recurrent settings of configs/recurrent.py.
 
-    python train.py --config=configs/luong_kjv_web.py --workdir=runs/luong_kjv_web
+python train.py --config=configs/luong_kjv_web.py --workdir=runs/luong_kjv_web
 """
 
 from configs import recurrent

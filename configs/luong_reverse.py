@@ -1,6 +1,6 @@
 """luong on reverse: the shared recurrent settings of configs/recurrent.py.
 
-    python train.py --config=configs/luong_reverse.py --workdir=runs/luong_reverse
+python train.py --config=configs/luong_reverse.py --workdir=runs/luong_reverse
 """
 
 from configs import recurrent

@@ -21,8 +21,9 @@ FAMILIES = ("rnnencdec", "rnnsearch", "luong", "lstmn")
 def _dates():
     """configs/default.py's task and schedule, with 64 bucketed examples a step."""
     config = default.get_config()
-    config.update(num_train_steps=3_000, batch_size=64, learning_rate=3e-3, eval_every_steps=1_000,
-                  checkpoint_every_steps=1_000)
+    config.update(
+        num_train_steps=3_000, batch_size=64, learning_rate=3e-3, eval_every_steps=1_000, checkpoint_every_steps=1_000
+    )
     config.data.max_target_length = 16
     config.data.bucket_boundaries = (16, 24, 32, 40, 48)
     return config

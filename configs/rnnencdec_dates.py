@@ -1,6 +1,6 @@
 """rnnencdec on dates: the shared recurrent settings of configs/recurrent.py.
 
-    python train.py --config=configs/rnnencdec_dates.py --workdir=runs/rnnencdec_dates
+python train.py --config=configs/rnnencdec_dates.py --workdir=runs/rnnencdec_dates
 """
 
 from configs import recurrent

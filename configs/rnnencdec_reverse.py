@@ -1,6 +1,6 @@
 """rnnencdec on reverse: the shared recurrent settings of configs/recurrent.py.
 
-    python train.py --config=configs/rnnencdec_reverse.py --workdir=runs/rnnencdec_reverse
+python train.py --config=configs/rnnencdec_reverse.py --workdir=runs/rnnencdec_reverse
 """
 
 from configs import recurrent

@@ -1,6 +1,6 @@
 """rnnsearch on dates: the shared recurrent settings of configs/recurrent.py.
 
-    python train.py --config=configs/rnnsearch_dates.py --workdir=runs/rnnsearch_dates
+python train.py --config=configs/rnnsearch_dates.py --workdir=runs/rnnsearch_dates
 """
 
 from configs import recurrent

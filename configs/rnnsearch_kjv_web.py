@@ -1,6 +1,6 @@
 """rnnsearch on kjv_web: the shared recurrent settings of configs/recurrent.py.
 
-    python train.py --config=configs/rnnsearch_kjv_web.py --workdir=runs/rnnsearch_kjv_web
+python train.py --config=configs/rnnsearch_kjv_web.py --workdir=runs/rnnsearch_kjv_web
 """
 
 from configs import recurrent

@@ -1,6 +1,6 @@
 """rnnsearch on reverse: the shared recurrent settings of configs/recurrent.py.
 
-    python train.py --config=configs/rnnsearch_reverse.py --workdir=runs/rnnsearch_reverse
+python train.py --config=configs/rnnsearch_reverse.py --workdir=runs/rnnsearch_reverse
 """
 
 from configs import recurrent

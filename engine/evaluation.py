@@ -28,21 +28,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from scoring import decoding
 import input_pipeline
-from scoring import metrics
-from utils import progress
-from report import pages
-from report import pictures
 from models.attention import AttentionRole, attention_roles, capture_attention
-from utils import metric_writer
-from scoring import score_registry
-from utils.errors import ConfigError
-from utils.metric_writer import Reporter
+from report import pages, pictures
 from run_setup.cluster import gathered
 from run_setup.run import Run, prepare_run
 from run_setup.settings import Settings
+from scoring import decoding, metrics, score_registry
 from tasks.vocabularies import EOS_ID
+from utils import metric_writer, progress
+from utils.errors import ConfigError
+from utils.metric_writer import Reporter
 
 
 class Evaluator:
@@ -59,7 +55,9 @@ class Evaluator:
             return metrics.token_sums(run.model(params)(batch, deterministic=True), batch["targets"])
 
         def decode(params, inputs, key) -> tuple[jax.Array, jax.Array]:
-            return decoding.decode(run.searching_model(params), inputs, length=self.output_length, key=key, **search_options)
+            return decoding.decode(
+                run.searching_model(params), inputs, length=self.output_length, key=key, **search_options
+            )
 
         def attention(params, batch) -> dict:
             return capture_attention(run.model(params), batch)
@@ -78,7 +76,13 @@ class Evaluator:
         """`(global batch of inputs and targets, record index of every row (-1: padding), local batch)`."""
         run = self.run
         dataset, _ = input_pipeline.eval_batches(
-            run.task, run.tokens, split, run.settings.data, run.settings.source, process_index=jax.process_index(), process_count=jax.process_count()
+            run.task,
+            run.tokens,
+            split,
+            run.settings.data,
+            run.settings.source,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
         )
         for local in dataset:
             batch = run.global_batch({"inputs": local["inputs"], "targets": local["targets"]})
@@ -99,7 +103,9 @@ class Evaluator:
         ]
         return tokens[:, 0], texts
 
-    def localization(self, params: nnx.State, batch: dict, decoded: jax.Array, boxes: np.ndarray, index: np.ndarray) -> tuple[int, int]:
+    def localization(
+        self, params: nnx.State, batch: dict, decoded: jax.Array, boxes: np.ndarray, index: np.ndarray
+    ) -> tuple[int, int]:
         """`(localised words, words scored)` of the generated captions `decoded [B, T]` of a batch
         (their own attention, from a teacher-forced pass) against the true boxes `[B, K, 4]`."""
         weights = self.attention(params, {"inputs": batch["inputs"], "targets": decoded})
@@ -115,14 +121,18 @@ class Evaluator:
             hits, total = hits + row_hits, total + row_total
         return hits, total
 
-    def alignment_scores(self, params: nnx.State, batch: dict, spans: np.ndarray, index: np.ndarray) -> dict[str, list[float]]:
+    def alignment_scores(
+        self, params: nnx.State, batch: dict, spans: np.ndarray, index: np.ndarray
+    ) -> dict[str, list[float]]:
         """Per cross-attention module: the alignment accuracy of each real row of a teacher-forced pass
         (heads averaged) against the task's true spans `[B, K, 4]`."""
         by_module = {}
         for module, value in self.attention(params, batch).items():
             if self.roles[module] is AttentionRole.CROSS:
                 mean = gathered(value).mean(axis=1)  # [B, T, S]
-                by_module[module] = [metrics.alignment_accuracy(mean[row], spans[row]) for row in np.flatnonzero(index >= 0)]
+                by_module[module] = [
+                    metrics.alignment_accuracy(mean[row], spans[row]) for row in np.flatnonzero(index >= 0)
+                ]
         return by_module
 
 
@@ -167,7 +177,9 @@ def shown_batches(evaluator: Evaluator, split: str) -> Iterator[tuple[dict, np.n
     """`evaluator.batches(split)`, its examples counted as a progress phase (`utils/progress.py`: a bar on a
     terminal, log lines otherwise) on the first process."""
     run = evaluator.run
-    with progress.phase(f"evaluating {split}", total=len(run.task.splits[split]), unit="examples", enabled=run.is_chief) as shown:
+    with progress.phase(
+        f"evaluating {split}", total=len(run.task.splits[split]), unit="examples", enabled=run.is_chief
+    ) as shown:
         for batch, index, local in evaluator.batches(split):
             yield batch, index, local
             # the real rows; -1 marks padding
@@ -182,8 +194,13 @@ def best_hypotheses(decoded: list[tuple[int, list[tuple[str, float]]]]) -> list[
 def text_metrics(run: Run, split: str, decoded: list[tuple[int, str]], *, signatures: bool = True) -> dict:
     """The task's text scores (scoring/score_registry.py) of the hypotheses against their references."""
     references = run.task.references(split, [i for i, _ in decoded])
-    return score_registry.text_scores(run.task.metric, [h for _, h in decoded], references,
-                              bleu_tokenize=run.settings.evaluation.bleu_tokenize, signatures=signatures)
+    return score_registry.text_scores(
+        run.task.metric,
+        [h for _, h in decoded],
+        references,
+        bleu_tokenize=run.settings.evaluation.bleu_tokenize,
+        signatures=signatures,
+    )
 
 
 def alignment_results(alignment: dict[str, list[float]]) -> dict:
@@ -202,7 +219,9 @@ def draw_attention(evaluator: Evaluator, params: nnx.State, split: str, step: in
     count = run.settings.evaluation.visualize_examples
     batch, index, local = next(evaluator.batches(split))
     decoded, _ = evaluator.hypotheses(params, batch, index)
-    weights = {k: gathered(v) for k, v in evaluator.attention(params, {"inputs": batch["inputs"], "targets": decoded}).items()}
+    weights = {
+        k: gathered(v) for k, v in evaluator.attention(params, {"inputs": batch["inputs"], "targets": decoded}).items()
+    }
     inputs, hypotheses = gathered(batch["inputs"]), gathered(decoded)
     # gold, for report/pages.py
     known = {key: gathered(run.global_batch({key: local[key]})[key]) for key in ("alignment", "boxes") if key in local}
@@ -214,11 +233,20 @@ def draw_attention(evaluator: Evaluator, params: nnx.State, split: str, step: in
     for row in range(min(count, int((index >= 0).sum()))):
         output = hypotheses[row][: int(np.argmax(hypotheses[row] == EOS_ID)) + 1]
         example = pictures.example_weights(weights, evaluator.roles, row, kind.source_length(inputs[row]), len(output))
-        drawn.update(kind.draw(
-            directory, f"example_{row}", inputs[row], example, evaluator.roles, run.tokens.target.pieces(output), run.tokens,
-            evaluator.concrete_model, self_attention=run.settings.evaluation.visualize_self_attention,
-            extras={key: value[row] for key, value in known.items()},
-        ))
+        drawn.update(
+            kind.draw(
+                directory,
+                f"example_{row}",
+                inputs[row],
+                example,
+                evaluator.roles,
+                run.tokens.target.pieces(output),
+                run.tokens,
+                evaluator.concrete_model,
+                self_attention=run.settings.evaluation.visualize_self_attention,
+                extras={key: value[row] for key, value in known.items()},
+            )
+        )
     if reporter is not None:
         reporter.images(step, drawn)
 
@@ -233,7 +261,10 @@ def scores_by_length(run: Run, split: str, decoded: list[tuple[int, str]], width
     by_length = {}
     for bucket in sorted(buckets):
         bucket_scores = text_metrics(run, split, [decoded[p] for p in buckets[bucket]], signatures=False)
-        by_length[f"{bucket * width}-{bucket * width + width - 1}"] = {"examples": len(buckets[bucket]), **bucket_scores}
+        by_length[f"{bucket * width}-{bucket * width + width - 1}"] = {
+            "examples": len(buckets[bucket]),
+            **bucket_scores,
+        }
     return by_length
 
 
@@ -281,15 +312,21 @@ def predict(settings: Settings, workdir: str | Path) -> Path:
         step, evaluated = evaluated_params(run)
         # the averaged parameters when asked for
         name = list(evaluated)[-1]
-        results, decoded = evaluate_split(Evaluator(run), evaluated[name], split, max_decoded=settings.evaluation.eval_decode_examples)
+        results, decoded = evaluate_split(
+            Evaluator(run), evaluated[name], split, max_decoded=settings.evaluation.eval_decode_examples
+        )
     path = run.workdir / "predictions" / f"step_{step}.tsv"
     if run.is_chief:
         kind = settings.source
         write_predictions(run, split, decoded, path)
         if settings.decode.num_hypotheses > 1:
-            metric_writer.write_n_best(path.with_suffix(".nbest.tsv"), [(kind.shown(run.task, split, i), n_best) for i, n_best in decoded])
+            metric_writer.write_n_best(
+                path.with_suffix(".nbest.tsv"), [(kind.shown(run.task, split, i), n_best) for i, n_best in decoded]
+            )
         if kind.has_length:
-            results["by_source_length"] = scores_by_length(run, split, best_hypotheses(decoded), settings.evaluation.length_bucket_width)
+            results["by_source_length"] = scores_by_length(
+                run, split, best_hypotheses(decoded), settings.evaluation.length_bucket_width
+            )
     report(run, step, {name: results})
     return path
 
@@ -298,13 +335,20 @@ def write_predictions(run: Run, split: str, decoded: list[tuple[int, list[tuple[
     """The best hypothesis of each decoded example of `split` as `source<TAB>reference<TAB>hypothesis` lines
     (`evaluate_split`'s second result): `--mode=predict`'s file, and each training evaluation's for report/pages.py."""
     records, kind = run.task.splits[split], run.settings.source
-    metric_writer.write_predictions(path, [(kind.shown(run.task, split, i), run.task.pair(records[i])[1], hypothesis)
-                                       for i, hypothesis in best_hypotheses(decoded)])
+    metric_writer.write_predictions(
+        path,
+        [
+            (kind.shown(run.task, split, i), run.task.pair(records[i])[1], hypothesis)
+            for i, hypothesis in best_hypotheses(decoded)
+        ],
+    )
 
 
 def check_split(run: Run, split: str) -> None:
     if split not in run.task.splits:
-        raise ConfigError(f"eval_split {split!r} is not a split of task {run.task.name}; valid: {', '.join(run.task.splits)}")
+        raise ConfigError(
+            f"eval_split {split!r} is not a split of task {run.task.name}; valid: {', '.join(run.task.splits)}"
+        )
 
 
 def report(run: Run, step: int, outcome: dict[str, dict]) -> None:
@@ -319,4 +363,3 @@ def report(run: Run, step: int, outcome: dict[str, dict]) -> None:
         reporter.write(step, name, {**results, "mode": "eval"})
     reporter.close()
     pages.write(run.workdir)
-

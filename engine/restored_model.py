@@ -14,15 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scoring import decoding
-from utils import progress
-from report import pictures
-from utils.errors import UserError
 from models.attention import attention_roles, capture_attention
+from report import pictures
+from run_setup.input_kinds import padded_ids
 from run_setup.run import Run
 from run_setup.settings import DecodeSettings, Settings
-from run_setup.input_kinds import padded_ids
+from scoring import decoding
 from tasks.vocabularies import EOS_ID, PAD_ID
+from utils import progress
+from utils.errors import UserError
 
 # sources decoded together; batches are padded to this many rows (one compilation)
 BATCH_ROWS = 32
@@ -71,7 +71,9 @@ class Translator:
 
     def _source_rows(self, sources: Sequence) -> list[np.ndarray]:
         """Each source as the model reads it (token ids, an image `[H, W, C]` uint8, a feature grid), checked."""
-        return self.kind.user_rows(sources, self.settings.model.fields, self.run.tokens, self.settings.data.max_source_length)
+        return self.kind.user_rows(
+            sources, self.settings.model.fields, self.run.tokens, self.settings.data.max_source_length
+        )
 
     def _source_batch(self, rows: Sequence[np.ndarray]) -> np.ndarray:
         return self.kind.user_batch(rows, BATCH_ROWS, self._length_limit)
@@ -108,7 +110,8 @@ class Translator:
             for i, row_tokens, row_scores in zip(chunk, np.asarray(tokens), np.asarray(scores)):
                 outputs[i] = [
                     (ids[: int(np.argmax(ids == EOS_ID)) + 1], float(score))
-                    for ids, score in zip(row_tokens, row_scores) if score > decoding.NEVER / 2
+                    for ids, score in zip(row_tokens, row_scores)
+                    if score > decoding.NEVER / 2
                 ]
         return outputs
 
@@ -119,7 +122,9 @@ class Translator:
         @jax.jit
         def log_probs(params, batch):
             logits = run.model(params)(batch, deterministic=True)
-            token_log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][..., None], axis=-1)[..., 0]
+            token_log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][..., None], axis=-1)[
+                ..., 0
+            ]
             return jnp.sum(jnp.where(batch["targets"] != PAD_ID, token_log_probs, 0.0), axis=-1)  # [B]
 
         return log_probs
@@ -134,7 +139,9 @@ class Translator:
             inputs = self._source_batch(source_ids[start : start + BATCH_ROWS])
             outputs = padded_ids(target_ids[start : start + BATCH_ROWS], BATCH_ROWS, self._length_limit)
             batch = {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(outputs)}
-            scores.append(np.asarray(self._log_probs(self.params, batch))[: len(source_ids[start : start + BATCH_ROWS])])
+            scores.append(
+                np.asarray(self._log_probs(self.params, batch))[: len(source_ids[start : start + BATCH_ROWS])]
+            )
         return np.concatenate(scores)
 
     def attention(self, source, target: str | None = None) -> dict[str, np.ndarray]:
@@ -158,6 +165,15 @@ class Translator:
         # the decoded ids themselves, not their text re-encoded
         weights = self._attention_of(inputs, output)
         tokens = self.run.tokens
-        self.kind.draw(directory, f"step_{self.step}", inputs, weights, self.roles, tokens.target.pieces(output), tokens,
-                       self.run.model(self.params), self_attention=self_attention)
+        self.kind.draw(
+            directory,
+            f"step_{self.step}",
+            inputs,
+            weights,
+            self.roles,
+            tokens.target.pieces(output),
+            tokens,
+            self.run.model(self.params),
+            self_attention=self_attention,
+        )
         return tokens.target.decode(output)

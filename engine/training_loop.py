@@ -30,18 +30,17 @@ import optax
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from engine import evaluation
 import input_pipeline
-from scoring import metrics
+from engine import evaluation
 from report import pages
+from run_setup import sharding, summary
+from run_setup.compatibility import check_init, check_resume
+from run_setup.run import Run, prepare_run
+from run_setup.settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
+from scoring import metrics, score_registry
 from utils import metric_writer
-from scoring import score_registry
 from utils.errors import ConfigError, NonFiniteLoss
 from utils.metric_writer import Reporter
-from run_setup import sharding, summary
-from run_setup.run import Run, prepare_run
-from run_setup.compatibility import check_init, check_resume
-from run_setup.settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
 from utils.stop_signals import SIGNALS, StopSignals
 
 # {"step": int32 [], "params": nnx.State, "opt_state": optax state[, "model_state": dict]}
@@ -74,7 +73,10 @@ def learning_rate_schedule(optimization: OptimizationSettings) -> optax.Schedule
 def make_optimizer(optimization: OptimizationSettings) -> optax.GradientTransformation:
     """Adam (or AdamW with weight decay) on the schedule, after optional global-norm clipping."""
     adam = optax.adamw(
-        learning_rate_schedule(optimization), b1=optimization.adam_b1, b2=optimization.adam_b2, eps=optimization.adam_eps,
+        learning_rate_schedule(optimization),
+        b1=optimization.adam_b1,
+        b2=optimization.adam_b2,
+        eps=optimization.adam_eps,
         weight_decay=optimization.weight_decay,
     )
     if optimization.grad_clip_norm > 0:
@@ -85,7 +87,9 @@ def make_optimizer(optimization: OptimizationSettings) -> optax.GradientTransfor
 # ----------------------------------------------------------------------------- steps
 
 
-def make_train_step(run: Run, tx: optax.GradientTransformation) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+def make_train_step(
+    run: Run, tx: optax.GradientTransformation
+) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
     """The pure train step `(state, batch) -> (state, metrics)`: one optimizer update.
 
     The global batch is split into `grad_accum_steps` microbatches whose
@@ -122,10 +126,14 @@ def make_train_step(run: Run, tx: optax.GradientTransformation) -> Callable[[Tra
             # every microbatch starts from the step's model state
             def add(total, inputs):
                 index, microbatch = inputs
-                grads, (sums, new_state) = grad_fn(state["params"], model_state, microbatch, jax.random.fold_in(key, index))
+                grads, (sums, new_state) = grad_fn(
+                    state["params"], model_state, microbatch, jax.random.fold_in(key, index)
+                )
                 return jax.tree.map(jnp.add, total, (grads, sums)), new_state
 
-            grad_shapes, (sum_shapes, _) = jax.eval_shape(grad_fn, state["params"], model_state, jax.tree.map(lambda x: x[0], micro), key)
+            grad_shapes, (sum_shapes, _) = jax.eval_shape(
+                grad_fn, state["params"], model_state, jax.tree.map(lambda x: x[0], micro), key
+            )
             zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), (grad_shapes, sum_shapes))
             (grads, sums), new_states = jax.lax.scan(add, zeros, (jnp.arange(accumulate), micro))
             # the mean of the microbatches' next states: for a moving average such as hard attention's
@@ -172,7 +180,9 @@ def initial_state(run: Run, tx: optax.GradientTransformation) -> TrainState:
     optimizer state, sharded as the parameters are (Adam's moments as their parameters, the rest
     replicated)."""
     params = jax.device_put(jax.tree.map(jnp.copy, run.params), run.param_shardings)
-    opt_state = jax.jit(tx.init, out_shardings=sharding.optimizer_shardings(tx, params, run.param_shardings, run.replicated))(params)
+    opt_state = jax.jit(
+        tx.init, out_shardings=sharding.optimizer_shardings(tx, params, run.param_shardings, run.replicated)
+    )(params)
     state = {"step": jax.device_put(jnp.zeros((), jnp.int32), run.replicated), "params": params, "opt_state": opt_state}
     model = run.model(run.params)
     # e.g. hard attention's baseline
@@ -224,7 +234,9 @@ def unfinished_window(workdir: Path, start_step: int) -> tuple[list[tuple[int, d
         kept = json.loads(path.read_text()) if path.exists() else {}
     except (OSError, ValueError) as error:
         # a damaged file costs only the mean of one log row
-        logging.warning("ignoring %s (%s): the next training row covers only the steps after %d", path, error, start_step)
+        logging.warning(
+            "ignoring %s (%s): the next training row covers only the steps after %d", path, error, start_step
+        )
         kept = {}
     if kept.get("step") != start_step:
         return [], 0.0
@@ -234,7 +246,12 @@ def unfinished_window(workdir: Path, start_step: int) -> tuple[list[tuple[int, d
 
 
 def evaluate_during_training(
-    evaluator: evaluation.Evaluator, params: nnx.State, step: int, splits: Sequence[str], reporter: Reporter, curves: CurvesPicture
+    evaluator: evaluation.Evaluator,
+    params: nnx.State,
+    step: int,
+    splits: Sequence[str],
+    reporter: Reporter,
+    curves: CurvesPicture,
 ) -> dict[str, dict]:
     """`splits` evaluated (on `eval_decode_examples` decoded examples), with pictures of dev examples;
     report.html rewritten, and curves.png when `curves` says it is due."""
@@ -242,7 +259,9 @@ def evaluate_during_training(
     settings = run.settings.evaluation
     results = {}
     for split in splits:
-        results[split], decoded = evaluation.evaluate_split(evaluator, params, split, max_decoded=settings.eval_decode_examples)
+        results[split], decoded = evaluation.evaluate_split(
+            evaluator, params, split, max_decoded=settings.eval_decode_examples
+        )
         reporter.write(step, split, results[split])
         if run.is_chief:
             metric_writer.write_eval(run.workdir, step, split, results[split])
@@ -344,20 +363,35 @@ def train(run: Run) -> dict:
     train_step = compile_train_step(run, tx, state)
     evaluator = evaluation.Evaluator(run)
     train_data, length_report = input_pipeline.train_dataset(
-        run.task, run.tokens, run.settings.data, run.settings.source, process_index=jax.process_index(), process_count=jax.process_count()
+        run.task,
+        run.tokens,
+        run.settings.data,
+        run.settings.source,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
     )
     data_iterator = iter(train_data)
     if run.checkpoints.steps():
         abstract_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         start_step, state = run.checkpoints.restore(abstract_state, data_iterator)
         logging.info("resuming from the checkpoint at step %d in %s", start_step, run.checkpoints.manager.directory)
-    reporter = Reporter(run.workdir, num_steps=optimization.num_train_steps, start_step=start_step, enabled=run.is_chief)
-    training_dev_rows = [r for r in metric_writer.read_jsonl(run.workdir) if r["split"] == "dev" and "mode" not in r and r["step"] <= start_step]
+    reporter = Reporter(
+        run.workdir, num_steps=optimization.num_train_steps, start_step=start_step, enabled=run.is_chief
+    )
+    training_dev_rows = [
+        r
+        for r in metric_writer.read_jsonl(run.workdir)
+        if r["split"] == "dev" and "mode" not in r and r["step"] <= start_step
+    ]
     early_stopping = EarlyStopping(evaluation_settings, training_dev_rows)
     # a rerun of a run that stopped early: nothing more to train
     if early_stopping.stopped:
-        logging.info("the run stopped early at step %d (dev %s not improved for %d evaluations); not training further",
-                     start_step, evaluation_settings.best_metric, early_stopping.waited)
+        logging.info(
+            "the run stopped early at step %d (dev %s not improved for %d evaluations); not training further",
+            start_step,
+            evaluation_settings.best_metric,
+            early_stopping.waited,
+        )
         start_step = optimization.num_train_steps
     summary.log_start(run, start_step)
     if start_step == 0:
@@ -375,7 +409,9 @@ def train(run: Run) -> dict:
             for step in range(start_step + 1, optimization.num_train_steps + 1):
                 state, step_metrics = train_step(state, run.global_batch(next(data_iterator)))
                 if several and multihost_utils.reached_preemption_sync_point(step):
-                    logging.warning("a process was sent SIGTERM: every process saves a checkpoint after step %d, then stops", step)
+                    logging.warning(
+                        "a process was sent SIGTERM: every process saves a checkpoint after step %d, then stops", step
+                    )
                     stop.requested = True
                 window.append((step, step_metrics))
                 last = step == optimization.num_train_steps
@@ -392,17 +428,29 @@ def train(run: Run) -> dict:
                     elif run.is_chief:
                         # stopped between two rows: the rerun's next row takes these steps in
                         keep_unfinished_window(run.workdir, step, window, seconds)
-                    reporter.progress(step, row["loss"], row["learning_rate"], row["tokens_per_second"], row["steps_per_second"])
+                    reporter.progress(
+                        step, row["loss"], row["learning_rate"], row["tokens_per_second"], row["steps_per_second"]
+                    )
                     window, window_start, seconds_before = [], time.time(), 0.0
                 eval_metrics, stop_early = None, False
                 if evaluate_now:
-                    final = evaluate_during_training(evaluator, state["params"], step, ("dev", "test") if last else ("dev",), reporter, curves)
+                    final = evaluate_during_training(
+                        evaluator, state["params"], step, ("dev", "test") if last else ("dev",), reporter, curves
+                    )
                     eval_metrics = {k: v for k, v in final["dev"].items() if isinstance(v, float)}
                     stop_early = early_stopping.update(step, final["dev"]) and not last
                     if stop_early:
-                        logging.info("early stopping at step %d: dev %s has not improved for %d evaluations (best %.4g at step %d)",
-                                     step, evaluation_settings.best_metric, early_stopping.waited, early_stopping.best, early_stopping.best_step)
-                        final.update(evaluate_during_training(evaluator, state["params"], step, ("test",), reporter, curves))
+                        logging.info(
+                            "early stopping at step %d: dev %s has not improved for %d evaluations (best %.4g at step %d)",
+                            step,
+                            evaluation_settings.best_metric,
+                            early_stopping.waited,
+                            early_stopping.best,
+                            early_stopping.best_step,
+                        )
+                        final.update(
+                            evaluate_during_training(evaluator, state["params"], step, ("test",), reporter, curves)
+                        )
                 # a signal may have come during this step's eval
                 if save_now or stop.requested or stop_early:
                     run.checkpoints.save(step, state, data_iterator, metrics=eval_metrics)

@@ -15,13 +15,12 @@ import dataclasses
 
 from flax import nnx
 
-from utils.errors import ConfigError
-
 from models.captioner import Captioner, CaptionerConfig
 from models.interface import EncoderDecoder, ImageGrid, ModelConfig, OwnObjective, TeacherForcedDecoder  # noqa: F401 (the interface)
 from models.lstmn import LSTMN, LSTMNConfig
 from models.rnn import Luong, LuongConfig, RNNEncDec, RNNEncDecConfig, RNNSearch, RNNSearchConfig
 from models.transformer import Transformer, TransformerConfig
+from utils.errors import ConfigError
 
 MODELS = {
     "transformer": (TransformerConfig, Transformer),
@@ -69,7 +68,9 @@ def checked_config(name: str, **fields):
     config_class, _ = _family(name)
     unknown = sorted(set(fields) - set(fields_of(name)))
     if unknown:
-        raise ConfigError(f"unknown field(s) for model {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(fields_of(name)))}")
+        raise ConfigError(
+            f"unknown field(s) for model {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(fields_of(name)))}"
+        )
     # before a huge depth makes building even an abstract model slow
     for field, value in fields.items():
         if field.startswith("num_") and field.endswith("layers") and isinstance(value, int) and value > MAX_LAYERS:
@@ -87,7 +88,9 @@ def create_model(name: str, *, rngs: nnx.Rngs, **fields) -> EncoderDecoder:
     known = {f.name for f in dataclasses.fields(config_class)}
     unknown = sorted(set(fields) - known)
     if unknown:
-        raise ConfigError(f"unknown field(s) for model {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"unknown field(s) for model {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(known))}"
+        )
     return model_class(config_class(**fields), rngs=rngs)
 
 

@@ -163,9 +163,7 @@ def general_scores(query: Array, key: Array, w: Array) -> Array:
     return jnp.einsum("BTNH,NHK,BSNK->BNTS", query, w, key)
 
 
-def additive_scores(
-    query_proj: Array, key_proj: Array, v: Array, *, query_chunk_size: int = 64
-) -> Array:
+def additive_scores(query_proj: Array, key_proj: Array, v: Array, *, query_chunk_size: int = 64) -> Array:
     """Bahdanau et al. (2015) additive score, `a(s_{i-1}, h_j)` of section 3.1 / appendix A.1.2.
 
     `scores[b,n,i,j] = sum_a v[n,a] * tanh(query_proj[b,i,n,a] + key_proj[b,j,n,a])`,
@@ -376,7 +374,9 @@ class MultiHeadAttention(nnx.Module):
             eye = jnp.broadcast_to(jnp.eye(self.head_dim), shape + (self.head_dim,))
             return nnx.Param(eye + 0.02 * jax.random.normal(rngs.params(), eye.shape), **logical("heads", None, None))
         if score == "additive":
-            return nnx.Param(nnx.initializers.lecun_normal(in_axis=-1, out_axis=-2)(rngs.params(), shape), **logical("heads", None))
+            return nnx.Param(
+                nnx.initializers.lecun_normal(in_axis=-1, out_axis=-2)(rngs.params(), shape), **logical("heads", None)
+            )
         return None
 
     def _split_heads(self, x: Array) -> Array:
@@ -495,7 +495,9 @@ class Attention(nnx.Module):
             Linear(key_features, key_out, use_bias=additive, dtype=dtype, rngs=rngs) if score != "dot" else None
         )
         self.v = nnx.data(
-            nnx.Param(nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,)), **logical("mlp")) if additive else None
+            nnx.Param(nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,)), **logical("mlp"))
+            if additive
+            else None
         )
 
     def project_keys(self, keys: Array) -> Array:

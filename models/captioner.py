@@ -63,11 +63,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from utils.errors import ConfigError
 from models.attention import Attention, AttentionRole
 from models.interface import ModelConfig
 from models.layers import Linear, logical, shift_right
 from models.rnn import LSTMCell, LSTMState, time_major
+from utils.errors import ConfigError
 
 Array = jax.Array
 ATTENTIONS = ("soft", "hard")
@@ -134,8 +134,10 @@ class CaptionerConfig(ModelConfig):
         if self.inputs == "features" and self.feature_dim < 1:
             raise ConfigError("model.inputs = 'features' needs model.feature_dim, the size of a given annotation")
         if self.inputs == "pixels" and (not self.conv_widths or min(self.conv_widths) < 1 or self.channels < 1):
-            raise ConfigError(f"model.conv_widths must be positive widths and model.channels positive, got "
-                              f"{self.conv_widths}, {self.channels}")
+            raise ConfigError(
+                f"model.conv_widths must be positive widths and model.channels positive, got "
+                f"{self.conv_widths}, {self.channels}"
+            )
         if not 0 <= self.pools <= len(self.conv_widths):
             raise ConfigError(f"model.pools must be between 0 and len(model.conv_widths), got {self.pools}")
         for name in ("embed_dim", "hidden_dim", "attention_dim"):
@@ -185,19 +187,38 @@ class Captioner(nnx.Module):
             widths = (config.channels + 2 * config.coordinates, *config.conv_widths)
             # keeps the responses' scale through the ReLUs (He et al. 2015)
             he = nnx.initializers.kaiming_normal()
-            self.convs = nnx.List(nnx.Conv(a, b, (3, 3), padding="SAME", use_bias=False, kernel_init=he, kernel_metadata=logical(None, None, "embed", "mlp"), rngs=rngs)
-                                  # no bias: the centring would cancel it
-                                  for a, b in zip(widths, widths[1:]))
+            self.convs = nnx.List(
+                nnx.Conv(
+                    a,
+                    b,
+                    (3, 3),
+                    padding="SAME",
+                    use_bias=False,
+                    kernel_init=he,
+                    kernel_metadata=logical(None, None, "embed", "mlp"),
+                    rngs=rngs,
+                )
+                # no bias: the centring would cancel it
+                for a, b in zip(widths, widths[1:])
+            )
         else:
             self.convs = nnx.List([])
         # E
-        self.embed = nnx.Embed(config.vocab_size, E, embedding_init=nnx.initializers.normal(0.1), embedding_metadata=logical("vocab", "embed"), rngs=rngs)
+        self.embed = nnx.Embed(
+            config.vocab_size,
+            E,
+            embedding_init=nnx.initializers.normal(0.1),
+            embedding_metadata=logical("vocab", "embed"),
+            rngs=rngs,
+        )
         # f_init_h
         self.init_hidden = Linear(D, N, rngs=rngs)
         # f_init_c
         self.init_cell = Linear(D, N, rngs=rngs)
         # f_att
-        self.attention = Attention(N, D, score="additive", attention_dim=config.attention_dim, role=AttentionRole.CROSS, rngs=rngs)
+        self.attention = Attention(
+            N, D, score="additive", attention_dim=config.attention_dim, role=AttentionRole.CROSS, rngs=rngs
+        )
         # f_beta
         self.beta = nnx.data(Linear(N, 1, rngs=rngs) if config.selector else None)
         # T of eq. 1 over [E y_{t-1}; z_t] (and h_{t-1} inside)
@@ -216,7 +237,9 @@ class Captioner(nnx.Module):
         """Section 3.1.1: `inputs` -> the annotation grid `[B, L, D]` (row-major over the h x w grid)."""
         if self.config.inputs == "features":
             if inputs.ndim != 3 or inputs.shape[-1] != self.config.feature_dim:
-                raise ConfigError(f"feature grids must be [B, L, model.feature_dim={self.config.feature_dim}], got {inputs.shape}")
+                raise ConfigError(
+                    f"feature grids must be [B, L, model.feature_dim={self.config.feature_dim}], got {inputs.shape}"
+                )
             return inputs.astype(jnp.float32)
         if inputs.ndim != 4 or inputs.shape[-1] != self.config.channels:
             raise ConfigError(f"images must be [B, H, W, model.channels={self.config.channels}], got {inputs.shape}")
@@ -267,7 +290,9 @@ class Captioner(nnx.Module):
         beta = jax.nn.sigmoid(self.beta(hidden)) if self.beta is not None else jnp.ones((hidden.shape[0], 1))
         return weights, expected, beta
 
-    def _advance(self, embedded: Array, context: Array, state: CaptionState, mask: Array | None = None) -> tuple[Array, CaptionState]:
+    def _advance(
+        self, embedded: Array, context: Array, state: CaptionState, mask: Array | None = None
+    ) -> tuple[Array, CaptionState]:
         """Eqs. 1-3 and 7 from `E y_{t-1} [B, E]` and `z_t [B, D]`: `(logits [B, V], state)`; `mask [B, E]`:
         dropout on the deep output's input (drawn before the scan, as NNX's RNG cannot be used inside it)."""
         lstm = self.lstm(self.lstm.project(jnp.concatenate([embedded, context], axis=-1)), state.lstm)
@@ -284,8 +309,15 @@ class Captioner(nnx.Module):
         weights, expected, beta = self._attend(memory, state.lstm.hidden)
         return self._advance(self.embed(token), beta * expected, state)
 
-    def teacher_forced(self, batch: dict[str, Array], *, deterministic: bool = True, key: Array | None = None,
-                       locations: Array | None = None, expectation: Array | bool = False) -> dict[str, Array]:
+    def teacher_forced(
+        self,
+        batch: dict[str, Array],
+        *,
+        deterministic: bool = True,
+        key: Array | None = None,
+        locations: Array | None = None,
+        expectation: Array | bool = False,
+    ) -> dict[str, Array]:
         """A pass over the reference captions, with the expected context (soft attention, and hard
         attention's decoding), or hard attention's `z_t = a_{s_t}` (eq. 9) at locations sampled
         `s_t ~ alpha_t` with `key`, or given `locations [B, T]` (for tests). `expectation`, a bool per
@@ -340,8 +372,7 @@ class Captioner(nnx.Module):
         baseline b of eq. 12 (checkpointed with them, so a resume continues it exactly)."""
         return {"baseline": jnp.zeros((), jnp.float32)} if self.config.attention == "hard" else {}
 
-    def objective(self, batch: dict[str, Array], model_state: dict, key: Array,
-                  token_sums) -> tuple[Array, dict, dict]:
+    def objective(self, batch: dict[str, Array], model_state: dict, key: Array, token_sums) -> tuple[Array, dict, dict]:
         """The summed loss to minimise, the token sums, and the next model state.
 
         `token_sums(logits, targets)` is the trainer's likelihood (label smoothing included).
@@ -380,10 +411,15 @@ class Captioner(nnx.Module):
         if hard:
             terms = hard_attention_terms(outputs["logits"], outputs["weights"], outputs["locations"], targets, real)
             reward = jax.lax.stop_gradient(terms["log_likelihood"] - model_state["baseline"])  # [B]
-            surrogate = config.reinforce_weight * reward * terms["log_locations"] + config.entropy_weight * terms["entropy"]
+            surrogate = (
+                config.reinforce_weight * reward * terms["log_locations"] + config.entropy_weight * terms["entropy"]
+            )
             loss = loss - jnp.where(use_expectation, 0.0, surrogate).sum()
             mean_likelihood = jax.lax.stop_gradient(terms["log_likelihood"].mean())
-            new_state = {"baseline": config.baseline_decay * model_state["baseline"] + (1 - config.baseline_decay) * mean_likelihood}
+            new_state = {
+                "baseline": config.baseline_decay * model_state["baseline"]
+                + (1 - config.baseline_decay) * mean_likelihood
+            }
         return loss, sums, new_state
 
 
@@ -394,7 +430,9 @@ def doubly_stochastic_penalty(weights: Array, real: Array) -> Array:
     return jnp.sum((1.0 - totals) ** 2, axis=-1)
 
 
-def hard_attention_terms(logits: Array, weights: Array, locations: Array, targets: Array, real: Array) -> dict[str, Array]:
+def hard_attention_terms(
+    logits: Array, weights: Array, locations: Array, targets: Array, real: Array
+) -> dict[str, Array]:
     """Per caption `[B]`: `log_likelihood` log p(y | s, a), `log_locations` log p(s | a) =
     sum_t log alpha_{t, s_t}, `entropy` sum_t H[alpha_t]; each over the caption's real steps."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
@@ -402,5 +440,7 @@ def hard_attention_terms(logits: Array, weights: Array, locations: Array, target
     log_weights = jnp.log(jnp.maximum(weights, 1e-30))
     chosen = jnp.take_along_axis(log_weights, locations[..., None], axis=-1)[..., 0]
     entropy = -jnp.sum(weights * log_weights, axis=-1)
-    return {name: jnp.sum(value * real, axis=-1) for name, value in
-            (("log_likelihood", picked), ("log_locations", chosen), ("entropy", entropy))}
+    return {
+        name: jnp.sum(value * real, axis=-1)
+        for name, value in (("log_likelihood", picked), ("log_locations", chosen), ("entropy", entropy))
+    }

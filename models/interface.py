@@ -118,7 +118,9 @@ class OwnObjective(Protocol):
         """What the train step carries besides the parameters (checkpointed with them); may be empty."""
         ...
 
-    def objective(self, batch: Mapping[str, Array], model_state: dict, key: Array, token_sums) -> tuple[Array, dict, dict]:
+    def objective(
+        self, batch: Mapping[str, Array], model_state: dict, key: Array, token_sums
+    ) -> tuple[Array, dict, dict]:
         """`(summed loss to minimise, token sums, next model state)`; `token_sums(logits, targets)` is the
         trainer's likelihood (label smoothing included)."""
         ...

@@ -43,8 +43,12 @@ class Linear(nnx.Linear):
     `axes` are the kernel's logical axis names `(in, out)` (see `logical`); the bias has `out`'s.
     """
 
-    def __init__(self, in_features: int, out_features: int, *, axes: tuple[str | None, str | None] = ("embed", "mlp"), **kwargs):
-        super().__init__(in_features, out_features, kernel_metadata=logical(*axes), bias_metadata=logical(axes[1]), **kwargs)
+    def __init__(
+        self, in_features: int, out_features: int, *, axes: tuple[str | None, str | None] = ("embed", "mlp"), **kwargs
+    ):
+        super().__init__(
+            in_features, out_features, kernel_metadata=logical(*axes), bias_metadata=logical(axes[1]), **kwargs
+        )
 
     def __call__(self, inputs: Array) -> Array:
         return super().__call__(as_rows(inputs)).reshape(*inputs.shape[:-1], self.out_features)
@@ -74,7 +78,14 @@ class Embed(nnx.Module):
         # Unit-variance rows: with the sqrt(D) scale the inputs have the size of
         # the sinusoidal positions, and as output weights the logits start O(1).
         init = nnx.initializers.normal(stddev=features**-0.5)
-        self.embedding = nnx.Embed(vocab_size, features, embedding_init=init, dtype=dtype, embedding_metadata=logical("vocab", "embed"), rngs=rngs)
+        self.embedding = nnx.Embed(
+            vocab_size,
+            features,
+            embedding_init=init,
+            dtype=dtype,
+            embedding_metadata=logical("vocab", "embed"),
+            rngs=rngs,
+        )
         self.multiplier = math.sqrt(features) if scale else 1.0
 
     def __call__(self, tokens: Array) -> Array:
@@ -111,7 +122,9 @@ class LearnedPositions(nnx.Module):
 
     def __init__(self, max_length: int, features: int, *, dtype=None, rngs: nnx.Rngs):
         init = nnx.initializers.normal(stddev=0.02)
-        self.embedding = nnx.Embed(max_length, features, embedding_init=init, dtype=dtype, embedding_metadata=logical(None, "embed"), rngs=rngs)
+        self.embedding = nnx.Embed(
+            max_length, features, embedding_init=init, dtype=dtype, embedding_metadata=logical(None, "embed"), rngs=rngs
+        )
         self.max_length = max_length
 
     def __call__(self, positions: Array) -> Array:
@@ -138,8 +151,15 @@ class FeedForward(nnx.Module):
 
 def layer_norm(features: int, *, dtype=None, rngs: nnx.Rngs) -> nnx.LayerNorm:
     """LayerNorm (Ba et al. 2016) with float32 statistics and parameters."""
-    return nnx.LayerNorm(features, epsilon=1e-6, dtype=dtype, param_dtype=jnp.float32,
-                         scale_metadata=logical("norm"), bias_metadata=logical("norm"), rngs=rngs)
+    return nnx.LayerNorm(
+        features,
+        epsilon=1e-6,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        scale_metadata=logical("norm"),
+        bias_metadata=logical("norm"),
+        rngs=rngs,
+    )
 
 
 def shift_right(targets: Array, bos_id: int, segment_ids: Array | None = None) -> Array:

@@ -94,11 +94,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from utils.errors import ConfigError
 from models.attention import Attention, AttentionRole, AttentionWeights, capturing, masked_softmax
 from models.interface import ModelConfig
 from models.layers import Linear, logical, shift_right
 from models.rnn import time_major
+from utils.errors import ConfigError
 
 Array = jax.Array
 FUSIONS = ("shallow", "deep")
@@ -150,14 +150,27 @@ class LSTMNConfig(ModelConfig):
         if self.fusion not in FUSIONS:
             raise ConfigError(f"model.fusion must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
         if self.inter_query is not None and self.inter_query not in INTER_QUERIES:
-            raise ConfigError(f"model.inter_query must be one of {', '.join(INTER_QUERIES)} or None, got {self.inter_query!r}")
+            raise ConfigError(
+                f"model.inter_query must be one of {', '.join(INTER_QUERIES)} or None, got {self.inter_query!r}"
+            )
         if self.fusion == "deep" and self.query == "previous_state":
-            raise ConfigError("model.inter_query='previous_state' is shallow fusion's query; deep fusion's is eq. 11's ('word_and_context')")
+            raise ConfigError(
+                "model.inter_query='previous_state' is shallow fusion's query; deep fusion's is eq. 11's ('word_and_context')"
+            )
         if self.seed_tapes and self.num_encoder_layers != self.num_decoder_layers:
-            raise ConfigError(f"model.seed_tapes seeds decoder layer l with encoder layer l's final state: "
-                              f"num_encoder_layers ({self.num_encoder_layers}) must equal num_decoder_layers "
-                              f"({self.num_decoder_layers})")
-        for name in ("embed_dim", "hidden_dim", "attention_dim", "num_encoder_layers", "num_decoder_layers", "max_length"):
+            raise ConfigError(
+                f"model.seed_tapes seeds decoder layer l with encoder layer l's final state: "
+                f"num_encoder_layers ({self.num_encoder_layers}) must equal num_decoder_layers "
+                f"({self.num_decoder_layers})"
+            )
+        for name in (
+            "embed_dim",
+            "hidden_dim",
+            "attention_dim",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "max_length",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name} must be at least 1, got {getattr(self, name)}")
         if not 0.0 <= self.dropout_rate < 1.0:
@@ -210,8 +223,13 @@ class Tapes(NamedTuple):
 
 def empty_tapes(batch: int, length: int, hidden: int, attention: int) -> Tapes:
     zeros = lambda *shape: jnp.zeros(shape)  # noqa: E731
-    return Tapes(zeros(batch, length, hidden), zeros(batch, length, hidden), zeros(batch, length, attention),
-                 zeros(batch, length), zeros(batch, hidden))
+    return Tapes(
+        zeros(batch, length, hidden),
+        zeros(batch, length, hidden),
+        zeros(batch, length, attention),
+        zeros(batch, length),
+        zeros(batch, hidden),
+    )
 
 
 def write_at(tape: Array, position: Array, value: Array, real: Array | None = None) -> Array:
@@ -271,14 +289,17 @@ def tape_scan(step: Callable, consts: Any, carry: Any, tapes: Any, xs: Any, flag
 
 def _visible(tapes: Any, t: Array) -> Any:
     """`tapes` with positions `>= t` zeroed: what step t saw when it ran."""
+
     def mask(tape):
         before = jnp.arange(tape.shape[1]) < t
         return jnp.where(before.reshape((1, -1) + (1,) * (tape.ndim - 2)), tape, 0)
+
     return jax.tree.map(mask, tapes)
 
 
 def _scan(step, consts, carry, tapes, xs, flags):
     """The forward pass of `tape_scan`, also returning each step's incoming carry."""
+
     def body(state, inputs):
         carry, tapes = state
         t, x, flag = inputs
@@ -312,11 +333,17 @@ def _tape_scan_backward(step, residuals, cotangents):
         _, step_vjp = jax.vjp(lambda k, c, v, x: step(k, c, v, x, flag, t), consts, carry, seen, x)
         d_writes = jax.tree.map(lambda d: jax.lax.dynamic_index_in_dim(d, t, axis=1, keepdims=False), d_tapes)
         d_k, d_carry, d_seen, d_x = step_vjp((d_carry, d_writes, d_y))
-        return ((jax.tree.map(jnp.add, d_consts[0], d_k[0]), None), d_carry, jax.tree.map(jnp.add, d_tapes, d_seen)), d_x
+        return (
+            (jax.tree.map(jnp.add, d_consts[0], d_k[0]), None),
+            d_carry,
+            jax.tree.map(jnp.add, d_tapes, d_seen),
+        ), d_x
 
     length = jax.tree.leaves((xs, flags))[0].shape[0]
     start = ((jax.tree.map(jnp.zeros_like, consts[0]), None), d_carry, d_tapes)
-    (d_consts, d_carry, _), d_xs = jax.lax.scan(body, start, (jnp.arange(length), xs, flags, carries, d_ys), reverse=True)
+    (d_consts, d_carry, _), d_xs = jax.lax.scan(
+        body, start, (jnp.arange(length), xs, flags, carries, d_ys), reverse=True
+    )
     return (d_consts[0], None), d_carry, None, d_xs, None
 
 
@@ -326,8 +353,17 @@ _tape_scan.defvjp(_tape_scan_forward, _tape_scan_backward)
 class LSTMNCell(nnx.Module):
     """One LSTMN layer, eqs. 4-9 (with deep fusion's gate, eqs. 14-15, when `fused_memory`)."""
 
-    def __init__(self, input_dim: int, hidden_dim: int, attention_dim: int, *, role: AttentionRole,
-                 context_dim: int = 0, fusion_gate: bool = False, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        input_dim: int,
+        hidden_dim: int,
+        attention_dim: int,
+        *,
+        role: AttentionRole,
+        context_dim: int = 0,
+        fusion_gate: bool = False,
+        rngs: nnx.Rngs,
+    ):
         """`context_dim`: the inter-attention summary's size for the first decoder layer (0 elsewhere),
         read by the gates (shallow fusion) or by the fusion gate r_t (`fusion_gate`, deep fusion)."""
         self.hidden_dim, self.attention_dim, self.role = hidden_dim, attention_dim, role
@@ -337,7 +373,9 @@ class LSTMNCell(nnx.Module):
         self.input_attention = Linear(input_dim, attention_dim, rngs=rngs)
         # W_h~
         self.summary_attention = Linear(hidden_dim, attention_dim, use_bias=False, rngs=rngs)
-        self.v = nnx.Param(nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,)), **logical("mlp"))
+        self.v = nnx.Param(
+            nnx.initializers.normal(attention_dim**-0.5)(rngs.params(), (attention_dim,)), **logical("mlp")
+        )
         # W of eq. 7 over [h~_t; x_t] (and the context, in shallow fusion): gates i, f, o, c^
         gate_inputs = hidden_dim + input_dim + (0 if fusion_gate else context_dim)
         self.gates = Linear(gate_inputs, 4 * hidden_dim, rngs=rngs)
@@ -346,7 +384,9 @@ class LSTMNCell(nnx.Module):
         # W_r
         self.fusion = nnx.data(Linear(context_dim + input_dim, hidden_dim, rngs=rngs) if fusion_gate else None)
 
-    def intra_attention(self, tapes: Tapes, x: Array, first: tuple[Array, Array] | None = None) -> tuple[Array, Array, Array]:
+    def intra_attention(
+        self, tapes: Tapes, x: Array, first: tuple[Array, Array] | None = None
+    ) -> tuple[Array, Array, Array]:
         """Eqs. 4-6: `(h~_t [B, H], c~_t [B, H], s^t [B, L])` over the written positions, and over the
         tape's first slot `first = (h_0 [B, H], c_0 [B, H])` when given (`seed_tapes`). The first slot is
         read beside the tape, not copied into it, and its weight is left out of the `s^t` returned."""
@@ -358,7 +398,11 @@ class LSTMNCell(nnx.Module):
         if first is None:
             # s^t; empty tape (t = 1): zeros
             weights = masked_softmax(scores, written)
-            return jnp.einsum("BL,BLH->BH", weights, tapes.hidden), jnp.einsum("BL,BLH->BH", weights, tapes.memory), weights
+            return (
+                jnp.einsum("BL,BLH->BH", weights, tapes.hidden),
+                jnp.einsum("BL,BLH->BH", weights, tapes.memory),
+                weights,
+            )
         h_0, c_0 = first
         # a_0^t [B]
         score_0 = jnp.tanh(self.key_proj(h_0) + query) @ self.v[...]
@@ -369,9 +413,16 @@ class LSTMNCell(nnx.Module):
         c_tilde = weight_0 * c_0 + jnp.einsum("BL,BLH->BH", weights, tapes.memory)
         return h_tilde, c_tilde, weights
 
-    def read(self, tapes: Tapes, x: Array, real: Array, *, context: Array | None = None,
-             fused_memory: Array | None = None, first: tuple[Array, Array] | None = None
-             ) -> tuple[tuple[Array, ...], Array, Array, Array]:
+    def read(
+        self,
+        tapes: Tapes,
+        x: Array,
+        real: Array,
+        *,
+        context: Array | None = None,
+        fused_memory: Array | None = None,
+        first: tuple[Array, Array] | None = None,
+    ) -> tuple[tuple[Array, ...], Array, Array, Array]:
         """One step's reading of the tapes and its new state, without writing them.
 
         `x [B, Din]`; rows where `real [B]` is False write zeros and keep their summary.
@@ -439,21 +490,39 @@ class LSTMN(nnx.Module):
         self.config = config
         E, H, A = config.embed_dim, config.hidden_dim, config.attention_dim
         init = nnx.initializers.normal(stddev=0.1)
-        self.source_embed = nnx.Embed(config.source_vocab_size or config.vocab_size, E, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs)
-        self.target_embed = nnx.Embed(config.vocab_size, E, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs)
+        self.source_embed = nnx.Embed(
+            config.source_vocab_size or config.vocab_size,
+            E,
+            embedding_init=init,
+            embedding_metadata=logical("vocab", "embed"),
+            rngs=rngs,
+        )
+        self.target_embed = nnx.Embed(
+            config.vocab_size, E, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs
+        )
         self.encoder_cells = nnx.List(
-            LSTMNCell(E if l == 0 else H, H, A, role=AttentionRole.SOURCE_SELF, rngs=rngs) for l in range(config.num_encoder_layers)
+            LSTMNCell(E if l == 0 else H, H, A, role=AttentionRole.SOURCE_SELF, rngs=rngs)
+            for l in range(config.num_encoder_layers)
         )
         deep = config.fusion == "deep"
         self.decoder_cells = nnx.List(
-            LSTMNCell(E if l == 0 else H, H, A, role=AttentionRole.TARGET_SELF, context_dim=H if l == 0 else 0,
-                      fusion_gate=deep and l == 0, rngs=rngs)
+            LSTMNCell(
+                E if l == 0 else H,
+                H,
+                A,
+                role=AttentionRole.TARGET_SELF,
+                context_dim=H if l == 0 else 0,
+                fusion_gate=deep and l == 0,
+                rngs=rngs,
+            )
             for l in range(config.num_decoder_layers)
         )
         # Inter-attention: keys W_gamma gamma_j (once per source); query W_x x_t + W_gamma~ gamma~_{t-1} (eq. 11)
         # or W_s h_{t-1} (eq. 11')
         query_dim = E + H if config.query == "word_and_context" else H
-        self.cross_attention = Attention(query_dim, H, score="additive", attention_dim=A, role=AttentionRole.CROSS, rngs=rngs)
+        self.cross_attention = Attention(
+            query_dim, H, score="additive", attention_dim=A, role=AttentionRole.CROSS, rngs=rngs
+        )
         # over [h_t; gamma~_t]
         self.output = Linear(2 * H, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)
         self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
@@ -498,7 +567,11 @@ class LSTMN(nnx.Module):
         if not self.config.seed_tapes:
             return LSTMNMemory(hidden, memory, self.cross_attention.project_keys(hidden), mask)
         zero_slot = lambda tape: jnp.pad(tape, ((0, 0), (1, 0), (0, 0)))  # noqa: E731  gamma_0 = alpha_0 = 0
-        hidden, memory, mask = zero_slot(hidden), zero_slot(memory), jnp.pad(mask, ((0, 0), (1, 0)), constant_values=True)
+        hidden, memory, mask = (
+            zero_slot(hidden),
+            zero_slot(memory),
+            jnp.pad(mask, ((0, 0), (1, 0)), constant_values=True),
+        )
         return LSTMNMemory(hidden, memory, self.cross_attention.project_keys(hidden), mask, tuple(finals))
 
     def init_decode_state(self, memory: LSTMNMemory, batch_size: int, max_len: int) -> LSTMNDecodeState:
@@ -521,7 +594,9 @@ class LSTMN(nnx.Module):
             raise ConfigError("LSTMN does not read packed rows; set data.batching='bucket'")
         targets = batch["targets"]
         memory = self.encode(batch["inputs"], deterministic=deterministic)
-        embedded = self.dropout(self.target_embed(shift_right(targets, self.config.bos_id)), deterministic=deterministic)
+        embedded = self.dropout(
+            self.target_embed(shift_right(targets, self.config.bos_id)), deterministic=deterministic
+        )
         real = targets != self.config.pad_id  # [B, T]
         masks = self._layer_masks(*targets.shape, deterministic)
 
@@ -536,14 +611,16 @@ class LSTMN(nnx.Module):
             tapes = tuple(Tapes(*layer, summary) for layer, summary in zip(positions, summaries))
             state = LSTMNDecodeState(tapes, context, t, hidden)
             writes, summaries, context, hidden, features, weights, intra = decoder_step(
-                cells, cross_attention, config, memory, embedded_t, state, real_t, layer_masks)
+                cells, cross_attention, config, memory, embedded_t, state, real_t, layer_masks
+            )
             return (context, summaries, hidden), writes, (features, weights, intra)
 
         start = self.init_decode_state(memory, targets.shape[0], targets.shape[1])
         carry = (start.context, tuple(tapes.summary for tapes in start.tapes), start.hidden)
         positions = tuple(tapes.positions for tapes in start.tapes)
         _, _, (features, weights, intra) = tape_scan(
-            step, (params, memory), carry, positions, time_major((embedded, masks)), time_major(real))
+            step, (params, memory), carry, positions, time_major((embedded, masks)), time_major(real)
+        )
         self.cross_attention.record(jnp.swapaxes(weights, 0, 1)[..., self.first_column :])  # [B, T, S], no zero slot
         for cell, layer_weights in zip(self.decoder_cells, intra):
             record_intra(cell, layer_weights)
@@ -554,7 +631,8 @@ class LSTMN(nnx.Module):
         """Next-token logits: `token [B]` (the previous output, bos first) -> `(logits [B, V], state)`."""
         real = jnp.ones(token.shape, bool)
         writes, summaries, context, hidden, features, _, _ = decoder_step(
-            self.decoder_cells, self.cross_attention, self.config, memory, self.target_embed(token), state, real, ())
+            self.decoder_cells, self.cross_attention, self.config, memory, self.target_embed(token), state, real, ()
+        )
         tapes = tuple(
             Tapes(*(write_at(tape, state.position, value) for tape, value in zip(tapes.positions, layer)), summary)
             for tapes, layer, summary in zip(state.tapes, writes, summaries)
@@ -572,8 +650,16 @@ class LSTMN(nnx.Module):
         return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
 
 
-def decoder_step(cells: Sequence[LSTMNCell], cross_attention: Attention, config: LSTMNConfig, memory: LSTMNMemory,
-                 embedded: Array, state: LSTMNDecodeState, real: Array, masks: tuple) -> tuple:
+def decoder_step(
+    cells: Sequence[LSTMNCell],
+    cross_attention: Attention,
+    config: LSTMNConfig,
+    memory: LSTMNMemory,
+    embedded: Array,
+    state: LSTMNDecodeState,
+    real: Array,
+    masks: tuple,
+) -> tuple:
     """Decoder step t of the decoder `cells`, reading the tapes without writing them:
 
     1. inter-attention over the encoder's tapes (eqs. 12-13) from `config.query`'s query: eq. 11's

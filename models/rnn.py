@@ -34,10 +34,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from utils.errors import ConfigError
 from models.attention import Attention, AttentionRole
 from models.interface import ModelConfig
 from models.layers import Linear, logical, shift_right
+from utils.errors import ConfigError
 
 Array = jax.Array
 CELLS = ("gru", "lstm")
@@ -216,7 +216,9 @@ class LSTMCell(nnx.Module):
 def cell_stack(kind: str, input_dim: int, hidden_dim: int, layers: int, rngs: nnx.Rngs) -> nnx.List:
     """`layers` cells of `kind`, the first reading `input_dim` features, the others the layer below."""
     cell_class = GRUCell if kind == "gru" else LSTMCell
-    return nnx.List(cell_class(input_dim if layer == 0 else hidden_dim, hidden_dim, rngs=rngs) for layer in range(layers))
+    return nnx.List(
+        cell_class(input_dim if layer == 0 else hidden_dim, hidden_dim, rngs=rngs) for layer in range(layers)
+    )
 
 
 def time_major(tree: Any) -> Any:
@@ -328,8 +330,16 @@ class RNNEncoderDecoder(nnx.Module):
         self.config = config
         init = nnx.initializers.normal(stddev=0.1)
         source_vocab = config.source_vocab_size or config.vocab_size
-        self.source_embed = nnx.Embed(source_vocab, config.embed_dim, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs)
-        self.target_embed = nnx.Embed(config.vocab_size, config.embed_dim, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs)
+        self.source_embed = nnx.Embed(
+            source_vocab, config.embed_dim, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs
+        )
+        self.target_embed = nnx.Embed(
+            config.vocab_size,
+            config.embed_dim,
+            embedding_init=init,
+            embedding_metadata=logical("vocab", "embed"),
+            rngs=rngs,
+        )
         self.decoder_cells = cell_stack(
             config.cell, first_decoder_input, config.hidden_dim, config.num_decoder_layers, rngs
         )
@@ -480,7 +490,7 @@ class ContextDecoderModel(RNNEncoderDecoder):
             self.readout_hidden(features.hidden)
             + self.readout_embedding(embedded)
             + self.readout_context(features.context)
-        # t~ [..., 2l]
+            # t~ [..., 2l]
         )
         # t [..., l]
         maxout = pre_maxout.reshape(*pre_maxout.shape[:-1], -1, 2).max(axis=-1)
@@ -559,9 +569,11 @@ class Luong(RNNEncoderDecoder):
         gates = self.decoder_cells[0].gates * hidden
         self.feed_proj = nnx.data(
             Linear(hidden, gates, use_bias=False, rngs=rngs) if config.input_feeding else None
-        # the h~_{t-1} half of the first layer's input weights
+            # the h~_{t-1} half of the first layer's input weights
         )
-        self.cross_attention = Attention(hidden, hidden, score=config.score, attention_dim=config.attention_dim or None, rngs=rngs)
+        self.cross_attention = Attention(
+            hidden, hidden, score=config.score, attention_dim=config.attention_dim or None, rngs=rngs
+        )
         # W_c
         self.attentional = Linear(2 * hidden, hidden, use_bias=False, rngs=rngs)
         # W_s

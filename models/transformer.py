@@ -20,11 +20,20 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from utils.errors import ConfigError
 from models import attention
 from models.attention import AttentionRole, KVCache, MultiHeadAttention
 from models.interface import ModelConfig
-from models.layers import Embed, FeedForward, LearnedPositions, Linear, PerSource, layer_norm, shift_right, sinusoidal_encoding
+from models.layers import (
+    Embed,
+    FeedForward,
+    LearnedPositions,
+    Linear,
+    PerSource,
+    layer_norm,
+    shift_right,
+    sinusoidal_encoding,
+)
+from utils.errors import ConfigError
 
 Array = jax.Array
 
@@ -195,9 +204,7 @@ class DecoderLayer(nnx.Module):
         self.feed_forward = _feed_forward(config, rngs)
         self.feed_forward_residual = Residual(config, rngs=rngs)
 
-    def __call__(
-        self, x: Array, memory: Array, self_mask: Array, cross_mask: Array, *, deterministic: bool
-    ) -> Array:
+    def __call__(self, x: Array, memory: Array, self_mask: Array, cross_mask: Array, *, deterministic: bool) -> Array:
         """Teacher-forced: `x [B, T, D]`, `memory [B, S, D]`, masks `[B, 1, T, T]` / `[B, 1, T, S]` -> `[B, T, D]`."""
         y = self.self_attention(self.self_attention_residual.inputs(x), mask=self_mask, deterministic=deterministic)
         x = self.self_attention_residual.outputs(x, y, deterministic=deterministic)
@@ -248,7 +255,9 @@ class Transformer(nnx.Module):
         self.encoder_norm = nnx.data(final_norm())
         self.decoder_norm = nnx.data(final_norm())
         self.output = nnx.data(
-            None if config.tie_output else Linear(config.d_model, config.vocab_size, axes=("embed", "vocab"), dtype=dtype, rngs=rngs)
+            None
+            if config.tie_output
+            else Linear(config.d_model, config.vocab_size, axes=("embed", "vocab"), dtype=dtype, rngs=rngs)
         )
 
     # -- pieces -------------------------------------------------------------
@@ -352,7 +361,9 @@ class Transformer(nnx.Module):
         x = self._embed(self.target_embed, token[:, None], jnp.full(token.shape + (1,), position), True)  # [B, 1, D]
         cross_mask = memory.mask[:, None, None, :]  # [B, 1, 1, S]
         caches = []
-        for layer, cache, (cross_key, cross_value) in zip(self.decoder_layers, state.caches, state.cross_keys_values.arrays):
+        for layer, cache, (cross_key, cross_value) in zip(
+            self.decoder_layers, state.caches, state.cross_keys_values.arrays
+        ):
             x, cache = layer.decode(x, cache, cross_key, cross_value, cross_mask)
             caches.append(cache)
         return self._logits(x)[:, 0], DecodeState(tuple(caches), state.cross_keys_values)

@@ -40,7 +40,12 @@ from utils.files import write_whole
 
 # deflated, before base64 (x 4/3): the page stays under ~10 MB
 ATTENTION_BUDGET_BYTES = 7 * 2**20
-ROLE_LABELS = {"cross": "cross", "source_self": "source self", "target_self": "target self", "grid": "grid over the image"}
+ROLE_LABELS = {
+    "cross": "cross",
+    "source_self": "source self",
+    "target_self": "target self",
+    "grid": "grid over the image",
+}
 SERIES_SKIPPED = ("step", "split", "mode", "decoded_examples", "localized_words")
 CURVE_ORDER = ("loss", "learning_rate", "tokens_per_second", "steps_per_second")
 
@@ -91,7 +96,11 @@ def read_metrics(path: Path) -> tuple[list[dict], int]:
 
 def latest_step_path(folder: Path, pattern: str) -> tuple[int, Path] | None:
     """`(N, path)` of the highest step among `folder`'s entries named `pattern` (a regex whose group 1 is N)."""
-    found = [(int(m.group(1)), p) for p in folder.glob("*") if (m := re.fullmatch(pattern, p.name))] if folder.is_dir() else []
+    found = (
+        [(int(m.group(1)), p) for p in folder.glob("*") if (m := re.fullmatch(pattern, p.name))]
+        if folder.is_dir()
+        else []
+    )
     return max(found, key=lambda f: (f[0], f[1].name)) if found else None
 
 
@@ -117,8 +126,8 @@ def read_examples(workdir: Path) -> tuple[list[dict], str]:
 def read_attention_example(path: Path) -> dict:
     """One drawn example's `.npz` as the page shows it: tokens, modules `{name, role, weights [N, Tq, Tk]}`,
     and where the task knows them the gold alignment spans or the boxes, with the example's accuracy."""
-    from scoring import metrics
     from report import pictures
+    from scoring import metrics
 
     with np.load(path) as saved:
         data = {key: saved[key] for key in saved.files}
@@ -127,8 +136,13 @@ def read_attention_example(path: Path) -> dict:
     if "image" in data:
         words = [str(w) for w in data["words"]]
         weights = np.asarray(data["weights"], np.float32)[None]  # [1, T, L]
-        example.update(queries=words, keys=[], image=data["image"], grid=[int(g) for g in data["grid"]],
-                       modules=[{"name": "attention (mean over heads)", "role": "grid", "weights": weights}])
+        example.update(
+            queries=words,
+            keys=[],
+            image=data["image"],
+            grid=[int(g) for g in data["grid"]],
+            modules=[{"name": "attention (mean over heads)", "role": "grid", "weights": weights}],
+        )
         if "boxes" in data and "centres" in data:
             boxes = np.asarray(data["boxes"])
             example["boxes"] = boxes[boxes[:, 0] >= 0].tolist()
@@ -141,19 +155,21 @@ def read_attention_example(path: Path) -> dict:
     roles = [str(r) for r in data["roles"]] if "roles" in data else ["cross"] * len(names)
     example.update(source=source, output=output, modules=[])
     for name, role in zip(names, roles):
-        example["modules"].append({"name": name, "role": role, "weights": np.asarray(data[pictures.npz_key(name)], np.float32)})
+        example["modules"].append(
+            {"name": name, "role": role, "weights": np.asarray(data[pictures.npz_key(name)], np.float32)}
+        )
     if "alignment" in data:
         spans = np.asarray(data["alignment"])
         example["alignment"] = spans.tolist()
         example["accuracy"] = {
             f"alignment accuracy, {m['name']}": metrics.alignment_accuracy(m["weights"].mean(axis=0), spans)
-            for m in example["modules"] if m["role"] == "cross"
+            for m in example["modules"]
+            if m["role"] == "cross"
         }
     return example
 
 
 NPZ_FIELDS = ("source_tokens", "output_tokens", "modules", "roles", "alignment")
-
 
 
 def read_run(workdir: str | Path) -> RunFolder:
@@ -165,15 +181,27 @@ def read_run(workdir: str | Path) -> RunFolder:
     latest_attention = latest_step_path(workdir / "attention", r"step_(\d+)")
     attention = []
     if latest_attention:
-        paths = sorted(latest_attention[1].glob("*.npz"), key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.stem)])
+        paths = sorted(
+            latest_attention[1].glob("*.npz"),
+            key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.stem)],
+        )
         attention = [read_attention_example(p) for p in paths]
     try:
         config = json.loads((workdir / "config.json").read_text())
     except (OSError, ValueError):
         # before the run wrote it, or damaged: the page goes without
         config = {}
-    return RunFolder(workdir.name, rows, damaged, evaluation, examples, examples_file, attention,
-                     latest_attention[0] if latest_attention else None, config if isinstance(config, dict) else {})
+    return RunFolder(
+        workdir.name,
+        rows,
+        damaged,
+        evaluation,
+        examples,
+        examples_file,
+        attention,
+        latest_attention[0] if latest_attention else None,
+        config if isinstance(config, dict) else {},
+    )
 
 
 # ----------------------------------------------------------------------------- the curves
@@ -213,8 +241,14 @@ def write_curves(rows: Sequence[Mapping], path: Path) -> None:
     panel_width, panel_height = CURVE_PANEL_INCHES
     width, height = panel_width * columns, panel_height * grid_rows
     figure = pictures.new_figure(figsize=(width, height))
-    figure.subplots_adjust(left=0.5 / width, right=1 - 0.15 / width, bottom=0.45 / height, top=1 - 0.3 / height,
-                           wspace=0.55 / (panel_width - 0.65), hspace=0.75 / (panel_height - 0.75))
+    figure.subplots_adjust(
+        left=0.5 / width,
+        right=1 - 0.15 / width,
+        bottom=0.45 / height,
+        top=1 - 0.3 / height,
+        wspace=0.55 / (panel_width - 0.65),
+        hspace=0.75 / (panel_height - 0.75),
+    )
     axes = figure.subplots(grid_rows, columns, squeeze=False)
     for axis in axes.flat[len(series) :]:
         axis.axis("off")
@@ -237,8 +271,16 @@ def write_curves(rows: Sequence[Mapping], path: Path) -> None:
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
-def svg_chart(title: str, series: Mapping[str, Sequence[tuple[float, float]]], *, lines: bool = True, log_x: bool = False,
-              x_label: str = "step", x_ticks: Sequence[str] | None = None, links: Mapping[str, Sequence[str]] | None = None) -> str:
+def svg_chart(
+    title: str,
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    lines: bool = True,
+    log_x: bool = False,
+    x_label: str = "step",
+    x_ticks: Sequence[str] | None = None,
+    links: Mapping[str, Sequence[str]] | None = None,
+) -> str:
     """An inline SVG of `series` ({label: [(x, y)]}), as lines or points; `x_ticks` names integer x
     positions (categories); `links` gives each point of a series a link (a trial's report)."""
     width, height, left, right, top, bottom = 330, 210, 52, 10, 22, 34
@@ -254,11 +296,15 @@ def svg_chart(title: str, series: Mapping[str, Sequence[tuple[float, float]]], *
 
     def at(x: float, y: float) -> tuple[float, float]:
         x = math.log10(x) if log_x else x
-        return left + (x - x0) / (x1 - x0) * (width - left - right), top + (1 - (y - y0) / (y1 - y0)) * (height - top - bottom)
+        return left + (x - x0) / (x1 - x0) * (width - left - right), top + (1 - (y - y0) / (y1 - y0)) * (
+            height - top - bottom
+        )
 
-    parts = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">',
-             f'<text x="{width / 2}" y="14" text-anchor="middle" class="title">{html.escape(title)}</text>',
-             f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" class="frame"/>']
+    parts = [
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">',
+        f'<text x="{width / 2}" y="14" text-anchor="middle" class="title">{html.escape(title)}</text>',
+        f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" class="frame"/>',
+    ]
     for fraction in (0.0, 0.5, 1.0):
         value = y0 + fraction * (y1 - y0)
         _, y = at(10**x0 if log_x else x0, value)
@@ -266,12 +312,16 @@ def svg_chart(title: str, series: Mapping[str, Sequence[tuple[float, float]]], *
     if x_ticks is not None:
         for position, label in enumerate(x_ticks):
             x, _ = at(position, y0)
-            parts.append(f'<text x="{x:.1f}" y="{height - bottom + 12}" text-anchor="middle">{html.escape(label)}</text>')
+            parts.append(
+                f'<text x="{x:.1f}" y="{height - bottom + 12}" text-anchor="middle">{html.escape(label)}</text>'
+            )
     else:
         for fraction in (0.0, 0.5, 1.0):
             value = x0 + fraction * (x1 - x0)
             x, _ = at(10**value if log_x else value, y0)
-            parts.append(f'<text x="{x:.1f}" y="{height - bottom + 12}" text-anchor="middle">{(10**value if log_x else value):.3g}</text>')
+            parts.append(
+                f'<text x="{x:.1f}" y="{height - bottom + 12}" text-anchor="middle">{(10**value if log_x else value):.3g}</text>'
+            )
     parts.append(f'<text x="{width / 2}" y="{height - 4}" text-anchor="middle">{html.escape(x_label)}</text>')
     for number, (label, values) in enumerate(series.items()):
         colour = COLOURS[number % len(COLOURS)]
@@ -284,7 +334,9 @@ def svg_chart(title: str, series: Mapping[str, Sequence[tuple[float, float]]], *
             href = links[label][index] if links and links.get(label) else ""
             parts.append(f'<a href="{html.escape(href)}">{dot}</a>' if href else dot)
         if len(series) > 1:
-            parts.append(f'<text x="{left + 6}" y="{top + 12 + 11 * number}" style="fill: {colour}">{html.escape(label)}</text>')
+            parts.append(
+                f'<text x="{left + 6}" y="{top + 12 + 11 * number}" style="fill: {colour}">{html.escape(label)}</text>'
+            )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -307,7 +359,9 @@ def packed_weights(values: np.ndarray, keep: int | None) -> bytes:
     return positions.astype("<u2").tobytes() + np.take_along_axis(values, positions, axis=-1).tobytes()
 
 
-def attention_payloads(examples: Sequence[dict], budget: int = ATTENTION_BUDGET_BYTES) -> tuple[list[dict], list[str], int | None]:
+def attention_payloads(
+    examples: Sequence[dict], budget: int = ATTENTION_BUDGET_BYTES
+) -> tuple[list[dict], list[str], int | None]:
     """Each example's page description (tokens, modules with their byte offsets) and its deflated,
     base64 weights; and the k largest weights kept per row (None: all), the most that fit `budget`."""
     keep: int | None = None
@@ -322,8 +376,15 @@ def attention_payloads(examples: Sequence[dict], budget: int = ATTENTION_BUDGET_
             for module, module_values in zip(example["modules"], example_values):
                 data = packed_weights(module_values, keep)
                 rows_kept = keep if keep is not None and keep < module["weights"].shape[-1] else None
-                description["modules"].append({"name": module["name"], "role": module["role"], "shape": list(module["weights"].shape),
-                                               "offset": offset, "keep": rows_kept})
+                description["modules"].append(
+                    {
+                        "name": module["name"],
+                        "role": module["role"],
+                        "shape": list(module["weights"].shape),
+                        "offset": offset,
+                        "keep": rows_kept,
+                    }
+                )
                 chunks.append(data)
                 offset += len(data)
             if "image" in example:
@@ -369,41 +430,65 @@ def run_page(folder: RunFolder) -> str:
     sections = [f"<h1>{html.escape(folder.name)}</h1>"]
     if folder.config:
         config = folder.config
-        named = [f"{part} {config[part]['name']}" for part in ("task", "model") if isinstance(config.get(part), dict) and "name" in config[part]]
+        named = [
+            f"{part} {config[part]['name']}"
+            for part in ("task", "model")
+            if isinstance(config.get(part), dict) and "name" in config[part]
+        ]
         steps = [f"{config['num_train_steps']} steps" if "num_train_steps" in config else ""]
-        sections.append(f'<div id="run-summary">{html.escape(", ".join(named + [s for s in steps if s]))}'
-                        f"<details><summary>config.json</summary><pre>{html.escape(json.dumps(config, indent=2))}</pre></details></div>")
+        sections.append(
+            f'<div id="run-summary">{html.escape(", ".join(named + [s for s in steps if s]))}'
+            f"<details><summary>config.json</summary><pre>{html.escape(json.dumps(config, indent=2))}</pre></details></div>"
+        )
     if folder.damaged_lines:
-        sections.append(f'<p class="warning" id="damaged">{folder.damaged_lines} damaged line(s) of metrics.jsonl skipped.</p>')
+        sections.append(
+            f'<p class="warning" id="damaged">{folder.damaged_lines} damaged line(s) of metrics.jsonl skipped.</p>'
+        )
     series = curve_series(folder.rows)
     sections.append("<h2>Curves</h2>")
     charts = "".join(svg_chart(name, by_split) for name, by_split in series.items())
     sections.append(f'<div class="charts">{charts}</div>' if charts else "<p>No metrics logged yet.</p>")
     sections.append("<h2>Latest evaluation</h2>")
     if not folder.evaluation:
-        sections.append('<p class="empty" id="no-evaluation">No evaluation yet: this page fills in at the run\'s first evaluation.</p>')
+        sections.append(
+            '<p class="empty" id="no-evaluation">No evaluation yet: this page fills in at the run\'s first evaluation.</p>'
+        )
     else:
         sections.append(evaluation_table(folder.evaluation))
     described, blobs, keep = attention_payloads(folder.attention)
     if described:
         sections.append(f"<h2>Attention explorer <small>(step {folder.attention_step})</small></h2>")
-        sections.append('<p class="hint">Pick the kind, layer and head; hover an output token to see its weights over the keys, '
-                        "hover a key token for the reverse (colour: relative to the largest weight shown; the exact weight on hover). "
-                        "Gold spans are underlined in green, boxes drawn in green.</p>")
+        sections.append(
+            '<p class="hint">Pick the kind, layer and head; hover an output token to see its weights over the keys, '
+            "hover a key token for the reverse (colour: relative to the largest weight shown; the exact weight on hover). "
+            "Gold spans are underlined in green, boxes drawn in green.</p>"
+        )
         if keep is not None:
-            sections.append(f'<p class="warning">To keep this page small, each row keeps its {keep} largest weights (the rest show as 0); '
-                            "the .npz files beside the pictures hold them all.</p>")
+            sections.append(
+                f'<p class="warning">To keep this page small, each row keeps its {keep} largest weights (the rest show as 0); '
+                "the .npz files beside the pictures hold them all.</p>"
+            )
         for number, example in enumerate(described):
-            sections.append(f'<details class="example" data-example="{number}"><summary>{html.escape(example["name"])}: '
-                            f'{html.escape(tokens_as_text(example.get("output", example.get("queries", []))))}</summary>'
-                            '<div class="explorer"></div></details>')
+            sections.append(
+                f'<details class="example" data-example="{number}"><summary>{html.escape(example["name"])}: '
+                f"{html.escape(tokens_as_text(example.get('output', example.get('queries', []))))}</summary>"
+                '<div class="explorer"></div></details>'
+            )
     if folder.examples:
-        sections.append(f"<h2>Decoded examples <small>({html.escape(folder.examples_file)}, sentence chrF)</small></h2>")
-        sections.append('<button id="worst-first">worst first</button> <span class="hint">click a column to sort</span>')
+        sections.append(
+            f"<h2>Decoded examples <small>({html.escape(folder.examples_file)}, sentence chrF)</small></h2>"
+        )
+        sections.append(
+            '<button id="worst-first">worst first</button> <span class="hint">click a column to sort</span>'
+        )
         sections.append(examples_table(folder.examples))
     data = json.dumps({"examples": described}).replace("</", "<\\/")
-    blob_tags = "".join(f'<script type="application/octet-stream" id="blob-{n}">{b}</script>' for n, b in enumerate(blobs))
-    return PAGE.format(title=html.escape(folder.name), style=STYLE, body="\n".join(sections), data=data, blobs=blob_tags, script=SCRIPT)
+    blob_tags = "".join(
+        f'<script type="application/octet-stream" id="blob-{n}">{b}</script>' for n, b in enumerate(blobs)
+    )
+    return PAGE.format(
+        title=html.escape(folder.name), style=STYLE, body="\n".join(sections), data=data, blobs=blob_tags, script=SCRIPT
+    )
 
 
 def tokens_as_text(tokens: Sequence[str]) -> str:
@@ -417,10 +502,20 @@ def tokens_as_text(tokens: Sequence[str]) -> str:
 def evaluation_table(evaluation: Mapping) -> str:
     """The latest `eval/step_<N>.json`: a column per split, a row per scalar metric."""
     splits = [s for s, v in evaluation.items() if isinstance(v, dict)]
-    names = list(dict.fromkeys(n for s in splits for n, v in evaluation[s].items() if isinstance(v, (int, float)) and not isinstance(v, bool)))
+    names = list(
+        dict.fromkeys(
+            n
+            for s in splits
+            for n, v in evaluation[s].items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        )
+    )
     head = "".join(f"<th>{html.escape(s)}</th>" for s in splits)
     body = "".join(
-        f"<tr><td>{html.escape(n)}</td>" + "".join(f"<td>{format_number(evaluation[s].get(n))}</td>" for s in splits) + "</tr>" for n in names
+        f"<tr><td>{html.escape(n)}</td>"
+        + "".join(f"<td>{format_number(evaluation[s].get(n))}</td>" for s in splits)
+        + "</tr>"
+        for n in names
     )
     return f'<p>step {evaluation.get("step")}</p><table id="evaluation"><tr><th>metric</th>{head}</tr>{body}</table>'
 
@@ -462,20 +557,41 @@ def sweep_page(workdir: Path, rows: Sequence[Mapping], objective: str, space: Ma
             trial = Path(trial.as_uri()[len("file://") :])
         return f"{trial}/report.html"
 
-    done = sorted((r for r in rows if r["state"] == "complete" and r.get(objective) is not None), key=lambda r: r["trial"])
-    charts = [svg_chart(f"{objective} by trial", {objective: [(r["trial"], r[objective]) for r in done]}, lines=False,
-                        x_label="trial", links={objective: [link(r) for r in done]})]
+    done = sorted(
+        (r for r in rows if r["state"] == "complete" and r.get(objective) is not None), key=lambda r: r["trial"]
+    )
+    charts = [
+        svg_chart(
+            f"{objective} by trial",
+            {objective: [(r["trial"], r[objective]) for r in done]},
+            lines=False,
+            x_label="trial",
+            links={objective: [link(r) for r in done]},
+        )
+    ]
     for name, kind in space.items():
         if kind[0] == "categorical":
             labels = [str(c) for c in kind[1]]
             points = [(labels.index(str(r[name])), r[objective]) for r in done if str(r.get(name)) in labels]
-            charts.append(svg_chart(f"{objective} by {name}", {objective: points}, lines=False, x_label=name, x_ticks=labels))
+            charts.append(
+                svg_chart(f"{objective} by {name}", {objective: points}, lines=False, x_label=name, x_ticks=labels)
+            )
         else:
             points = [(r[name], r[objective]) for r in done if isinstance(r.get(name), (int, float))]
-            charts.append(svg_chart(f"{objective} by {name}", {objective: points}, lines=False, x_label=name, log_x=kind[0] == "log_uniform"))
+            charts.append(
+                svg_chart(
+                    f"{objective} by {name}",
+                    {objective: points},
+                    lines=False,
+                    x_label=name,
+                    log_x=kind[0] == "log_uniform",
+                )
+            )
     columns = [c for c in dict.fromkeys(k for r in rows for k in r) if c != "workdir"]
     numeric = {c: all(isinstance(r.get(c), (int, float)) or r.get(c) is None for r in rows) for c in columns}
-    head = "".join(f'<th data-column="{n}" data-numeric="{int(numeric[c])}">{html.escape(c)}</th>' for n, c in enumerate(columns))
+    head = "".join(
+        f'<th data-column="{n}" data-numeric="{int(numeric[c])}">{html.escape(c)}</th>' for n, c in enumerate(columns)
+    )
     body = []
     for row in rows:
         cells = []
@@ -485,11 +601,21 @@ def sweep_page(workdir: Path, rows: Sequence[Mapping], objective: str, space: Ma
                 text = f'<a href="{html.escape(link(row))}">{text}</a>'
             cells.append(f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    sections = [f"<h1>Sweep {html.escape(workdir.name)}</h1>", f"<p>{len(rows)} trials; objective {html.escape(objective)}.</p>",
-                '<div class="charts">' + "".join(charts) + "</div>", "<h2>Trials</h2>",
-                f'<table id="trials" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>']
-    return PAGE.format(title=html.escape(f"sweep {workdir.name}"), style=STYLE, body="\n".join(sections),
-                       data=json.dumps({"examples": []}), blobs="", script=SCRIPT)
+    sections = [
+        f"<h1>Sweep {html.escape(workdir.name)}</h1>",
+        f"<p>{len(rows)} trials; objective {html.escape(objective)}.</p>",
+        '<div class="charts">' + "".join(charts) + "</div>",
+        "<h2>Trials</h2>",
+        f'<table id="trials" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>',
+    ]
+    return PAGE.format(
+        title=html.escape(f"sweep {workdir.name}"),
+        style=STYLE,
+        body="\n".join(sections),
+        data=json.dumps({"examples": []}),
+        blobs="",
+        script=SCRIPT,
+    )
 
 
 # ----------------------------------------------------------------------------- the page's fixed parts
@@ -508,4 +634,3 @@ PAGE = """<!DOCTYPE html>
 ASSETS = Path(__file__).resolve().parent / "assets"
 STYLE = (ASSETS / "report.css").read_text(encoding="utf-8")
 SCRIPT = (ASSETS / "report.js").read_text(encoding="utf-8")
-

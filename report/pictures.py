@@ -81,7 +81,9 @@ def save_picture(figure: Figure, path: Path) -> np.ndarray:
     return rgba[..., :3].copy()
 
 
-def axis_tokens(role: AttentionRole, source: Sequence[str], output: Sequence[str]) -> tuple[Sequence[str], Sequence[str]]:
+def axis_tokens(
+    role: AttentionRole, source: Sequence[str], output: Sequence[str]
+) -> tuple[Sequence[str], Sequence[str]]:
     """`(key tokens along x, query tokens along y)` of a module with `role`."""
     return {
         AttentionRole.CROSS: (source, output),
@@ -91,7 +93,11 @@ def axis_tokens(role: AttentionRole, source: Sequence[str], output: Sequence[str
 
 
 def example_weights(
-    weights: Mapping[str, Any], roles: Mapping[str, AttentionRole], row: int, source_length: int | None, output_length: int
+    weights: Mapping[str, Any],
+    roles: Mapping[str, AttentionRole],
+    row: int,
+    source_length: int | None,
+    output_length: int,
 ) -> dict[str, np.ndarray]:
     """One example's `[N, Tq, Tk]` weights of every module, cut to its real source and output tokens
     (`source_length` None: every source position, e.g. an image's grid cells)."""
@@ -146,19 +152,38 @@ def draw_example(
 
 
 def save_weights(
-    path: Path, weights: Mapping[str, np.ndarray], roles: Mapping[str, AttentionRole], source_tokens: Sequence[str],
-    output_tokens: Sequence[str], extras: Mapping[str, np.ndarray] | None = None,
+    path: Path,
+    weights: Mapping[str, np.ndarray],
+    roles: Mapping[str, AttentionRole],
+    source_tokens: Sequence[str],
+    output_tokens: Sequence[str],
+    extras: Mapping[str, np.ndarray] | None = None,
 ) -> None:
     """`path` (.npz): the tokens, each module's `[N, Tq, Tk]` weights under its path with every
     non-alphanumeric run as "_", `modules` (the paths) and `roles` (their `AttentionRole` values) in one
     order, and `extras` (e.g. the gold `alignment` spans `[K, 4]`): what report/pages.py's explorer reads."""
     arrays = {npz_key(k): np.asarray(v) for k, v in weights.items()}
-    described = {"modules": np.array(list(weights), dtype=str), "roles": np.array([roles[k].value for k in weights], dtype=str)}
-    np.savez(path, source_tokens=np.array(source_tokens), output_tokens=np.array(output_tokens), **described, **dict(extras or {}), **arrays)
+    described = {
+        "modules": np.array(list(weights), dtype=str),
+        "roles": np.array([roles[k].value for k in weights], dtype=str),
+    }
+    np.savez(
+        path,
+        source_tokens=np.array(source_tokens),
+        output_tokens=np.array(output_tokens),
+        **described,
+        **dict(extras or {}),
+        **arrays,
+    )
 
 
 def draw_image_attention(
-    directory: Path, name: str, image: np.ndarray, weights: np.ndarray, grid: tuple[int, int], words: Sequence[str],
+    directory: Path,
+    name: str,
+    image: np.ndarray,
+    weights: np.ndarray,
+    grid: tuple[int, int],
+    words: Sequence[str],
     extras: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """As Xu et al.'s figures: the image once per generated word, with that word's attention over the
@@ -181,13 +206,26 @@ def draw_image_attention(
         axis.axis("off")
     for axis, word, row in zip(axes.flat, words, weights):
         axis.imshow(picture, cmap="gray", extent=(0, width, height, 0))
-        axis.imshow(np.asarray(row).reshape(grid), cmap="magma", alpha=0.6, extent=(0, width, height, 0),
-                    vmin=0.0, vmax=max(float(np.max(row)), 1e-6), interpolation="bilinear")
+        axis.imshow(
+            np.asarray(row).reshape(grid),
+            cmap="magma",
+            alpha=0.6,
+            extent=(0, width, height, 0),
+            vmin=0.0,
+            vmax=max(float(np.max(row)), 1e-6),
+            interpolation="bilinear",
+        )
         axis.set_title(word, fontsize=9)
     figure.suptitle(name, fontsize=10)
     figure.tight_layout()
     stem = f"{name}_caption"
     pixels = save_picture(figure, directory / f"{stem}.png")
-    np.savez(directory / f"{name}.npz", image=image, weights=np.asarray(weights), words=np.array(list(words)), grid=np.array(grid),
-             **dict(extras or {}))
+    np.savez(
+        directory / f"{name}.npz",
+        image=image,
+        weights=np.asarray(weights),
+        words=np.array(list(words)),
+        grid=np.array(grid),
+        **dict(extras or {}),
+    )
     return {stem: pixels}

@@ -136,7 +136,9 @@ class Checkpoints:
                 try:
                     write_whole(folder / DIGEST_FILE, lambda temporary: temporary.write_text(digests))
                 except OSError as error:
-                    logging.warning("cannot write the digest of the checkpoint at step %d (%s): it stays unverified", step, error)
+                    logging.warning(
+                        "cannot write the digest of the checkpoint at step %d (%s): it stays unverified", step, error
+                    )
 
     def _damage(self, step: int) -> str | None:
         """What is wrong with the files of the checkpoint at `step` by its digest, or None (also
@@ -144,11 +146,15 @@ class Checkpoints:
         folder = Path(self.manager.directory) / str(step)
         path = folder / DIGEST_FILE if (folder / DIGEST_FILE).exists() else folder / SHA256_DIGEST_FILE
         if not path.exists():
-            logging.warning("the checkpoint at step %d in %s has no digest to verify it by", step, self.manager.directory)
+            logging.warning(
+                "the checkpoint at step %d in %s has no digest to verify it by", step, self.manager.directory
+            )
             return None
         try:
             recorded = json.loads(path.read_text())
-            algorithm, recorded = (recorded["algorithm"], recorded["files"]) if path.name == DIGEST_FILE else ("sha256", recorded)
+            algorithm, recorded = (
+                (recorded["algorithm"], recorded["files"]) if path.name == DIGEST_FILE else ("sha256", recorded)
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return f"its digest {path} is unreadable"
         found = file_digests(folder, skip=path.name, algorithm=algorithm)
@@ -206,7 +212,9 @@ class Checkpoints:
                 raise CheckpointError(damage.result())
         return restored
 
-    def _restore_readable(self, step: int | None, arguments: Callable[[], Any], set_aside: bool = False, verify: bool = True) -> tuple[int, Any]:
+    def _restore_readable(
+        self, step: int | None, arguments: Callable[[], Any], set_aside: bool = False, verify: bool = True
+    ) -> tuple[int, Any]:
         available = self.steps()
         if step is not None and step not in available:
             raise CheckpointError(f"no checkpoint at step {step} in {self.manager.directory}; have {available}")
@@ -218,10 +226,17 @@ class Checkpoints:
                 restored = self._verified_restore(candidate, arguments, verify)
             except Exception as error:
                 # Orbax/TensorStore raise many types for damaged files
-                logging.warning("checkpoint at step %d in %s is unreadable (%s: %s)", candidate,
-                                self.manager.directory, type(error).__name__, str(error).splitlines()[0][:300])
+                logging.warning(
+                    "checkpoint at step %d in %s is unreadable (%s: %s)",
+                    candidate,
+                    self.manager.directory,
+                    type(error).__name__,
+                    str(error).splitlines()[0][:300],
+                )
                 if step is not None:
-                    raise CheckpointError(f"checkpoint at step {step} in {self.manager.directory} is unreadable: {error}") from error
+                    raise CheckpointError(
+                        f"checkpoint at step {step} in {self.manager.directory} is unreadable: {error}"
+                    ) from error
                 continue
             if candidate != candidates[0]:
                 logging.warning("fell back to the checkpoint at step %d", candidate)

@@ -14,8 +14,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from run_setup.sharding import DATA, MODEL, mesh_shape
 from run_setup.settings import ClusterSettings
+from run_setup.sharding import DATA, MODEL, mesh_shape
 
 
 def setup_distributed(cluster: ClusterSettings) -> None:
@@ -50,7 +50,9 @@ def detected_cluster() -> str | None:
     return None
 
 
-def make_mesh(devices: Sequence[jax.Device] | None = None, sharding: str = "replicated", tensor_parallel: int = 1) -> Mesh:
+def make_mesh(
+    devices: Sequence[jax.Device] | None = None, sharding: str = "replicated", tensor_parallel: int = 1
+) -> Mesh:
     """The (`data`, `model`) mesh over `devices` (default: every device of every process): `model`
     has `tensor_parallel` devices under `sharding="fsdp_tp"` (else 1), `data` the rest.
 

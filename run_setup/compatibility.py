@@ -7,18 +7,31 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from utils.errors import ConfigError
 from run_setup.settings import Settings, copy_tree, parse, read_run_settings
-
+from utils.errors import ConfigError
 
 # The fields that make a run what it is: its checkpoints, vocabulary and data only fit these.
 RUN_IDENTITY = ("seed", "model", "task", "tokenizer", "data")
 # The fields --mode=eval and --mode=predict may set for a run folder (data_dir: the folder moved).
 EVALUATION_FIELDS = (
-    "eval_split", "restore_step", "restore_best", "average_last", "decode", "eval_decode_examples",
-    "length_bucket_width", "visualize_examples", "visualize_self_attention", "curves_png", "data_dir", "metrics",
+    "eval_split",
+    "restore_step",
+    "restore_best",
+    "average_last",
+    "decode",
+    "eval_decode_examples",
+    "length_bucket_width",
+    "visualize_examples",
+    "visualize_self_attention",
+    "curves_png",
+    "data_dir",
+    "metrics",
     # how this command runs, not what the run is
-    "coordinator_address", "num_processes", "process_id", "sharding", "tensor_parallel",
+    "coordinator_address",
+    "num_processes",
+    "process_id",
+    "sharding",
+    "tensor_parallel",
 )
 
 
@@ -38,7 +51,9 @@ def differences(saved: Settings, new: Settings, groups: Sequence[str]) -> list[s
 
     def flat(settings: Settings) -> dict[str, Any]:
         fields = settings.fields
-        return {name: value for name, value in flatten(fields).items() if name.split(".")[0] in groups or name in groups}
+        return {
+            name: value for name, value in flatten(fields).items() if name.split(".")[0] in groups or name in groups
+        }
 
     before, after = flat(saved), flat(new)
     return [
@@ -83,8 +98,6 @@ def for_evaluation(saved: Settings, requested: Settings, overridden: Sequence[st
     return parse(fields)
 
 
-
-
 def check_init(settings: Settings, workdir: Path) -> Settings | None:
     """The settings of the run that `init_from` / `tokenizer.from_run` name, checked against
     `settings` before anything is written: it is a run folder, its vocabulary settings are these,
@@ -102,15 +115,28 @@ def check_init(settings: Settings, workdir: Path) -> Settings | None:
     source = read_run_settings(init.vocabulary_from)
     if source is None:
         raise ConfigError(f"{what} {init.vocabulary_from} is not a run folder (no config.json there)")
-    changed = differences(source, settings, ("tokenizer.kind", "tokenizer.vocab_size", "tokenizer.model_type", "tokenizer.shared",
-                                             "tokenizer.max_corpus_chars"))
+    changed = differences(
+        source,
+        settings,
+        (
+            "tokenizer.kind",
+            "tokenizer.vocab_size",
+            "tokenizer.model_type",
+            "tokenizer.shared",
+            "tokenizer.max_corpus_chars",
+        ),
+    )
     if changed:
-        raise ConfigError(f"{what} {init.vocabulary_from}: its vocabulary was made with other settings: {'; '.join(changed)}; "
-                          "use the run's tokenizer fields")
+        raise ConfigError(
+            f"{what} {init.vocabulary_from}: its vocabulary was made with other settings: {'; '.join(changed)}; "
+            "use the run's tokenizer fields"
+        )
     if init.run and not same_parameter_shapes(source, settings):
         changed = differences(source, settings, ("model",))
-        raise ConfigError(f"init_from {init.run}: its parameters do not fit this model ({'; '.join(changed)}); "
-                          "change only fields that shape no parameter (dropout rates, say)")
+        raise ConfigError(
+            f"init_from {init.run}: its parameters do not fit this model ({'; '.join(changed)}); "
+            "change only fields that shape no parameter (dropout rates, say)"
+        )
     return source
 
 

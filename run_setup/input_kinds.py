@@ -21,12 +21,12 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from report import pictures
-from utils.errors import ConfigError, UserError
 from models.attention import AttentionRole
+from report import pictures
 from tasks import Task, with_channels
 from tasks.token_cache import token_ids
 from tasks.vocabularies import EOS_ID, PAD_ID, Tokenizers
+from utils.errors import ConfigError, UserError
 
 Batch = dict[str, np.ndarray]
 
@@ -75,7 +75,9 @@ class SourceKind:
     def check_task(self, task: Task, model_fields: Mapping[str, Any]) -> None:
         """Stops with a ConfigError where the task's first source does not fit the model."""
 
-    def encoder(self, task: Task, split: str, tokenizers: Tokenizers, max_source_length: int, max_target_length: int) -> Callable[[int], Batch]:
+    def encoder(
+        self, task: Task, split: str, tokenizers: Tokenizers, max_source_length: int, max_target_length: int
+    ) -> Callable[[int], Batch]:
         """index -> `{'inputs', 'targets'}` of example `index` of `split`: targets are int32 ids ending in eos,
         trimmed to the limits."""
         records = task.splits[split]
@@ -83,14 +85,19 @@ class SourceKind:
         def encode(index: int) -> Batch:
             # read (and its image decoded) once
             record = records[index]
-            return {"inputs": task.image(record), "targets": target_ids(task.pair(record)[1], tokenizers, max_target_length)}
+            return {
+                "inputs": task.image(record),
+                "targets": target_ids(task.pair(record)[1], tokenizers, max_target_length),
+            }
 
         return encode
 
     def lengths(self, task: Task, split: str, tokenizers: Tokenizers) -> np.ndarray:
         """`[N, 2]` source and target lengths in tokens, eos included (a source without length counts 1)."""
         records = task.splits[split]
-        return np.array([(1, len(tokenizers.target.encode(task.pair(records[i])[1])) + 1) for i in range(len(records))], np.int64).reshape(-1, 2)
+        return np.array(
+            [(1, len(tokenizers.target.encode(task.pair(records[i])[1])) + 1) for i in range(len(records))], np.int64
+        ).reshape(-1, 2)
 
     def padded_keys(self, max_source_length: int, max_target_length: int) -> dict[str, int]:
         """The keys of a batch padded in length, and their longest lengths (an array source has its own shape)."""
@@ -110,16 +117,29 @@ class SourceKind:
         """The real positions of one row's source (None: every position, e.g. an image's grid cells)."""
         return None
 
-    def draw(self, directory: Path, name: str, inputs: np.ndarray, weights: Mapping[str, np.ndarray],
-             roles: Mapping[str, AttentionRole], output_words: Sequence[str], tokenizers: Tokenizers, model: Any,
-             *, self_attention: bool = False, extras: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def draw(
+        self,
+        directory: Path,
+        name: str,
+        inputs: np.ndarray,
+        weights: Mapping[str, np.ndarray],
+        roles: Mapping[str, AttentionRole],
+        output_words: Sequence[str],
+        tokenizers: Tokenizers,
+        model: Any,
+        *,
+        self_attention: bool = False,
+        extras: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
         """Draws one example's attention (`weights` cut to its positions) into `directory`, with `extras`
         (the task's gold `alignment` or `boxes` of the example) kept beside the weights; returns the pictures."""
         return {}
 
     # -- the Python API
 
-    def user_rows(self, sources: Sequence, model_fields: Mapping[str, Any], tokenizers: Tokenizers, max_source_length: int) -> list[np.ndarray]:
+    def user_rows(
+        self, sources: Sequence, model_fields: Mapping[str, Any], tokenizers: Tokenizers, max_source_length: int
+    ) -> list[np.ndarray]:
         """The model inputs of a user's sources, checked."""
         raise NotImplementedError
 
@@ -130,7 +150,9 @@ class SourceKind:
     def user_batch(self, rows: Sequence[np.ndarray], size: int, length_limit: int) -> np.ndarray:
         """`[max(size, len(rows)), ...]`: the rows stacked, zero rows after them (one shape, one compilation)."""
         if len({row.shape for row in rows}) > 1:
-            raise UserError(f"the {self.name} sources of one call must have one shape, got {sorted({row.shape for row in rows})}")
+            raise UserError(
+                f"the {self.name} sources of one call must have one shape, got {sorted({row.shape for row in rows})}"
+            )
         batch = np.zeros((max(size, len(rows)), *rows[0].shape), rows[0].dtype)
         batch[: len(rows)] = rows
         return batch
@@ -142,8 +164,11 @@ class TextSource(SourceKind):
     name, task_inputs, has_length, packs = "text", "text", True, True
 
     def encoder(self, task, split, tokenizers, max_source_length, max_target_length):
-        return functools.partial(token_ids(task, split, tokenizers).example, max_source_length=max_source_length,
-                                 max_target_length=max_target_length)
+        return functools.partial(
+            token_ids(task, split, tokenizers).example,
+            max_source_length=max_source_length,
+            max_target_length=max_target_length,
+        )
 
     def lengths(self, task, split, tokenizers):
         return token_ids(task, split, tokenizers).lengths()
@@ -160,10 +185,31 @@ class TextSource(SourceKind):
     def source_length(self, inputs):
         return int((inputs != PAD_ID).sum())
 
-    def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
+    def draw(
+        self,
+        directory,
+        name,
+        inputs,
+        weights,
+        roles,
+        output_words,
+        tokenizers,
+        model,
+        *,
+        self_attention=False,
+        extras=None,
+    ):
         source = inputs[inputs != PAD_ID]
-        return pictures.draw_example(directory, name, weights, roles, tokenizers.source.pieces(source), output_words,
-                                      self_attention=self_attention, extras=extras)
+        return pictures.draw_example(
+            directory,
+            name,
+            weights,
+            roles,
+            tokenizers.source.pieces(source),
+            output_words,
+            self_attention=self_attention,
+            extras=extras,
+        )
 
     def user_rows(self, sources, model_fields, tokenizers, max_source_length):
         if not all(isinstance(source, str) for source in sources):
@@ -193,12 +239,27 @@ class ImageSource(SourceKind):
                 f"{model_fields['channels']}; set model.channels={shape[-1]}"
             )
 
-    def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
+    def draw(
+        self,
+        directory,
+        name,
+        inputs,
+        weights,
+        roles,
+        output_words,
+        tokenizers,
+        model,
+        *,
+        self_attention=False,
+        extras=None,
+    ):
         (cross,) = [w.mean(axis=0) for module, w in weights.items() if roles[module] is AttentionRole.CROSS]
         grid = model.grid_shape(*inputs.shape[:2])
         # where each cell is, for localisation
         centres = {"centres": np.asarray(model.cell_centres(*inputs.shape[:2]))}
-        return pictures.draw_image_attention(directory, name, inputs, cross, grid, output_words, {**centres, **dict(extras or {})})
+        return pictures.draw_image_attention(
+            directory, name, inputs, cross, grid, output_words, {**centres, **dict(extras or {})}
+        )
 
     def from_command_line(self, given, task_params, model_fields):
         """An image file as the run's images are: its channels, resized to the task's size."""
@@ -220,7 +281,9 @@ class ImageSource(SourceKind):
         channels = model_fields["channels"]
         for row in rows:
             if row.ndim != 3 or row.shape[-1] != channels or row.dtype != np.uint8:
-                raise UserError(f"images must be uint8 [H, W, {channels}] (model.channels), got {row.dtype} {row.shape}")
+                raise UserError(
+                    f"images must be uint8 [H, W, {channels}] (model.channels), got {row.dtype} {row.shape}"
+                )
         return rows
 
 
@@ -232,10 +295,25 @@ class FeatureSource(SourceKind):
     def tokenizer_pairs(self, pairs):
         return ((target, target) for _, target in pairs)
 
-    def draw(self, directory, name, inputs, weights, roles, output_words, tokenizers, model, *, self_attention=False, extras=None):
+    def draw(
+        self,
+        directory,
+        name,
+        inputs,
+        weights,
+        roles,
+        output_words,
+        tokenizers,
+        model,
+        *,
+        self_attention=False,
+        extras=None,
+    ):
         # a grid's positions have no text or pixels: named by index
         cells = [f"cell {i}" for i in range(inputs.shape[0])]
-        return pictures.draw_example(directory, name, weights, roles, cells, output_words, self_attention=self_attention, extras=extras)
+        return pictures.draw_example(
+            directory, name, weights, roles, cells, output_words, self_attention=self_attention, extras=extras
+        )
 
     def from_command_line(self, given, task_params, model_fields):
         """A `.npy` file holding one feature grid `[L, D]`."""

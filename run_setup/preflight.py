@@ -10,10 +10,10 @@ from flax import nnx
 from jax.sharding import Mesh
 
 import models
-from tasks import vocabularies
-from utils.errors import ConfigError
 from run_setup.cluster import device_memory_bytes
 from run_setup.settings import Settings
+from tasks import vocabularies
+from utils.errors import ConfigError
 
 # a character vocabulary's size before it is made: a few hundred at most
 CHARACTER_VOCABULARY_GUESS = 256
@@ -26,8 +26,10 @@ def check(settings: Settings, mesh: Mesh, memory: int | None = None, *, training
     hyperparameters = settings.model.hyperparameters
     # LSTMN: the training step holds the tapes and their cotangents (0 bytes for the others)
     if training:
-        rows, longest = max(((rows, max(lengths)) for rows, *lengths in microbatch_shapes(settings, mesh)),
-                            key=lambda shape: hyperparameters.tape_bytes(*shape))
+        rows, longest = max(
+            ((rows, max(lengths)) for rows, *lengths in microbatch_shapes(settings, mesh)),
+            key=lambda shape: hyperparameters.tape_bytes(*shape),
+        )
         needed, available = hyperparameters.tape_bytes(rows, longest), memory
         if needed and needed > available // 2:
             raise ConfigError(
@@ -52,7 +54,11 @@ def microbatch_shapes(settings: Settings, mesh: Mesh) -> list[tuple[int, int, in
     if not data.batch_tokens:
         return [(max(data.batch_size // per_device, 1), data.max_source_length, data.max_target_length)]
     return [
-        (max(data.bucket_rows(data.padded_length(b)) // per_device, 1), min(b, data.max_source_length), min(b, data.max_target_length))
+        (
+            max(data.bucket_rows(data.padded_length(b)) // per_device, 1),
+            min(b, data.max_source_length),
+            min(b, data.max_target_length),
+        )
         for b in data.bucket_boundaries
     ]
 
@@ -64,7 +70,13 @@ def check_memory(settings: Settings, mesh: Mesh, memory: int, *, training: bool)
     `tokenizer.vocab_size` (a character vocabulary: a guess of its size)."""
     tokenizer, model = settings.tokenizer, settings.model
     vocab = CHARACTER_VOCABULARY_GUESS if tokenizer.kind == "char" else tokenizer.vocab_size
-    fields = {**model.fields, "vocab_size": vocab, "source_vocab_size": vocab, "bos_id": vocabularies.BOS_ID, "pad_id": vocabularies.PAD_ID}
+    fields = {
+        **model.fields,
+        "vocab_size": vocab,
+        "source_vocab_size": vocab,
+        "bos_id": vocabularies.BOS_ID,
+        "pad_id": vocabularies.PAD_ID,
+    }
     count = parameter_count(model.name, fields)
     available = memory // 2
     # parameters, gradients, Adam's first and second moments (float32)
@@ -73,7 +85,11 @@ def check_memory(settings: Settings, mesh: Mesh, memory: int, *, training: bool)
     shards = 1 if settings.cluster.sharding == "replicated" else mesh.size
     per_device = count * 4 * copies // shards
     if per_device > available:
-        sizes = ", ".join(f"model.{k}" for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool) and k not in models.FROM_VOCABULARY)
+        sizes = ", ".join(
+            f"model.{k}"
+            for k, v in fields.items()
+            if isinstance(v, int) and not isinstance(v, bool) and k not in models.FROM_VOCABULARY
+        )
         raise ConfigError(
             f"model {model.name} has {count:,} parameters, {per_device / 2**30:.1f} GiB per device with what training keeps "
             f"of them (sharding {settings.cluster.sharding}), more than half of a device's {2 * available / 2**30:.1f} GiB; "

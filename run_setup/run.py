@@ -23,16 +23,15 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import models
-from scoring import score_registry
 import tasks
-from tasks import vocabularies
-from run_setup.checkpoints import Checkpoints
-from utils.errors import CheckpointError
-from utils.files import WorkdirLock, write_whole
 from run_setup import preflight, sharding
+from run_setup.checkpoints import Checkpoints
 from run_setup.cluster import device_memory_bytes, is_chief, make_mesh, setup_distributed
 from run_setup.settings import InitSettings, Settings
-from tasks import token_cache
+from scoring import score_registry
+from tasks import token_cache, vocabularies
+from utils.errors import CheckpointError
+from utils.files import WorkdirLock, write_whole
 
 # of a device's memory: the most that a search's whole parameters may take (Run.search_shardings)
 SEARCH_GATHER_SHARE = 0.25
@@ -110,7 +109,9 @@ def build_model(settings: Settings, tokens: vocabularies.Tokenizers) -> nnx.Modu
     return models.create_model(settings.model.name, rngs=rngs, **model_fields(settings, tokens))
 
 
-def create_model(settings: Settings, tokens: vocabularies.Tokenizers, mesh: Mesh) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+def create_model(
+    settings: Settings, tokens: vocabularies.Tokenizers, mesh: Mesh
+) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
     """`(graphdef, params, rngs)` of the run's model, the parameters placed on `mesh` by the rules of
     `settings.cluster.sharding` and the RNG state replicated.
 
@@ -126,7 +127,10 @@ def create_model(settings: Settings, tokens: vocabularies.Tokenizers, mesh: Mesh
     if sharding.is_replicated(specs):
         _, params, rngs = split_model(build_model(settings, tokens))
         return graphdef, jax.device_put(params, param_shardings), rngs
-    create = jax.jit(lambda: split_model(build_model(settings, tokens))[1:], out_shardings=(param_shardings, NamedSharding(mesh, PartitionSpec())))
+    create = jax.jit(
+        lambda: split_model(build_model(settings, tokens))[1:],
+        out_shardings=(param_shardings, NamedSharding(mesh, PartitionSpec())),
+    )
     params, rngs = create()
     return graphdef, params, rngs
 
@@ -221,7 +225,9 @@ class Run:
         if best:
             step = self.checkpoints.best_step()
             if step is None:
-                raise CheckpointError(f"no checkpoint in {self.workdir / 'checkpoints'} has eval metrics to pick the best")
+                raise CheckpointError(
+                    f"no checkpoint in {self.workdir / 'checkpoints'} has eval metrics to pick the best"
+                )
         return self.checkpoints.restore_params(self.abstract(self.params), step=step)
 
     def averaged_params(self, last: int, up_to: int) -> tuple[list[int], nnx.State]:
@@ -276,5 +282,7 @@ def prepare_run(
         raise
     # fine-tuning; a run with checkpoints resumes
     if training and settings.init.run and not checkpoints.steps():
-        params = initial_params_from(settings.init, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params))
+        params = initial_params_from(
+            settings.init, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+        )
     return Run(settings, workdir, task, tokens, mesh, graphdef, params, rngs, checkpoints, memory, held)

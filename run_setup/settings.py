@@ -25,12 +25,10 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from scoring import decoding
-from scoring import metrics
 import models
-from scoring import score_registry
-from run_setup import input_kinds
 import tasks
+from run_setup import input_kinds
+from scoring import decoding, metrics, score_registry
 from tasks.vocabularies import TokenizerSettings
 from utils.errors import ConfigError
 
@@ -49,8 +47,12 @@ def _check_numbers(group: Any, prefix: str, *, at_least_one=(), not_negative=(),
             raise ConfigError(f"{prefix}{name} must be a finite number, got {value}")
         if isinstance(value, int) and abs(value) > LARGEST_INT:
             raise ConfigError(f"{prefix}{name} must be at most {LARGEST_INT}, got {value}")
-    for names, holds, what in ((at_least_one, lambda v: v >= 1, "at least 1"), (not_negative, lambda v: v >= 0, "not negative"),
-                               (fractions, lambda v: 0.0 <= v < 1.0, "in [0, 1)"), (positive, lambda v: v > 0, "positive")):
+    for names, holds, what in (
+        (at_least_one, lambda v: v >= 1, "at least 1"),
+        (not_negative, lambda v: v >= 0, "not negative"),
+        (fractions, lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+        (positive, lambda v: v > 0, "positive"),
+    ):
         for name in names:
             if not holds(getattr(group, name)):
                 raise ConfigError(f"{prefix}{name} must be {what}, got {getattr(group, name)}")
@@ -109,21 +111,31 @@ class PipelineSettings:
         if self.batching not in BATCHINGS:
             raise ConfigError(f"data.batching must be one of {', '.join(BATCHINGS)}, got {self.batching!r}")
         if self.length_policy not in LENGTH_POLICIES:
-            raise ConfigError(f"data.length_policy must be one of {', '.join(LENGTH_POLICIES)}, got {self.length_policy!r}")
+            raise ConfigError(
+                f"data.length_policy must be one of {', '.join(LENGTH_POLICIES)}, got {self.length_policy!r}"
+            )
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be positive, got {self.batch_size}")
-        for name, highest in (("max_source_length", MAX_LENGTH), ("max_target_length", MAX_LENGTH), ("num_threads", MAX_THREADS),
-                              ("prefetch_batches", MAX_THREADS)):
+        for name, highest in (
+            ("max_source_length", MAX_LENGTH),
+            ("max_target_length", MAX_LENGTH),
+            ("num_threads", MAX_THREADS),
+            ("prefetch_batches", MAX_THREADS),
+        ):
             lowest = 0 if name == "prefetch_batches" else 1
             if not lowest <= getattr(self, name) <= highest:
                 raise ConfigError(f"data.{name} must be in [{lowest}, {highest}], got {getattr(self, name)}")
         boundaries = list(self.bucket_boundaries)
         if not boundaries or boundaries != sorted(set(boundaries)) or boundaries[0] < 1:
-            raise ConfigError(f"data.bucket_boundaries must be increasing positive lengths, got {self.bucket_boundaries}")
+            raise ConfigError(
+                f"data.bucket_boundaries must be increasing positive lengths, got {self.bucket_boundaries}"
+            )
         if not 0 <= self.batch_tokens <= MAX_BATCH_TOKENS:
             raise ConfigError(f"data.batch_tokens must be in [0, {MAX_BATCH_TOKENS}], got {self.batch_tokens}")
         if self.batch_tokens and self.batching != "bucket":
-            raise ConfigError("data.batch_tokens sizes the batches of data.batching='bucket'; packed rows are full already")
+            raise ConfigError(
+                "data.batch_tokens sizes the batches of data.batching='bucket'; packed rows are full already"
+            )
 
     def bucket_rows(self, length: int) -> int:
         """Rows (global) of a "bucket" batch padded to `length`: `batch_size`, or with `batch_tokens` the
@@ -186,9 +198,14 @@ class OptimizationSettings:
     log_every_steps: int
 
     def __post_init__(self):
-        _check_numbers(self, "", at_least_one=("num_train_steps", "batch_size", "grad_accum_steps", "log_every_steps"),
-                       not_negative=("warmup_steps", "learning_rate", "weight_decay", "grad_clip_norm"),
-                       fractions=("label_smoothing", "adam_b1", "adam_b2"), positive=("adam_eps",))
+        _check_numbers(
+            self,
+            "",
+            at_least_one=("num_train_steps", "batch_size", "grad_accum_steps", "log_every_steps"),
+            not_negative=("warmup_steps", "learning_rate", "weight_decay", "grad_clip_norm"),
+            fractions=("label_smoothing", "adam_b1", "adam_b2"),
+            positive=("adam_eps",),
+        )
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
 
@@ -212,14 +229,20 @@ class EvaluationSettings:
     early_stopping_patience: int
 
     def __post_init__(self):
-        _check_numbers(self, "", at_least_one=("eval_every_steps", "length_bucket_width"),
-                       not_negative=("eval_decode_examples", "visualize_examples", "early_stopping_patience"))
+        _check_numbers(
+            self,
+            "",
+            at_least_one=("eval_every_steps", "length_bucket_width"),
+            not_negative=("eval_decode_examples", "visualize_examples", "early_stopping_patience"),
+        )
         if self.eval_split not in SPLIT_NAMES:
             raise ConfigError(f"eval_split must be one of {', '.join(SPLIT_NAMES)}, got {self.eval_split!r}")
         if not self.best_metric.strip():
             raise ConfigError("best_metric must not be empty")
         if self.bleu_tokenize not in metrics.BLEU_TOKENIZERS:
-            raise ConfigError(f"metrics.bleu_tokenize must be one of {', '.join(metrics.BLEU_TOKENIZERS)}, got {self.bleu_tokenize!r}")
+            raise ConfigError(
+                f"metrics.bleu_tokenize must be one of {', '.join(metrics.BLEU_TOKENIZERS)}, got {self.bleu_tokenize!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +258,9 @@ class CheckpointSettings:
     average_last: int
 
     def __post_init__(self):
-        _check_numbers(self, "", at_least_one=("checkpoint_every_steps", "keep_checkpoints"), not_negative=("average_last",))
+        _check_numbers(
+            self, "", at_least_one=("checkpoint_every_steps", "keep_checkpoints"), not_negative=("average_last",)
+        )
         if self.restore_step < -1:
             raise ConfigError(f"restore_step must be a step, or -1 for the latest; got {self.restore_step}")
 
@@ -288,8 +313,14 @@ class DecodeSettings:
     def search_options(self) -> dict:
         """`decoding.decode()`'s keyword arguments."""
         return dict(
-            method=self.method, beam_size=self.beam_size, alpha=self.length_penalty, num_hypotheses=self.num_hypotheses,
-            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, max_length_offset=self.max_length_offset,
+            method=self.method,
+            beam_size=self.beam_size,
+            alpha=self.length_penalty,
+            num_hypotheses=self.num_hypotheses,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            max_length_offset=self.max_length_offset,
         )
 
 
@@ -312,7 +343,9 @@ class InitSettings:
         if not run or not (checkpoint == "best" or checkpoint.isdigit()):
             run, checkpoint = init_from, "latest"
         if vocabulary_from and run and Path(vocabulary_from).resolve() != Path(run).resolve():
-            raise ConfigError(f"tokenizer.from_run {vocabulary_from} differs from init_from's run {run}: a run's parameters only fit its own vocabulary")
+            raise ConfigError(
+                f"tokenizer.from_run {vocabulary_from} differs from init_from's run {run}: a run's parameters only fit its own vocabulary"
+            )
         return cls(run, checkpoint, vocabulary_from or run)
 
     @property
@@ -338,8 +371,10 @@ class ClusterSettings:
             raise ConfigError(f"sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}")
         _check_numbers(self, "", at_least_one=("tensor_parallel",))
         if self.tensor_parallel != 1 and self.sharding != "fsdp_tp":
-            raise ConfigError(f"tensor_parallel {self.tensor_parallel} needs sharding='fsdp_tp', but sharding is {self.sharding!r} "
-                              "(no model axis): set tensor_parallel=1 or sharding='fsdp_tp'")
+            raise ConfigError(
+                f"tensor_parallel {self.tensor_parallel} needs sharding='fsdp_tp', but sharding is {self.sharding!r} "
+                "(no model axis): set tensor_parallel=1 or sharding='fsdp_tp'"
+            )
 
 
 # ----------------------------------------------------------------------------- the whole
@@ -409,11 +444,24 @@ def parse(config: Any) -> Settings:
 def _groups(f: dict) -> Settings:
     """The groups, checked one by one in the order a reader meets them in configs/base.py."""
     own = lambda group: {k: v for k, v in f[group].items() if k != "name"}  # noqa: E731
-    optimization = OptimizationSettings(**{field.name: f[field.name] for field in dataclasses.fields(OptimizationSettings)})
+    optimization = OptimizationSettings(
+        **{field.name: f[field.name] for field in dataclasses.fields(OptimizationSettings)}
+    )
     evaluation = EvaluationSettings(
-        **{name: f[name] for name in ("eval_every_steps", "eval_decode_examples", "eval_split", "length_bucket_width",
-                                      "visualize_examples", "visualize_self_attention", "curves_png", "best_metric",
-                                      "early_stopping_patience")},
+        **{
+            name: f[name]
+            for name in (
+                "eval_every_steps",
+                "eval_decode_examples",
+                "eval_split",
+                "length_bucket_width",
+                "visualize_examples",
+                "visualize_self_attention",
+                "curves_png",
+                "best_metric",
+                "early_stopping_patience",
+            )
+        },
         bleu_tokenize=f["metrics"]["bleu_tokenize"],
     )
     checkpoints = CheckpointSettings(**{field.name: f[field.name] for field in dataclasses.fields(CheckpointSettings)})
@@ -425,8 +473,12 @@ def _groups(f: dict) -> Settings:
     init = InitSettings.parse(f["init_from"], f["tokenizer"]["from_run"])
     decode = DecodeSettings(**f["decode"])
     model = ModelSettings(f["model"]["name"], own("model"))
-    cluster = ClusterSettings(f["coordinator_address"], f["num_processes"], f["process_id"], f["sharding"], f["tensor_parallel"])
-    return Settings(f["seed"], task, tokenizer, data, model, optimization, evaluation, decode, checkpoints, init, cluster, f)
+    cluster = ClusterSettings(
+        f["coordinator_address"], f["num_processes"], f["process_id"], f["sharding"], f["tensor_parallel"]
+    )
+    return Settings(
+        f["seed"], task, tokenizer, data, model, optimization, evaluation, decode, checkpoints, init, cluster, f
+    )
 
 
 def check_together(settings: Settings) -> None:
@@ -441,7 +493,9 @@ def check_together(settings: Settings) -> None:
             f"pair a captioning task with model.name='captioner' and a text task with a translation model"
         )
     if not kind.packs and data.batching != "bucket":
-        raise ConfigError(f"task {task.name!r} reads {kind.name} sources, which do not pack; set data.batching='bucket'")
+        raise ConfigError(
+            f"task {task.name!r} reads {kind.name} sources, which do not pack; set data.batching='bucket'"
+        )
     hyperparameters = model.hyperparameters
     if hyperparameters.needs_shared_vocabulary and not settings.tokenizer.shared:
         raise ConfigError(
@@ -456,7 +510,9 @@ def check_together(settings: Settings) -> None:
     }
     for name, length in lengths.items():
         if limit is not None and length > limit:
-            raise ConfigError(f"{name} = {length} is longer than model.max_length = {limit}, the model's longest sequence")
+            raise ConfigError(
+                f"{name} = {length} is longer than model.max_length = {limit}, the model's longest sequence"
+            )
 
 
 # ----------------------------------------------------------------------------- run folders
@@ -481,6 +537,12 @@ def write_run_config(settings: Settings, workdir: Path) -> None:
 def single_process(settings: Settings) -> Settings:
     """`settings` for one process on one device, whatever trained the run and how (inference): its
     parameters replicated, whatever sharding the run trained with (a checkpoint reshards on restore)."""
-    fields = {**settings.as_dict(), "coordinator_address": "", "num_processes": -1, "process_id": -1,
-              "sharding": "replicated", "tensor_parallel": 1}
+    fields = {
+        **settings.as_dict(),
+        "coordinator_address": "",
+        "num_processes": -1,
+        "process_id": -1,
+        "sharding": "replicated",
+        "tensor_parallel": 1,
+    }
     return parse(fields)

@@ -56,7 +56,9 @@ def mesh_shape(device_count: int, mode: str, tensor_parallel: int) -> tuple[int,
     """
     model = tensor_parallel if mode == "fsdp_tp" else 1
     if device_count % model:
-        raise ConfigError(f"tensor_parallel {tensor_parallel} does not divide the {device_count} devices; pick a divisor of {device_count}")
+        raise ConfigError(
+            f"tensor_parallel {tensor_parallel} does not divide the {device_count} devices; pick a divisor of {device_count}"
+        )
     return device_count // model, model
 
 
@@ -78,7 +80,9 @@ def partition_specs(abstract_params: Any, mesh: Mesh, mode: str, *, log: bool = 
                 axes[i] = None
         return PartitionSpec(*axes)
 
-    fitted = jax.tree_util.tree_map_with_path(fit, specs, abstract_params, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    fitted = jax.tree_util.tree_map_with_path(
+        fit, specs, abstract_params, is_leaf=lambda x: isinstance(x, PartitionSpec)
+    )
     if log and undivided:
         logging.info("sharding %s: kept whole (the mesh axis does not divide them): %s", mode, "; ".join(undivided))
     return fitted
@@ -86,7 +90,10 @@ def partition_specs(abstract_params: Any, mesh: Mesh, mode: str, *, log: bool = 
 
 def is_replicated(specs: Any) -> bool:
     """Whether no spec of the tree names a mesh axis: every device holds everything."""
-    return not any(any(axis is not None for axis in spec) for spec in jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec)))
+    return not any(
+        any(axis is not None for axis in spec)
+        for spec in jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    )
 
 
 def named_shardings(specs: Any, mesh: Mesh) -> Any:
@@ -101,27 +108,43 @@ def without_data_axis(shardings: Any) -> Any:
         kept = tuple(name for name in ((axis,) if isinstance(axis, str) else axis or ()) if name != DATA)
         return kept[0] if len(kept) == 1 else kept or None
 
-    return jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(*map(drop, s.spec))), shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+    return jax.tree.map(
+        lambda s: NamedSharding(s.mesh, PartitionSpec(*map(drop, s.spec))),
+        shardings,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
 
 
-def optimizer_shardings(tx: optax.GradientTransformation, params: Any, param_shardings: Any, replicated: NamedSharding) -> Any:
+def optimizer_shardings(
+    tx: optax.GradientTransformation, params: Any, param_shardings: Any, replicated: NamedSharding
+) -> Any:
     """The shardings of `tx.init(params)`: each parameter-shaped leaf (Adam's moments) that of its
     parameter, everything else (step counts) replicated."""
     abstract = jax.eval_shape(tx.init, params)
-    return optax.tree_map_params(tx, lambda _, sharding: sharding, abstract, param_shardings,
-                                 transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, NamedSharding))
+    return optax.tree_map_params(
+        tx,
+        lambda _, sharding: sharding,
+        abstract,
+        param_shardings,
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
 
 
 def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
     """`ShapeDtypeStruct`s of `abstract` with `shardings` (a tree of the same shape): what a sharded
     array would be, without its memory."""
-    return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract, shardings)
+    return jax.tree.map(
+        lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract, shardings
+    )
 
 
 def bytes_per_device(tree: Any) -> int:
     """The bytes one device holds of `tree` (arrays or `ShapeDtypeStruct`s with shardings): its shard
     of each leaf (the largest shard, where they differ)."""
-    return sum(int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+    return sum(
+        int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree)
+    )
 
 
 def describe(mesh: Mesh, mode: str, params: Any, opt_state: Any) -> str:

@@ -16,8 +16,8 @@ from typing import Mapping, Sequence
 import jax
 import numpy as np
 
-from utils import allocator
 from run_setup.settings import PipelineSettings
+from utils import allocator
 
 # what a training run writes into its workdir, and what each is
 OUTPUTS = (
@@ -87,7 +87,9 @@ def _tokens(source: float | None, target: float) -> str:
 def format_summary(facts: Facts) -> str:
     """The summary as aligned lines, e.g. `parameters:  5,320 (decoder_layers 3,312, ...)`."""
     total = sum(facts.parameters.values())
-    by_module = ", ".join(f"{name} {count:,}" for name, count in sorted(facts.parameters.items(), key=lambda item: -item[1]))
+    by_module = ", ".join(
+        f"{name} {count:,}" for name, count in sorted(facts.parameters.items(), key=lambda item: -item[1])
+    )
     splits = "; ".join(
         f"{split} {examples:,} examples" + ("" if target is None else f", {_tokens(source, target)}")
         for split, (examples, source, target) in facts.splits.items()
@@ -95,8 +97,11 @@ def format_summary(facts: Facts) -> str:
     epochs = (facts.num_train_steps - facts.start_step) / facts.steps_per_epoch if facts.steps_per_epoch else math.inf
     steps = f"{facts.num_train_steps:,}" + (f" (from step {facts.start_step:,})" if facts.start_step else "")
     lines = [
-        ("devices", f"{facts.backend}: {', '.join(facts.devices)}; {facts.processes} process{'es' if facts.processes > 1 else ''}; "
-                    f"malloc: {facts.malloc}"),
+        (
+            "devices",
+            f"{facts.backend}: {', '.join(facts.devices)}; {facts.processes} process{'es' if facts.processes > 1 else ''}; "
+            f"malloc: {facts.malloc}",
+        ),
         ("parameters", f"{total:,} ({by_module})"),
         ("data", splits),
         ("batch", f"{facts.batch_rows:,} rows, about {_tokens(*facts.batch_tokens)} a step"),
@@ -137,7 +142,9 @@ def describe(run, start_step: int) -> Facts:
     if not tokens_in_sources:
         batch_tokens = (None, batch_tokens[1])
     tokens, tokenizer = run.tokens, settings.tokenizer
-    sizes = f"{tokens.source.vocab_size:,}" + ("" if tokens.source is tokens.target else f" / {tokens.target.vocab_size:,}")
+    sizes = f"{tokens.source.vocab_size:,}" + (
+        "" if tokens.source is tokens.target else f" / {tokens.target.vocab_size:,}"
+    )
     return Facts(
         malloc=allocator.chosen,
         backend=jax.default_backend(),
@@ -153,5 +160,7 @@ def describe(run, start_step: int) -> Facts:
         vocabulary=f"{tokenizer.kind}, {sizes} ids, {'shared' if tokens.source is tokens.target else 'source / target'}",
         vocabulary_folder=str(run.workdir / "tokenizer"),
         workdir=str(run.workdir),
-        outputs=[(name, what) for name, what in OUTPUTS if name != "attention/" or settings.evaluation.visualize_examples],
+        outputs=[
+            (name, what) for name, what in OUTPUTS if name != "attention/" or settings.evaluation.visualize_examples
+        ],
     )

@@ -87,7 +87,14 @@ def one_per_row(model: Any, inputs: Array, max_lengths: Array, length: int, choo
         tokens = tokens.at[:, step].set(chosen)
         return step + 1, chosen, state, tokens, scores, done | (chosen == EOS_ID)
 
-    start = (0, jnp.full((batch,), BOS_ID, jnp.int32), state, jnp.zeros((batch, length), jnp.int32), jnp.zeros(batch), jnp.zeros(batch, bool))
+    start = (
+        0,
+        jnp.full((batch,), BOS_ID, jnp.int32),
+        state,
+        jnp.zeros((batch, length), jnp.int32),
+        jnp.zeros(batch),
+        jnp.zeros(batch, bool),
+    )
     _, _, _, tokens, scores, _ = jax.lax.while_loop(not_finished, step_once, start)
     return tokens, scores
 
@@ -125,8 +132,15 @@ def filtered_log_probs(log_probs: Array, temperature: float, top_k: int, top_p: 
 
 
 def sample(
-    model: Any, inputs: Array, max_lengths: Array, length: int, *, key: Array,
-    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+    model: Any,
+    inputs: Array,
+    max_lengths: Array,
+    length: int,
+    *,
+    key: Array,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[Array, Array]:
     """Ancestral sampling, one hypothesis per row, from the filtered distribution (`filtered_log_probs`).
 
@@ -135,7 +149,9 @@ def sample(
     """
 
     def choose(log_probs: Array, step: Array) -> Array:
-        return jax.random.categorical(jax.random.fold_in(key, step), filtered_log_probs(log_probs, temperature, top_k, top_p))
+        return jax.random.categorical(
+            jax.random.fold_in(key, step), filtered_log_probs(log_probs, temperature, top_k, top_p)
+        )
 
     return one_per_row(model, inputs, max_lengths, length, choose)
 
@@ -274,9 +290,19 @@ def beam_search(
 
 
 def decode(
-    model: Any, inputs: Array, *, length: int, max_length_offset: int, method: str = "search", beam_size: int = 1,
-    alpha: float = 0.0, num_hypotheses: int = 1, key: Array | None = None, temperature: float = 1.0,
-    top_k: int = 0, top_p: float = 1.0,
+    model: Any,
+    inputs: Array,
+    *,
+    length: int,
+    max_length_offset: int,
+    method: str = "search",
+    beam_size: int = 1,
+    alpha: float = 0.0,
+    num_hypotheses: int = 1,
+    key: Array | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[Array, Array]:
     """The configured decoding (`config.decode`): beam search (greedy for a beam of one) or sampling,
     with outputs of at most the source length + `max_length_offset` tokens (token sources `[B, S]`)
@@ -294,7 +320,9 @@ def decode(
     else:
         max_lengths = jnp.full(inputs.shape[:1], length, jnp.int32)
     if method == "sample":
-        tokens, scores = sample(model, inputs, max_lengths, length, key=key, temperature=temperature, top_k=top_k, top_p=top_p)
+        tokens, scores = sample(
+            model, inputs, max_lengths, length, key=key, temperature=temperature, top_k=top_k, top_p=top_p
+        )
         return tokens[:, None], scores[:, None]
     return beam_search_n_best(
         model, inputs, max_lengths, length, beam_size=beam_size, alpha=alpha, num_hypotheses=num_hypotheses
@@ -313,7 +341,9 @@ class WithoutCache:
 
     def __init__(self, model: TeacherForcedDecoder):
         if not model.config.has_decode:
-            raise ValueError(f"{type(model).__name__} declares no teacher-forced decode (config.has_decode); WithoutCache needs one")
+            raise ValueError(
+                f"{type(model).__name__} declares no teacher-forced decode (config.has_decode); WithoutCache needs one"
+            )
         self.model = model
 
     def encode(self, inputs: Array) -> Any:

@@ -125,7 +125,10 @@ BLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none")
 
 
 def bleu(
-    hypotheses: Sequence[str], references: Sequence[str | Sequence[str]], tokenize: str = "13a", max_ngram_order: int = 4
+    hypotheses: Sequence[str],
+    references: Sequence[str | Sequence[str]],
+    tokenize: str = "13a",
+    max_ngram_order: int = 4,
 ) -> tuple[float, str]:
     """Corpus BLEU with sacreBLEU's `tokenize` (13a, its default) over n-grams up to `max_ngram_order`
     (4: BLEU-4), and its signature. Each hypothesis has one reference or several (captioning:

@@ -63,7 +63,9 @@ class Texts:
     _done: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(cls, hypotheses: Sequence[str], references: Sequence[str | Sequence[str]], bleu_tokenize: str = "13a") -> Texts:
+    def of(
+        cls, hypotheses: Sequence[str], references: Sequence[str | Sequence[str]], bleu_tokenize: str = "13a"
+    ) -> Texts:
         """Each reference a string, or a sequence of strings (captioning: every caption of an image)."""
         if len(hypotheses) != len(references):
             raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
@@ -78,7 +80,9 @@ class Texts:
 
     def bleu(self, order: int = 4) -> tuple[float, str]:
         """`metrics.bleu` over n-grams up to `order`: (score, signature)."""
-        return self._once(("bleu", order), lambda: metrics.bleu(self.hypotheses, self.references, self.bleu_tokenize, order))
+        return self._once(
+            ("bleu", order), lambda: metrics.bleu(self.hypotheses, self.references, self.bleu_tokenize, order)
+        )
 
     def chrf(self) -> tuple[float, str]:
         """`metrics.chrf`: (score, signature)."""
@@ -123,7 +127,9 @@ class Score:
         if (self.compute is None) == (self.computed_by is None):
             raise ValueError(f"score {self.name}: give exactly one of compute (a text score) and computed_by")
         if self.compute is not None and not self.applies_to <= ALL_TASKS:
-            raise ValueError(f"score {self.name}: a text score applies to task metrics only ({', '.join(TASK_METRICS)})")
+            raise ValueError(
+                f"score {self.name}: a text score applies to task metrics only ({', '.join(TASK_METRICS)})"
+            )
         if self.signature is not None and self.compute is None:
             raise ValueError(f"score {self.name}: only a text score has a signature")
 
@@ -255,7 +261,9 @@ def markdown_table() -> str:
         rows.append(_row(shown, "larger" if score.larger_is_better else "smaller", score.applies_to, score.description))
     for score in SCORES.values():
         if score.signature is not None:
-            rows.append(_row(f"`{score.name}_signature`", "-", score.applies_to, f"sacreBLEU's signature of `{score.name}`"))
+            rows.append(
+                _row(f"`{score.name}_signature`", "-", score.applies_to, f"sacreBLEU's signature of `{score.name}`")
+            )
     for note in NOTES.values():
         rows.append(_row(f"`{note.name}`", "-", note.applies_to, note.description))
     return "\n".join(rows) + "\n"
@@ -294,41 +302,107 @@ def _check_name_and_description(name: str, description: str) -> None:
 
 
 # The scores. Loss-side: over every target token, teacher forced.
-register(Score("loss", False, ALL_TASKS, "negative log-likelihood per target token (no label smoothing)",
-               computed_by=metrics.summarize))
+register(
+    Score(
+        "loss",
+        False,
+        ALL_TASKS,
+        "negative log-likelihood per target token (no label smoothing)",
+        computed_by=metrics.summarize,
+    )
+)
 register(Score("perplexity", False, ALL_TASKS, "`exp(loss)`", computed_by=metrics.summarize))
-register(Score("token_accuracy", True, ALL_TASKS,
-               "share of target tokens whose logit is the largest (one of k tied largest: 1/k)",
-               computed_by=metrics.summarize))
+register(
+    Score(
+        "token_accuracy",
+        True,
+        ALL_TASKS,
+        "share of target tokens whose logit is the largest (one of k tied largest: 1/k)",
+        computed_by=metrics.summarize,
+    )
+)
 
 # Text: the decoded outputs against their references.
-register(Score("exact_match", True, ALL_TASKS, "share of outputs equal to their reference (captioning: to any of them)",
-               compute=lambda t: metrics.exact_match(t.hypotheses, t.references)))
-register(Score("symbol_accuracy", True, {EXACT},
-               "share of symbols right at their position, over the longer of output and reference",
-               compute=lambda t: metrics.symbol_accuracy(t.hypotheses, t.single_references())))
-register(Score("bleu", True, {TRANSLATION, CAPTIONING},
-               "corpus BLEU-4 (sacreBLEU, tokenizer `metrics.bleu_tokenize`; captioning: over all references of an image)",
-               compute=lambda t: t.bleu(4)[0], signature=lambda t: t.bleu(4)[1]))
+register(
+    Score(
+        "exact_match",
+        True,
+        ALL_TASKS,
+        "share of outputs equal to their reference (captioning: to any of them)",
+        compute=lambda t: metrics.exact_match(t.hypotheses, t.references),
+    )
+)
+register(
+    Score(
+        "symbol_accuracy",
+        True,
+        {EXACT},
+        "share of symbols right at their position, over the longer of output and reference",
+        compute=lambda t: metrics.symbol_accuracy(t.hypotheses, t.single_references()),
+    )
+)
+register(
+    Score(
+        "bleu",
+        True,
+        {TRANSLATION, CAPTIONING},
+        "corpus BLEU-4 (sacreBLEU, tokenizer `metrics.bleu_tokenize`; captioning: over all references of an image)",
+        compute=lambda t: t.bleu(4)[0],
+        signature=lambda t: t.bleu(4)[1],
+    )
+)
 for _order in range(1, 5):
-    register(Score(f"bleu_{_order}", True, {CAPTIONING},
-                   f"corpus BLEU over n-grams up to {_order} and all references of an image, as Xu et al. report it",
-                   compute=lambda t, order=_order: t.bleu(order)[0]))
+    register(
+        Score(
+            f"bleu_{_order}",
+            True,
+            {CAPTIONING},
+            f"corpus BLEU over n-grams up to {_order} and all references of an image, as Xu et al. report it",
+            compute=lambda t, order=_order: t.bleu(order)[0],
+        )
+    )
 del _order
-register(Score("chrf", True, {TRANSLATION}, "corpus chrF (sacreBLEU)", compute=lambda t: t.chrf()[0], signature=lambda t: t.chrf()[1]))
+register(
+    Score(
+        "chrf",
+        True,
+        {TRANSLATION},
+        "corpus chrF (sacreBLEU)",
+        compute=lambda t: t.chrf()[0],
+        signature=lambda t: t.chrf()[1],
+    )
+)
 
 # Attention-side: the attention of a teacher-forced pass (heads averaged) against what the task knows.
-register(Score("alignment_accuracy", True, {ALIGNED},
-               "share of aligned target positions whose most-attended source position is in the true span; "
-               "mean over cross-attention modules",
-               computed_by=metrics.alignment_accuracy, keyed_by="module"))
-register(Score("localization_accuracy", True, {BOXED},
-               "share of caption words whose most-attended cell's centre is in the word's box "
-               "(captions with as many words as boxes; word tokenizer)",
-               computed_by=metrics.localization_counts))
+register(
+    Score(
+        "alignment_accuracy",
+        True,
+        {ALIGNED},
+        "share of aligned target positions whose most-attended source position is in the true span; "
+        "mean over cross-attention modules",
+        computed_by=metrics.alignment_accuracy,
+        keyed_by="module",
+    )
+)
+register(
+    Score(
+        "localization_accuracy",
+        True,
+        {BOXED},
+        "share of caption words whose most-attended cell's centre is in the word's box "
+        "(captions with as many words as boxes; word tokenizer)",
+        computed_by=metrics.localization_counts,
+    )
+)
 
 # Notes: written beside the scores.
 register(Note("decoded_examples", ALL_TASKS, "how many examples were decoded for the text scores"))
 register(Note("localized_words", {BOXED}, "how many caption words `localization_accuracy` scored"))
-register(Note("by_source_length", {EXACT, TRANSLATION},
-              "--mode=predict: the text scores per bucket of source tokens, each with its `examples`"))
+register(
+    Note(
+        "by_source_length",
+        {EXACT, TRANSLATION},
+        "--mode=predict: the text scores per bucket of source tokens, each with its `examples`",
+    )
+)

@@ -21,9 +21,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from tasks import catalog, dates, digit_strips, image_captions, parallel_text, synthetic, task_builder
 from utils import files
 from utils.errors import ConfigError
-from tasks import catalog, dates, digit_strips, image_captions, parallel_text, synthetic, task_builder
 
 INPUTS = ("text", "image")
 
@@ -88,16 +88,34 @@ class TaskKind:
 
 
 TASKS = {
-    "dates": TaskKind(functools.partial(task_builder.prepare, dates.Dates), dates.DatesConfig, "exact_match", dates.alignment_spans),
+    "dates": TaskKind(
+        functools.partial(task_builder.prepare, dates.Dates), dates.DatesConfig, "exact_match", dates.alignment_spans
+    ),
     **{
-        kind: TaskKind(functools.partial(task_builder.prepare, synthetic.Synthetic, kind=kind), synthetic.SyntheticConfig, "exact_match")
+        kind: TaskKind(
+            functools.partial(task_builder.prepare, synthetic.Synthetic, kind=kind),
+            synthetic.SyntheticConfig,
+            "exact_match",
+        )
         for kind in synthetic.KINDS
     },
     "parallel_text": TaskKind(parallel_text.prepare_parallel_text, parallel_text.ParallelTextConfig, "bleu"),
-    "digit_strips": TaskKind(functools.partial(task_builder.prepare, digit_strips.DigitStrips), digit_strips.DigitStripsConfig,
-                             "caption", inputs="image", keys=("image", "caption"), boxes=digit_strips.word_boxes),
-    "image_captions": TaskKind(image_captions.prepare_image_captions, image_captions.ImageCaptionsConfig, "caption",
-                               inputs="image", keys=("image", "caption"), group_key="image_file"),
+    "digit_strips": TaskKind(
+        functools.partial(task_builder.prepare, digit_strips.DigitStrips),
+        digit_strips.DigitStripsConfig,
+        "caption",
+        inputs="image",
+        keys=("image", "caption"),
+        boxes=digit_strips.word_boxes,
+    ),
+    "image_captions": TaskKind(
+        image_captions.prepare_image_captions,
+        image_captions.ImageCaptionsConfig,
+        "caption",
+        inputs="image",
+        keys=("image", "caption"),
+        group_key="image_file",
+    ),
 }
 
 
@@ -160,7 +178,9 @@ def check_parameters(name: str, **params) -> None:
     # an unknown name stops here too
     unknown = sorted(set(params) - set(parameters_of(name)))
     if unknown:
-        raise ConfigError(f"unknown task parameter(s) for {name}: {', '.join(unknown)}; valid: {', '.join(sorted(parameters_of(name)))}")
+        raise ConfigError(
+            f"unknown task parameter(s) for {name}: {', '.join(unknown)}; valid: {', '.join(sorted(parameters_of(name)))}"
+        )
     if name in TASKS:
         TASKS[name].config_class.create(**params, **({"kind": name} if name in synthetic.KINDS else {}))
 
@@ -177,8 +197,16 @@ def _load_task(name: str, data_dir: str, **params) -> Task:
         kind = TASKS[name]
         splits, report = kind.prepare(data_dir=data_dir, **params)
         task_builder.log_report(name, report)
-        return Task(name, splits, kind.metric, *kind.keys, alignment=kind.alignment, inputs=kind.inputs, boxes=kind.boxes,
-                    group_key=kind.group_key)
+        return Task(
+            name,
+            splits,
+            kind.metric,
+            *kind.keys,
+            alignment=kind.alignment,
+            inputs=kind.inputs,
+            boxes=kind.boxes,
+            group_key=kind.group_key,
+        )
     if catalog.inputs_of(name) == "image":
         splits = catalog.load_caption_catalog(name, data_dir, catalog.CaptionCatalogConfig(**params))
         return Task(name, splits, "caption", "image", "caption", inputs="image", group_key="image_file")

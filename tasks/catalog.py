@@ -22,12 +22,12 @@ import re
 import numpy as np
 import tensorflow_datasets as tfds
 import tensorflow_datasets.translate
-from tensorflow_datasets.core import read_only_builder, registered
 from PIL import Image
+from tensorflow_datasets.core import read_only_builder, registered
 
-from utils.tfds_names import name_problem, prepare_command
-from utils.errors import ConfigError, DataError
 from tasks.image_captions import resized
+from utils.errors import ConfigError, DataError
+from utils.tfds_names import name_problem, prepare_command
 
 SPLIT_NAMES = {"train": "train", "dev": "validation", "test": "test"}
 
@@ -68,7 +68,7 @@ CAPTIONS_PER_IMAGE = 5
 
 
 def inputs_of(name: str) -> str:
-    """"image" for the catalog's captioning datasets, else "text"."""
+    """ "image" for the catalog's captioning datasets, else "text"."""
     return "image" if name.split("/")[0] in IMAGE_DATASETS else "text"
 
 
@@ -126,8 +126,10 @@ class CaptionRecords:
 
     def references(self, index: int) -> list[str]:
         """Every caption of record `index`'s image."""
-        return [text.decode() if isinstance(text, bytes) else str(text)
-                for text in self.source[int(index) // CAPTIONS_PER_IMAGE]["captions"]["text"]]
+        return [
+            text.decode() if isinstance(text, bytes) else str(text)
+            for text in self.source[int(index) // CAPTIONS_PER_IMAGE]["captions"]["text"]
+        ]
 
     def __getitem__(self, index: int) -> dict:
         record = self.source[int(index) // CAPTIONS_PER_IMAGE]
@@ -137,8 +139,11 @@ class CaptionRecords:
         image = resized(Image.fromarray(np.asarray(record["image"], np.uint8)), self.height, self.width, 3)
         name = record.get("image/filename", str(int(index) // CAPTIONS_PER_IMAGE))
         caption = texts[int(index) % CAPTIONS_PER_IMAGE % len(texts)]
-        return {"image": image, "caption": caption.decode() if isinstance(caption, bytes) else str(caption),
-                "image_file": name.decode() if isinstance(name, bytes) else str(name)}
+        return {
+            "image": image,
+            "caption": caption.decode() if isinstance(caption, bytes) else str(caption),
+            "image_file": name.decode() if isinstance(name, bytes) else str(name),
+        }
 
 
 def load_caption_catalog(name: str, data_dir: str, config: CaptionCatalogConfig) -> dict:
@@ -152,8 +157,10 @@ def data_sources(name: str, data_dir: str, split_names: dict[str, str], download
     check_catalog_name(name)
     # TFDS prepares it here, in this environment (most builders need TensorFlow for that)
     if download:
-        return {split: tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=True)
-                for split, tfds_split in split_names.items()}
+        return {
+            split: tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=True)
+            for split, tfds_split in split_names.items()
+        }
     builder = prepared_builder(name, data_dir)
     return {split: builder.as_data_source(split=tfds_split) for split, tfds_split in split_names.items()}
 

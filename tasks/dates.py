@@ -19,25 +19,32 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+
 import numpy as np
 import tensorflow_datasets as tfds
-
-from utils.errors import ConfigError
 from babel import Locale
 from babel.dates import format_date, tokenize_pattern
 
 from tasks.task_builder import TaskConfig, TextPairBuilder
+from utils.errors import ConfigError
 
 LANGUAGES = ("en", "fr", "de", "es", "it", "pt", "nl")
 NUMERIC_PATTERNS = (
     # year first
-    "y-MM-dd", "y/MM/dd", "yMMdd",
+    "y-MM-dd",
+    "y/MM/dd",
+    "yMMdd",
     # day.month.year
-    "dd.MM.y", "d.M.y", "dd.MM.yy",
+    "dd.MM.y",
+    "d.M.y",
+    "dd.MM.yy",
     # day-month-year
-    "dd-MM-y", "d-M-y",
+    "dd-MM-y",
+    "d-M-y",
     # month/day/year
-    "MM/dd/y", "M/d/y", "MM/dd/yy",
+    "MM/dd/y",
+    "M/d/y",
+    "MM/dd/yy",
 )
 ORDINAL_PATTERNS = ("MMMM {o}, y", "{o} MMMM y", "'the' {o} 'of' MMMM, y", "MMM {o} y", "EEEE, MMMM {o}, y")
 # rows of the alignment array

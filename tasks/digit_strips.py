@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow_datasets as tfds
 
-from utils.errors import ConfigError, DataError
 from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder
+from utils.errors import ConfigError, DataError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCANS = PROJECT_ROOT / "data" / "digits" / "optdigits_test.csv.gz"
@@ -60,7 +60,9 @@ class DigitStripsConfig(TaskConfig):
                 f"{tallest}x{tallest} pixels side by side; enlarge task.canvas_height / task.canvas_width"
             )
         if len(self.scan_fractions) != 3 or min(self.scan_fractions) <= 0 or abs(sum(self.scan_fractions) - 1) > 1e-6:
-            raise ConfigError(f"task.scan_fractions must be three positive shares summing to 1, got {self.scan_fractions}")
+            raise ConfigError(
+                f"task.scan_fractions must be three positive shares summing to 1, got {self.scan_fractions}"
+            )
 
 
 def load_scans(path: Path = SCANS) -> tuple[np.ndarray, np.ndarray]:
@@ -69,7 +71,9 @@ def load_scans(path: Path = SCANS) -> tuple[np.ndarray, np.ndarray]:
         with gzip.open(path, "rt") as f:
             table = np.loadtxt(f, delimiter=",", dtype=np.int64)
     except (OSError, ValueError, EOFError) as error:
-        raise DataError(f"digit_strips: cannot read the digit scans {path} ({error}); restore it from the repository") from error
+        raise DataError(
+            f"digit_strips: cannot read the digit scans {path} ({error}); restore it from the repository"
+        ) from error
     if table.ndim != 2 or table.shape[1] != SCAN_SIZE * SCAN_SIZE + 1:
         raise DataError(f"digit_strips: {path} should hold rows of 64 pixels and a label, got shape {table.shape}")
     return table[:, :-1].reshape(-1, SCAN_SIZE, SCAN_SIZE).astype(np.uint8), table[:, -1]
@@ -82,7 +86,9 @@ def split_scans(count: int, fractions, seed: int) -> dict[str, np.ndarray]:
     return dict(zip(SPLITS, np.split(order, ends)))
 
 
-def compose(rng: np.random.Generator, images: np.ndarray, labels: np.ndarray, pool: np.ndarray, config: DigitStripsConfig) -> dict:
+def compose(
+    rng: np.random.Generator, images: np.ndarray, labels: np.ndarray, pool: np.ndarray, config: DigitStripsConfig
+) -> dict:
     """One strip: `{'image' [H, W] uint8, 'caption', 'boxes' [max_digits, 4] and 'scans' [max_digits]
     (the scans' indices), both int32 and -1 padded}`."""
     count = int(rng.integers(config.min_digits, config.max_digits + 1))
@@ -112,8 +118,10 @@ def generate(config: DigitStripsConfig) -> dict[str, list[dict]]:
     images, labels = load_scans()
     pools = split_scans(len(images), config.scan_fractions, config.seed)
     rng = np.random.default_rng(config.seed)
-    return {split: [compose(rng, images, labels, pools[split], config) for _ in range(getattr(config, f"{split}_size"))]
-            for split in SPLITS}
+    return {
+        split: [compose(rng, images, labels, pools[split], config) for _ in range(getattr(config, f"{split}_size"))]
+        for split in SPLITS
+    }
 
 
 def word_boxes(record) -> np.ndarray:

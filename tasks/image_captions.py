@@ -21,10 +21,10 @@ import numpy as np
 import tensorflow_datasets as tfds
 from PIL import Image, UnidentifiedImageError
 
+from tasks.parallel_text import Skipped, resolve, tsv_rows, two_texts
+from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder, prepare
 from utils import files
 from utils.errors import ConfigError, DataError
-from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder, prepare
-from tasks.parallel_text import Skipped, resolve, tsv_rows, two_texts
 
 
 @dataclasses.dataclass(eq=False)
@@ -52,7 +52,9 @@ class ImageCaptionsConfig(TaskConfig):
         if self.channels not in (1, 3):
             raise ConfigError(f"image_captions: task.channels must be 1 (grey) or 3 (RGB), got {self.channels}")
         if self.height < 1 or self.width < 1:
-            raise ConfigError(f"image_captions: task.height and task.width must be positive, got {self.height}x{self.width}")
+            raise ConfigError(
+                f"image_captions: task.height and task.width must be positive, got {self.height}x{self.width}"
+            )
 
 
 def folder(config: ImageCaptionsConfig) -> Path:

@@ -32,11 +32,10 @@ from typing import Iterable, Iterator
 
 import tensorflow_datasets as tfds
 
-from utils import progress
-from utils.errors import ConfigError, DataError
-from utils import files
 from tasks import task_builder
 from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder, prepare
+from utils import files, progress
+from utils.errors import ConfigError, DataError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # per reason
@@ -171,7 +170,9 @@ def two_texts(rows: Iterable[tuple[int, list[bytes]]], path: Path, skipped: Skip
             yield number, *texts
 
 
-def rows_from(paths: list[Path], offsets: tuple[int, ...] = (0, 0), number: int = 1) -> Iterator[tuple[tuple[int, ...], int, list[bytes]]]:
+def rows_from(
+    paths: list[Path], offsets: tuple[int, ...] = (0, 0), number: int = 1
+) -> Iterator[tuple[tuple[int, ...], int, list[bytes]]]:
     """`(byte offsets, line number, fields)` of the rows of one `.tsv` or two line-aligned files, from
     `offsets` (which start line `number`), read as a stream. Raises DataError, once the shorter of two
     files ends, when they do not have as many lines."""
@@ -184,7 +185,10 @@ def rows_from(paths: list[Path], offsets: tuple[int, ...] = (0, 0), number: int 
         if first is None or second is None:
             # the first line one file lacks
             number = (first or second)[1]
-            counts = [number - 1 if row is None else number + sum(1 for _ in stream) for row, stream in zip((first, second), streams)]
+            counts = [
+                number - 1 if row is None else number + sum(1 for _ in stream)
+                for row, stream in zip((first, second), streams)
+            ]
             raise DataError(f"parallel_text: {paths[0]} has {counts[0]} lines but {paths[1]} has {counts[1]}")
         yield (first[0], second[0]), first[1], [first[2], second[2]]
 
@@ -263,7 +267,9 @@ def survey_corpus(config: ParallelTextConfig, shard_examples: int) -> Survey:
     return found
 
 
-def shard_examples(config: ParallelTextConfig, split: str, start: tuple[tuple[int, ...], int], count: int) -> Iterator[dict]:
+def shard_examples(
+    config: ParallelTextConfig, split: str, start: tuple[tuple[int, ...], int], count: int
+) -> Iterator[dict]:
     """The `count` examples of `split` from `start` (byte offsets, line number), read as a stream."""
     read_for = split if getattr(config, split) else "train"
     paths, made = files_of(config, read_for), 0
@@ -294,8 +300,10 @@ class ParallelText(TextPairBuilder):
         self.build_report = {"skipped": dict(found.skipped.counts), "messages": found.skipped.messages()}
         self.split_sizes = found.counts
         return {
-            split: [functools.partial(shard_examples, config, split, start, min(size, found.counts[split] - k * size))
-                    for k, start in enumerate(found.starts[split])]
+            split: [
+                functools.partial(shard_examples, config, split, start, min(size, found.counts[split] - k * size))
+                for k, start in enumerate(found.starts[split])
+            ]
             for split in SPLITS
         }
 

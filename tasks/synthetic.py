@@ -18,9 +18,8 @@ import dataclasses
 import numpy as np
 import tensorflow_datasets as tfds
 
-from utils.errors import ConfigError
-
 from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder
+from utils.errors import ConfigError
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 KINDS = ("copy", "reverse", "sort", "addition")

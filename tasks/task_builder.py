@@ -69,7 +69,9 @@ class TaskConfig(tfds.core.BuilderConfig):
     @classmethod
     def create(cls, **params) -> "TaskConfig":
         """A config whose name is a digest of its parameters, e.g. `p3f9c2a1b0d4e`."""
-        known = {f.name for f in dataclasses.fields(cls)} - {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)}
+        known = {f.name for f in dataclasses.fields(cls)} - {
+            f.name for f in dataclasses.fields(tfds.core.BuilderConfig)
+        }
         unknown = sorted(set(params) - known)
         if unknown:
             raise ConfigError(f"unknown task parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
@@ -142,9 +144,16 @@ class TextPairBuilder(tfds.core.ShardBasedBuilder):
         del dl_manager, download_config
         shards = self._split_shards()
         templates = {split: self._get_filename_template(split) for split in shards}
-        jobs = [(self.info.features.to_json(), self.info.file_format,
-                 templates[split].sharded_filepath(shard_index=index, num_shards=len(made)), shard)
-                for split, made in shards.items() for index, shard in enumerate(made)]
+        jobs = [
+            (
+                self.info.features.to_json(),
+                self.info.file_format,
+                templates[split].sharded_filepath(shard_index=index, num_shards=len(made)),
+                shard,
+            )
+            for split, made in shards.items()
+            for index, shard in enumerate(made)
+        ]
         total = sum(self.split_sizes.values()) if set(self.split_sizes) >= set(shards) else None
         with progress.phase(f"building {self.name}", total=total, unit="examples") as shown:
             # a split of several shards: worth a pool's start
@@ -156,8 +165,14 @@ class TextPairBuilder(tfds.core.ShardBasedBuilder):
         infos, first = [], 0
         for split, made in shards.items():
             paths = [job[2] for job in jobs[first : first + len(made)]]
-            infos.append(tfds.core.SplitInfo(name=split, shard_lengths=counts[first : first + len(made)],
-                                             num_bytes=sum(path.stat().length for path in paths), filename_template=templates[split]))
+            infos.append(
+                tfds.core.SplitInfo(
+                    name=split,
+                    shard_lengths=counts[first : first + len(made)],
+                    num_bytes=sum(path.stat().length for path in paths),
+                    filename_template=templates[split],
+                )
+            )
             first += len(made)
         self.info.set_splits(tfds.core.SplitDict(infos))
         self.info.metadata["build_report"] = self.build_report
@@ -172,7 +187,9 @@ def write_shard(job: tuple) -> int:
     features_json, file_format, path, shard = job
     features = tfds.features.FeatureConnector.from_json(features_json)
     serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
-    serialize = text_serializer(features) or (lambda example: serializer.serialize_example(features.encode_example(example)))
+    serialize = text_serializer(features) or (
+        lambda example: serializer.serialize_example(features.encode_example(example))
+    )
     count = 0
 
     def serialized() -> Iterator[tuple[int, bytes]]:
@@ -196,13 +213,17 @@ def text_serializer(features: tfds.features.FeaturesDict) -> Callable[[Mapping[s
     def serialize(example: Mapping[str, str]) -> bytes:
         proto = tf_example_pb2.Example()
         for key, value in example.items():
-            proto.features.feature[key].bytes_list.value.append(value.encode("utf-8") if isinstance(value, str) else value)
+            proto.features.feature[key].bytes_list.value.append(
+                value.encode("utf-8") if isinstance(value, str) else value
+            )
         return proto.SerializeToString()
 
     return serialize
 
 
-def list_shards(examples: Sequence[dict[str, Any]], size: int | None = None) -> list[Callable[[], Iterator[dict[str, Any]]]]:
+def list_shards(
+    examples: Sequence[dict[str, Any]], size: int | None = None
+) -> list[Callable[[], Iterator[dict[str, Any]]]]:
     """Callables giving the examples of each shard of `size` (`SHARD_EXAMPLES`) of a list, in order."""
     size = size or SHARD_EXAMPLES
     return [functools.partial(iter, examples[start : start + size]) for start in range(0, max(len(examples), 1), size)]
@@ -210,8 +231,11 @@ def list_shards(examples: Sequence[dict[str, Any]], size: int | None = None) -> 
 
 def shards_of(info: tfds.core.DatasetInfo) -> list[tuple[Path, int]]:
     """`(path, records)` of every array_record shard of every split."""
-    return [(Path(shard.filename), shard.examples_in_shard)
-            for split in info.splits.values() for shard in split.file_instructions]
+    return [
+        (Path(shard.filename), shard.examples_in_shard)
+        for split in info.splits.values()
+        for shard in split.file_instructions
+    ]
 
 
 def rebuild_fix(folder: os.PathLike) -> str:
@@ -289,7 +313,9 @@ def built_builder(builder_class: type[TextPairBuilder], config: TaskConfig, data
         return builder_class(config=config, data_dir=data_dir)
     except json_format.ParseError as error:
         folder = Path(data_dir) / builder_class.name / config.name / str(builder_class.VERSION)
-        raise DataError(f"corrupt built data: {folder / 'dataset_info.json'} ({error}); {rebuild_fix(folder)}") from error
+        raise DataError(
+            f"corrupt built data: {folder / 'dataset_info.json'} ({error}); {rebuild_fix(folder)}"
+        ) from error
 
 
 def prepare(builder_class: type[TextPairBuilder], data_dir: str, **params) -> tuple[dict[str, Records], dict]:
@@ -315,4 +341,3 @@ def text(value: bytes | str) -> str:
 def log_report(name: str, report: Mapping[str, Any]) -> None:
     for line in report.get("messages", []):
         logging.warning("task %s: %s", name, line)
-

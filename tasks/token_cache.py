@@ -36,11 +36,11 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from tasks.task_builder import rebuild_fix
+from tasks.vocabularies import EOS_ID, Tokenizers
 from utils import progress
 from utils.errors import DataError
 from utils.files import exclusive, write_whole
-from tasks.task_builder import rebuild_fix
-from tasks.vocabularies import EOS_ID, Tokenizers
 
 # 1: one .npz per split, read whole into memory
 FORMAT_VERSION = 2
@@ -83,7 +83,10 @@ class TokenIds:
             start = starts[index]
             return np.append(flat[start : min(starts[index + 1], start + limit - 1)], EOS_ID).astype(np.int32)
 
-        return {"inputs": ids(self.source, self.source_starts, max_source_length), "targets": ids(self.target, self.target_starts, max_target_length)}
+        return {
+            "inputs": ids(self.source, self.source_starts, max_source_length),
+            "targets": ids(self.target, self.target_starts, max_target_length),
+        }
 
 
 # ----------------------------------------------------------------------------- reading texts in chunks
@@ -144,8 +147,10 @@ def read_records(reader: Any, piece: ShardRange, start: int, stop: int) -> list[
                 reader.read([index])
             except RuntimeError as error:
                 folder = Path(piece.path).parent
-                raise DataError(f"corrupt built data: record {index} in {piece.path} cannot be read "
-                                f"({str(error).split(';')[0]}); {rebuild_fix(folder)}") from None
+                raise DataError(
+                    f"corrupt built data: record {index} in {piece.path} cannot be read "
+                    f"({str(error).split(';')[0]}); {rebuild_fix(folder)}"
+                ) from None
         raise
 
 
@@ -180,7 +185,9 @@ def chunk_bounds(count: int, size: int | None = None) -> list[tuple[int, int]]:
     return [(start, min(start + size, count)) for start in range(0, count, size)]
 
 
-def chunk_texts(task: Any, pieces: Sequence[ShardRange] | None, split: str, start: int, stop: int) -> list[tuple[str, str]]:
+def chunk_texts(
+    task: Any, pieces: Sequence[ShardRange] | None, split: str, start: int, stop: int
+) -> list[tuple[str, str]]:
     """The `(source, target)` texts of records `[start, stop)`: from `pieces` (the split's shards), or
     where there are none through `task.pair`."""
     if pieces is None:
@@ -215,7 +222,9 @@ def encoded_chunks(task: Any, split: str, tokenizers: Tokenizers) -> Iterator[tu
 # ----------------------------------------------------------------------------- the cache on disk
 
 
-def write_split(folder: Path, chunks: Iterator[tuple[np.ndarray, ...]], count: int, meta: Mapping[str, Any], shown: progress.Phase) -> None:
+def write_split(
+    folder: Path, chunks: Iterator[tuple[np.ndarray, ...]], count: int, meta: Mapping[str, Any], shown: progress.Phase
+) -> None:
     """Writes the files of one split into `folder` (which does not exist) chunk by chunk."""
     folder.mkdir(parents=True)
     files = {name: open(folder / name, "wb") for name in ("source.ids", "source.starts", "target.ids", "target.starts")}
@@ -237,7 +246,13 @@ def write_split(folder: Path, chunks: Iterator[tuple[np.ndarray, ...]], count: i
     if written != count:
         # the records changed under us: keep nothing
         raise OSError(f"tokenized {written} examples of {count}")
-    summary = {"version": FORMAT_VERSION, "examples": count, "source_tokens": ends["source"], "target_tokens": ends["target"], **meta}
+    summary = {
+        "version": FORMAT_VERSION,
+        "examples": count,
+        "source_tokens": ends["source"],
+        "target_tokens": ends["target"],
+        **meta,
+    }
     (folder / "format.json").write_text(json.dumps(summary))
 
 
@@ -286,8 +301,14 @@ def read_split(folder: Path, count: int) -> TokenIds | None:
         logging.warning("tokenizing again: %s is unreadable (%s)", folder / "format.json", error)
         return None
     if meta.get("version") != FORMAT_VERSION or meta.get("examples") != count:
-        logging.warning("tokenizing again: the token ids in %s are of format %s for %s examples, not %d for %d",
-                        folder, meta.get("version"), meta.get("examples"), FORMAT_VERSION, count)
+        logging.warning(
+            "tokenizing again: the token ids in %s are of format %s for %s examples, not %d for %d",
+            folder,
+            meta.get("version"),
+            meta.get("examples"),
+            FORMAT_VERSION,
+            count,
+        )
         return None
 
     def mapped(name: str, dtype: str, size: int) -> np.ndarray:
@@ -303,8 +324,10 @@ def read_split(folder: Path, count: int) -> TokenIds | None:
 
     try:
         return TokenIds(
-            ids("source.ids", meta["source_tokens"]), mapped("source.starts", "<i8", count + 1),
-            ids("target.ids", meta["target_tokens"]), mapped("target.starts", "<i8", count + 1),
+            ids("source.ids", meta["source_tokens"]),
+            mapped("source.starts", "<i8", count + 1),
+            ids("target.ids", meta["target_tokens"]),
+            mapped("target.starts", "<i8", count + 1),
         )
     except (OSError, ValueError, KeyError) as error:
         logging.warning("tokenizing again: the token ids in %s are unreadable (%s)", folder, error)
@@ -351,11 +374,18 @@ def kept_or_made(task: Any, split: str, tokenizers: Tokenizers) -> TokenIds:
                 shutil.rmtree(folder, ignore_errors=True)
                 meta = {"task": task.name, "split": split, "vocabulary": tokenizers.digest}
                 with progress.phase(what, total=len(records), unit="pairs") as shown:
-                    write_whole(folder, lambda temporary: write_split(temporary, encoded_chunks(task, split, tokenizers), len(records), meta, shown))
+                    write_whole(
+                        folder,
+                        lambda temporary: write_split(
+                            temporary, encoded_chunks(task, split, tokenizers), len(records), meta, shown
+                        ),
+                    )
                 ids = read_split(folder, len(records))
     except OSError as error:
         # data prepared by someone else, read-only: tokenize at every start
-        logging.warning("cannot keep the token ids of %s %s beside its data (%s); tokenizing in memory", task.name, split, error)
+        logging.warning(
+            "cannot keep the token ids of %s %s beside its data (%s); tokenizing in memory", task.name, split, error
+        )
         return in_memory(task, split, tokenizers, what)
     if ids is None:
         raise OSError(f"the token ids just written to {folder} cannot be read back")
@@ -375,4 +405,6 @@ def in_memory(task: Any, split: str, tokenizers: Tokenizers, what: str) -> Token
     def flat(ids: list[np.ndarray], lengths: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         return np.concatenate(ids), np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64)
 
-    return TokenIds(*flat([c[0] for c in chunks], [c[1] for c in chunks]), *flat([c[2] for c in chunks], [c[3] for c in chunks]))
+    return TokenIds(
+        *flat([c[0] for c in chunks], [c[1] for c in chunks]), *flat([c[2] for c in chunks], [c[3] for c in chunks])
+    )

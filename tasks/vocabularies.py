@@ -26,10 +26,8 @@ import numpy as np
 import sentencepiece as spm
 
 from utils import progress
-
-from utils.files import sha256, write_whole
 from utils.errors import ConfigError, DataError
-
+from utils.files import sha256, write_whole
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_PIECES = ("<pad>", "<s>", "</s>", "<unk>")
@@ -91,7 +89,9 @@ class CharTokenizer:
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         n = len(SPECIAL_PIECES)
-        return [self.chars[i - n] if n <= i < self.vocab_size else SPECIAL_PIECES[min(i, UNK_ID)] for i in map(int, ids)]
+        return [
+            self.chars[i - n] if n <= i < self.vocab_size else SPECIAL_PIECES[min(i, UNK_ID)] for i in map(int, ids)
+        ]
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps({"kind": self.kind, "chars": self.chars}, ensure_ascii=False))
@@ -126,7 +126,9 @@ class WordTokenizer:
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         n = len(SPECIAL_PIECES)
-        return [self.words[i - n] if n <= i < self.vocab_size else SPECIAL_PIECES[min(i, UNK_ID)] for i in map(int, ids)]
+        return [
+            self.words[i - n] if n <= i < self.vocab_size else SPECIAL_PIECES[min(i, UNK_ID)] for i in map(int, ids)
+        ]
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps({"kind": self.kind, "words": self.words}, ensure_ascii=False))
@@ -284,8 +286,10 @@ def load_saved(kind: str, path: Path, checksum: str | None) -> Tokenizer:
     """The tokenizer saved at `path`, checked against its `checksum` (None: a run saved before
     checksums were kept); a DataError naming the file if it is missing, changed or unreadable."""
     if checksum is not None and path.is_file() and sha256(path) != checksum:
-        raise DataError(f"tokenizer file {path} changed since it was saved (its SHA-256 is not the one in "
-                        f"{path.parent / 'checksums.json'}); {restore_fix(path.parent)}")
+        raise DataError(
+            f"tokenizer file {path} changed since it was saved (its SHA-256 is not the one in "
+            f"{path.parent / 'checksums.json'}); {restore_fix(path.parent)}"
+        )
     try:
         tokenizer = KINDS[kind].load(path)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
@@ -328,7 +332,11 @@ def load_or_train(
         checksums = read_json(checksums_file) if checksums_file.exists() else {}
         loaded = [load_saved(settings.kind, directory / file, checksums.get(file)) for file in files]
     else:
-        shelved = shelf / hashlib.sha256(json.dumps(dataclasses.asdict(settings), sort_keys=True).encode()).hexdigest()[:16] if shelf else None
+        shelved = (
+            shelf / hashlib.sha256(json.dumps(dataclasses.asdict(settings), sort_keys=True).encode()).hexdigest()[:16]
+            if shelf
+            else None
+        )
         if shelved is not None and (shelved / "settings.json").exists():
             shutil.copytree(shelved, directory, dirs_exist_ok=True, ignore=shutil.ignore_patterns("settings.json"))
             # last: marks the copy complete

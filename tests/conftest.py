@@ -40,6 +40,7 @@ assert jax.device_count() == 8, f"expected 8 forced host devices, got {jax.devic
 jax.config.update("jax_default_matmul_precision", "highest")
 
 import pytest  # noqa: E402
+
 from run_setup.settings import parse
 
 
@@ -48,9 +49,13 @@ def pytest_configure(config):
 
     # as train.py's processes do: the tests trace hundreds of programs
     allocator.collect_garbage_less_often()
-    config.addinivalue_line("markers", "all_devices: the test's in-process runs use all 8 forced devices (default: one)")
+    config.addinivalue_line(
+        "markers", "all_devices: the test's in-process runs use all 8 forced devices (default: one)"
+    )
     config.addinivalue_line("markers", "curves: the test's in-process runs draw curves.png (default: not)")
-    config.addinivalue_line("markers", "slow: starts several processes or trains to a result (over ~10 s); -m 'not slow' leaves them out")
+    config.addinivalue_line(
+        "markers", "slow: starts several processes or trains to a result (over ~10 s); -m 'not slow' leaves them out"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +94,6 @@ def finished_run(shared_data_dir, tmp_path_factory):
     """A tiny Transformer trained 20 steps on dates, evaluated at 10 and 20, with pictures:
     `(config, workdir, final eval results)`. Tests that change the folder work on a copy."""
     from engine import training_loop
-
     from run_setup import run
 
     workdir = tmp_path_factory.mktemp("finished")

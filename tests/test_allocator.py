@@ -27,7 +27,13 @@ def run_probe(tmp_path, tunables: str) -> tuple[list[list[str]], str]:
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     environment = {k: v for k, v in os.environ.items() if k != allocator.RESTARTED} | {"GLIBC_TUNABLES": tunables}
-    result = subprocess.run([sys.executable, "-X", "utf8", str(probe), *ARGUMENTS], env=environment, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-X", "utf8", str(probe), *ARGUMENTS],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     starts = [line.split(" ", 4) for line in result.stdout.splitlines() if line.startswith("start")]
     return starts, result.stdout.splitlines()[-1]
@@ -53,7 +59,9 @@ def run_probe(tmp_path, tunables: str) -> tuple[list[list[str]], str]:
         (("glibc", "2.36"), None, "THP_enabled:\t1\n", False),
     ],
 )
-def test_huge_pages_are_available_with_glibc_2_35_and_the_kernel_on_always_or_madvise(libc, mode, status, expected, tmp_path, monkeypatch):
+def test_huge_pages_are_available_with_glibc_2_35_and_the_kernel_on_always_or_madvise(
+    libc, mode, status, expected, tmp_path, monkeypatch
+):
     enabled, process = tmp_path / "enabled", tmp_path / "status"
     if mode is not None:
         enabled.write_text(mode)
@@ -72,7 +80,9 @@ def test_the_last_entry_of_a_tunable_wins(monkeypatch):
     assert allocator.tunable_value("glibc.malloc.mmap_max") is None
 
 
-@pytest.mark.skipif(not allocator.huge_pages_available(), reason="the restart needs glibc 2.35+ and transparent huge pages")
+@pytest.mark.skipif(
+    not allocator.huge_pages_available(), reason="the restart needs glibc 2.35+ and transparent huge pages"
+)
 def test_a_process_restarts_once_on_huge_pages_with_its_pid_arguments_options_and_other_tunables(tmp_path):
     starts, last = run_probe(tmp_path, "glibc.malloc.tcache_count=7")
     arguments = repr(ARGUMENTS)

@@ -6,6 +6,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+
 from helpers.source_reading import imported
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,8 +192,11 @@ def test_below_the_entry_points_nothing_imports_ml_collections():
 
 def test_models_import_nothing_of_training_or_data():
     graph = import_graph(typing_too=True)
-    outside = {name: sorted(t for t in targets if floor_of(t) != "models" and t not in MODELS_MAY_IMPORT)
-               for name, targets in graph.items() if floor_of(name) == "models"}
+    outside = {
+        name: sorted(t for t in targets if floor_of(t) != "models" and t not in MODELS_MAY_IMPORT)
+        for name, targets in graph.items()
+        if floor_of(name) == "models"
+    }
     assert {name: targets for name, targets in outside.items() if targets} == {}
 
 

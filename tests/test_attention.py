@@ -7,9 +7,9 @@ import pytest
 from flax import nnx
 from jax.test_util import check_grads
 
+from helpers.references import np_masked_softmax
 from models import attention
 from models.attention import Attention, AttentionWeights, MultiHeadAttention
-from helpers.references import np_masked_softmax
 
 # float32 against float64: 1e-5 relative, tiny absolute floor near 0
 RTOL, ATOL = 1e-5, 1e-6
@@ -201,11 +201,15 @@ def test_fused_path_is_the_explicit_one_on_cpu_and_the_library_kernel_elsewhere(
     mask = random_mask(seed=8)
     explicit, _ = attention.scaled_dot_product_attention(q, k, v, mask)
     library, calls = attention.library_scaled_dot_product_attention, []
-    monkeypatch.setattr(attention, "library_scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or library(*a, **kw))
+    monkeypatch.setattr(
+        attention, "library_scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or library(*a, **kw)
+    )
     np.testing.assert_array_equal(attention.fused_scaled_dot_product_attention(q, k, v, mask), explicit)
     assert not calls
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    np.testing.assert_allclose(attention.fused_scaled_dot_product_attention(q, k, v, mask), explicit, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        attention.fused_scaled_dot_product_attention(q, k, v, mask), explicit, rtol=1e-5, atol=1e-6
+    )
     assert calls == [1]
 
 
@@ -225,10 +229,14 @@ def test_gradients_match_finite_differences():
         mask[0, 0, 1, 2:] = False
         w = np.random.default_rng(8).normal(size=(2, 3, 3))
         vv = np.random.default_rng(9).normal(size=(2, 3))
-        check_grads(jax.jit(lambda q, k, v: attention.scaled_dot_product_attention(q, k, v, mask)[0]), (q, k, v), order=2)
+        check_grads(
+            jax.jit(lambda q, k, v: attention.scaled_dot_product_attention(q, k, v, mask)[0]), (q, k, v), order=2
+        )
         check_grads(jax.jit(attention.dot_scores), (q, k), order=2)
         check_grads(jax.jit(attention.general_scores), (q, k, w), order=2)
-        check_grads(jax.jit(lambda q, k, v: attention.additive_scores(q, k, v, query_chunk_size=2)), (q, k, vv), order=2)
+        check_grads(
+            jax.jit(lambda q, k, v: attention.additive_scores(q, k, v, query_chunk_size=2)), (q, k, vv), order=2
+        )
 
 
 def test_rank_errors_name_the_argument():
@@ -275,7 +283,9 @@ def test_multi_head_equals_concatenated_single_heads(score):
     mask[..., 0] = True
     module = MultiHeadAttention(3, 12, kv_features=8, score=score, additive_chunk_size=2, rngs=nnx.Rngs(0))
     out = module(x_q, x_kv, mask)
-    np.testing.assert_allclose(out, np_multi_head(module, np.float64(x_q), np.float64(x_kv), mask), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        out, np_multi_head(module, np.float64(x_q), np.float64(x_kv), mask), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_capture_returns_weights_and_plain_call_keeps_no_state():

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import input_pipeline as ip
-from run_setup.input_kinds import KINDS
 import tasks
-from tasks import vocabularies as tk
 from configs import base
+from run_setup.input_kinds import KINDS
 from run_setup.settings import TokenizerSettings, parse
-from utils.errors import DataError
 from tasks import image_captions, parallel_text
+from tasks import vocabularies as tk
+from utils.errors import DataError
 
 TEXT = KINDS["text"]
 
@@ -36,7 +36,9 @@ def write_tsv(path: Path, pairs) -> str:
 def corpus(tmp_path_factory) -> dict:
     """The parameters of a small `parallel_text` task over TSVs of a module folder."""
     folder = tmp_path_factory.mktemp("corpus")
-    return {split: write_tsv(folder / f"{split}.tsv", PAIRS[:n]) for split, n in (("train", 40), ("dev", 4), ("test", 4))}
+    return {
+        split: write_tsv(folder / f"{split}.tsv", PAIRS[:n]) for split, n in (("train", 40), ("dev", 4), ("test", 4))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +131,9 @@ def test_corrupt_dataset_info_is_named(copy_of_built, corpus):
     data_dir, shard = copy_of_built
     info = shard.parent / "dataset_info.json"
     info.write_text(info.read_text()[:40])
-    with pytest.raises(DataError, match=f"corrupt built data: {escaped(info)} .*delete the folder {escaped(shard.parent)} "):
+    with pytest.raises(
+        DataError, match=f"corrupt built data: {escaped(info)} .*delete the folder {escaped(shard.parent)} "
+    ):
         tasks.load_task("parallel_text", data_dir, **corpus)
 
 
@@ -164,7 +168,9 @@ TOKENIZER_DAMAGES = {
 
 
 TOKENIZER_CASES = [
-    pytest.param(kind, damage, checksums, id=f"{kind}-{damage}-{'checksums' if checksums else 'saved-before-checksums'}")
+    pytest.param(
+        kind, damage, checksums, id=f"{kind}-{damage}-{'checksums' if checksums else 'saved-before-checksums'}"
+    )
     for kind in TOKENIZER_KINDS
     for damage in TOKENIZER_DAMAGES
     for checksums in (True, False)
@@ -219,10 +225,15 @@ VALID_SIDE = SIDE.filter(str.strip)
 BLANK = st.text(st.sampled_from(" \r\x0b\x0c\u3000"), max_size=3)
 JUNK = st.one_of(
     # 0xff: never UTF-8
-    st.tuples(st.just("invalid UTF-8"), st.binary(max_size=12).filter(lambda b: b"\n" not in b).map(lambda b: b[:5] + b"\xff" + b[5:])),
+    st.tuples(
+        st.just("invalid UTF-8"),
+        st.binary(max_size=12).filter(lambda b: b"\n" not in b).map(lambda b: b[:5] + b"\xff" + b[5:]),
+    ),
     st.tuples(st.just("blank"), BLANK.map(str.encode)),
     st.tuples(st.just("one field"), VALID_SIDE.map(str.encode)),
-    st.tuples(st.just("extra tabs"), st.lists(SIDE | BLANK, min_size=3, max_size=5).map(lambda f: "\t".join(f).encode())),
+    st.tuples(
+        st.just("extra tabs"), st.lists(SIDE | BLANK, min_size=3, max_size=5).map(lambda f: "\t".join(f).encode())
+    ),
     st.tuples(st.just("empty source"), st.tuples(BLANK, SIDE | BLANK).map(lambda f: "\t".join(f).encode())),
     st.tuples(st.just("empty target"), st.tuples(SIDE, BLANK).map(lambda f: "\t".join(f).encode())),
 )
@@ -236,9 +247,14 @@ def expected_reason(kind: str, line: bytes, reader: str) -> str | None:
     # an empty image file name is read (and unreadable)
     if kind == "empty source" and reader == "image_captions":
         return None if line.split(b"\t")[1].decode().strip() else empty_side
-    return {"invalid UTF-8": "invalid UTF-8", "blank": "a blank line", "one field": "1 tab-separated fields instead of 2",
-            "extra tabs": f"{tabs + 1} tab-separated fields instead of 2", "empty source": empty_side,
-            "empty target": empty_side}.get(kind)
+    return {
+        "invalid UTF-8": "invalid UTF-8",
+        "blank": "a blank line",
+        "one field": "1 tab-separated fields instead of 2",
+        "extra tabs": f"{tabs + 1} tab-separated fields instead of 2",
+        "empty source": empty_side,
+        "empty target": empty_side,
+    }.get(kind)
 
 
 def encoded(kind: str, value) -> bytes:
@@ -260,8 +276,14 @@ def fuzz_folder(tmp_path_factory) -> Path:
 
 
 @settings(max_examples=40, deadline=None)
-@given(lines=LINES, endings=st.lists(st.sampled_from([b"\n", b"\r\n"]), min_size=25, max_size=25), last_ending=st.booleans())
-def test_fuzzed_corpus_keeps_every_valid_line_and_counts_every_junk_line(corpus, fuzz_folder, lines, endings, last_ending):
+@given(
+    lines=LINES,
+    endings=st.lists(st.sampled_from([b"\n", b"\r\n"]), min_size=25, max_size=25),
+    last_ending=st.booleans(),
+)
+def test_fuzzed_corpus_keeps_every_valid_line_and_counts_every_junk_line(
+    corpus, fuzz_folder, lines, endings, last_ending
+):
     train = fuzz_folder / "train.tsv"
     train.write_bytes(corpus_bytes(lines, endings, last_ending))
     for reader in ("parallel_text", "image_captions"):
@@ -281,7 +303,9 @@ def test_fuzzed_corpus_keeps_every_valid_line_and_counts_every_junk_line(corpus,
             kept = image_captions.read_lines(train, skipped)
         assert kept == expected
         assert dict(skipped.counts) == {reason: len(numbers) for reason, numbers in reasons.items()}
-        assert skipped.examples == {reason: [f"{train}:{n}" for n in numbers[:5]] for reason, numbers in reasons.items()}
+        assert skipped.examples == {
+            reason: [f"{train}:{n}" for n in numbers[:5]] for reason, numbers in reasons.items()
+        }
     valid = [tuple(side.strip() for side in value) for kind, value in lines if kind == "valid"]
     params = {**corpus, "train": str(train)}
     # and the whole build: the valid lines are the train split

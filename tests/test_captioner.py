@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scoring import metrics
 import models
-from utils.errors import ConfigError
-from models.captioner import doubly_stochastic_penalty
 from helpers.references import np_log_softmax, np_numerical_gradient, np_softmax
+from models.captioner import doubly_stochastic_penalty
+from scoring import metrics
+from utils.errors import ConfigError
 
 V, E, N, A, D, L = 11, 5, 6, 4, 3, 5
 BOS, PAD = 1, 0
@@ -25,7 +25,9 @@ BOS, PAD = 1, 0
 def make(**fields):
     """A feature-grid captioner of tiny sizes, with the gating scalar beta on (so that the references
     cover eq. 6's gate; the configs train without it)."""
-    sizes = dict(vocab_size=V, embed_dim=E, hidden_dim=N, attention_dim=A, inputs="features", feature_dim=D, selector=True)
+    sizes = dict(
+        vocab_size=V, embed_dim=E, hidden_dim=N, attention_dim=A, inputs="features", feature_dim=D, selector=True
+    )
     return models.create_model("captioner", rngs=nnx.Rngs(params=0, dropout=1), **{**sizes, **fields})
 
 
@@ -62,7 +64,10 @@ def reference_step(w, annotations, word, hidden, cell, location=None):
     """One decoder step of section 3.1.2 in float64 from the weights `w`: `(logits, h_t, c_t, alpha_t)`.
     Soft attention's context z = beta sum_i alpha_i a_i, or hard attention's z = beta a_s at a fixed
     `location` s (eq. 9)."""
-    scores = np.tanh(affine(w, "attention.key_proj", annotations) + (hidden @ w["attention.query_proj.kernel"])[:, None]) @ w["attention.v"]
+    scores = (
+        np.tanh(affine(w, "attention.key_proj", annotations) + (hidden @ w["attention.query_proj.kernel"])[:, None])
+        @ w["attention.v"]
+    )
     # eqs. 4-5
     alpha = np_softmax(scores)
     # section 4.2.1
@@ -93,7 +98,9 @@ def caption_terms(w, annotations, targets, locations=None):
     rows, previous = np.arange(len(targets)), np.full(len(targets), BOS)
     log_likelihood, alphas = [], []
     for t in range(targets.shape[1]):
-        logits, hidden, cell, alpha = reference_step(w, annotations, previous, hidden, cell, None if locations is None else locations[:, t])
+        logits, hidden, cell, alpha = reference_step(
+            w, annotations, previous, hidden, cell, None if locations is None else locations[:, t]
+        )
         log_likelihood.append(np_log_softmax(logits)[rows, targets[:, t]])
         alphas.append(alpha)
         previous = targets[:, t]
@@ -152,7 +159,9 @@ def test_hard_attention_pass_reads_the_sampled_locations():
         np.testing.assert_allclose(out["logits"][:, t], expected, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(out["weights"][:, t], alpha, rtol=1e-4, atol=1e-6)
         previous = targets[:, t]
-    draws = jax.vmap(lambda key: model.teacher_forced(batch, key=key)["locations"][:, 0])(jax.random.split(jax.random.key(0), 2000))
+    draws = jax.vmap(lambda key: model.teacher_forced(batch, key=key)["locations"][:, 0])(
+        jax.random.split(jax.random.key(0), 2000)
+    )
     frequencies = np.stack([np.bincount(np.asarray(draws[:, row]), minlength=L) / 2000 for row in range(2)])
     # s_1 ~ alpha_1 (eq. 8)
     np.testing.assert_allclose(frequencies, out["weights"][:, 0], atol=0.04)
@@ -196,13 +205,24 @@ def draw_table(w, annotations, targets, rule, baseline):
         sequences = location_sequences(GRID, int(np.sum(targets[row] != PAD)), targets.shape[1])
         expectation = np.arange(len(sequences) + 1) == 0
         locations = np.concatenate([sequences[:1] * 0, sequences])
-        image, caption = np.repeat(annotations[row : row + 1], len(locations), 0), np.repeat(targets[row : row + 1], len(locations), 0)
+        image, caption = (
+            np.repeat(annotations[row : row + 1], len(locations), 0),
+            np.repeat(targets[row : row + 1], len(locations), 0),
+        )
         rewards = caption_terms(w, image, caption, locations)["log_likelihood"] - baseline
         terms = rule_terms(w, image, caption, expectation, locations, rewards, rule)
         probability = np.where(expectation, 0.5, 0.5 * np.exp(terms["log_locations"]))
         # the table holds every draw
         np.testing.assert_allclose(probability.sum(), 1.0, rtol=1e-12)
-        table.append({**terms, "expectation": expectation, "locations": locations, "rewards": rewards, "probability": probability})
+        table.append(
+            {
+                **terms,
+                "expectation": expectation,
+                "locations": locations,
+                "rewards": rewards,
+                "probability": probability,
+            }
+        )
     return table
 
 
@@ -215,7 +235,9 @@ def identify_draws(table, nll_sums, penalty_sums, tolerance=1e-4):
     draws = []
     for key, (nll, penalty_sum) in enumerate(zip(nll_sums, penalty_sums)):
         fits = np.argwhere((np.abs(-likelihood - nll) < tolerance) & (np.abs(penalty - penalty_sum) < tolerance))
-        assert len(fits) == 1, f"key {key}: {len(fits)} draws have the objective's NLL {nll:.6f} and penalty {penalty_sum:.6f}"
+        assert len(fits) == 1, (
+            f"key {key}: {len(fits)} draws have the objective's NLL {nll:.6f} and penalty {penalty_sum:.6f}"
+        )
         draws.append(tuple(fits[0]))
     return draws
 
@@ -244,9 +266,15 @@ def objective_draws():
     run = jax.jit(jax.vmap(jax.value_and_grad(objective, has_aux=True), in_axes=(None, 0)))
     (loss, outputs), grads = run(params, jax.random.split(jax.random.key(8), KEYS))
     weights = weights_of(model)
-    return {"annotations": annotations, "targets": targets, "weights": weights, "loss": np.asarray(loss, np.float64),
-            **{name: np.asarray(value, np.float64) for name, value in outputs.items()}, "grads": weights_of(grads),
-            "table": draw_table(weights, annotations, targets, RULE, BASELINE)}
+    return {
+        "annotations": annotations,
+        "targets": targets,
+        "weights": weights,
+        "loss": np.asarray(loss, np.float64),
+        **{name: np.asarray(value, np.float64) for name, value in outputs.items()},
+        "grads": weights_of(grads),
+        "table": draw_table(weights, annotations, targets, RULE, BASELINE),
+    }
 
 
 def test_objective_is_the_rule_for_every_draw(objective_draws):
@@ -271,7 +299,9 @@ def test_expected_context_is_drawn_per_image_with_probability_one_half(objective
     """Section 4.1's trick: each image, independently, on the expected context with probability 0.5."""
     run, table = objective_draws, objective_draws["table"]
     # [keys, B]
-    expectation = np.array([chosen(table, draw, "expectation") for draw in identify_draws(table, run["nll"], run["penalty"])])
+    expectation = np.array(
+        [chosen(table, draw, "expectation") for draw in identify_draws(table, run["nll"], run["penalty"])]
+    )
     # 4 standard errors of 200 draws
     assert np.all(np.abs(expectation.mean(0) - 0.5) < 0.15), expectation.mean(0)
     # independent images: 2 p (1 - p) = 0.5; 0 per batch
@@ -289,12 +319,20 @@ def test_objective_gradient_is_the_rules_for_its_draw(objective_draws):
     for kind in ((True, False), (False, False)):
         assert kind in kinds, f"no key drew {kind} (expected context, per caption)"
         key = kinds.index(kind)
-        expectation, locations, rewards = (chosen(table, draws[key], name) for name in ("expectation", "locations", "rewards"))
-        want = np_numerical_gradient(lambda w: rule_terms(w, run["annotations"], run["targets"], expectation, locations, rewards, RULE)["loss"].sum(),
-                                     run["weights"])
+        expectation, locations, rewards = (
+            chosen(table, draws[key], name) for name in ("expectation", "locations", "rewards")
+        )
+        want = np_numerical_gradient(
+            lambda w: rule_terms(w, run["annotations"], run["targets"], expectation, locations, rewards, RULE)[
+                "loss"
+            ].sum(),
+            run["weights"],
+        )
         assert want.keys() == run["grads"].keys()
         for name, value in want.items():
-            np.testing.assert_allclose(run["grads"][name][key], value, rtol=1e-3, atol=1e-5, err_msg=f"{name}, draw {kind}")
+            np.testing.assert_allclose(
+                run["grads"][name][key], value, rtol=1e-3, atol=1e-5, err_msg=f"{name}, draw {kind}"
+            )
 
 
 def test_hard_attention_estimator_is_unbiased():
@@ -302,9 +340,18 @@ def test_hard_attention_estimator_is_unbiased():
     the expectation trick, the entropy term and the penalty off) averaged over many draws equals the
     exact gradient of L_s = sum_s p(s | a) log p(y | s, a) (eq. 10): NumPy's, summed over all 16
     location sequences of a 2-word caption on a 2 x 2 grid and differentiated by central differences."""
-    model = make(attention="hard", embed_dim=3, hidden_dim=3, attention_dim=3, vocab_size=5, reinforce_weight=1.0,
-                 # the rule alone
-                 expectation_probability=0.0, entropy_weight=0.0, doubly_stochastic=0.0)
+    model = make(
+        attention="hard",
+        embed_dim=3,
+        hidden_dim=3,
+        attention_dim=3,
+        vocab_size=5,
+        reinforce_weight=1.0,
+        # the rule alone
+        expectation_probability=0.0,
+        entropy_weight=0.0,
+        doubly_stochastic=0.0,
+    )
     annotations = np.random.default_rng(2).normal(size=(1, GRID, D)) * 2
     targets = np.array([[3, 2]])
     sequences = location_sequences(GRID, 2, 2)
@@ -316,7 +363,9 @@ def test_hard_attention_estimator_is_unbiased():
         return np.sum(np.exp(terms["log_locations"]) * terms["log_likelihood"])
 
     weights = weights_of(model)
-    np.testing.assert_allclose(np.exp(caption_terms(weights, images, captions, sequences)["log_locations"]).sum(), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(
+        np.exp(caption_terms(weights, images, captions, sequences)["log_locations"]).sum(), 1.0, rtol=1e-12
+    )
     exact = np_numerical_gradient(lower_bound, weights)
     batch = {"inputs": jnp.float32(annotations), "targets": jnp.asarray(targets)}
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -347,8 +396,16 @@ def test_hard_attention_estimator_is_unbiased():
 def test_teacher_forcing_equals_decoding_step_by_step():
     """The training pass with the expected context (soft attention, and hard attention's decoding)
     is the decoder's steps run one by one on the reference; from pixels, through the CNN."""
-    model = models.create_model("captioner", rngs=nnx.Rngs(0), vocab_size=V, conv_widths=(4, 4), pools=1, embed_dim=E,
-                                hidden_dim=N, attention_dim=A)
+    model = models.create_model(
+        "captioner",
+        rngs=nnx.Rngs(0),
+        vocab_size=V,
+        conv_widths=(4, 4),
+        pools=1,
+        embed_dim=E,
+        hidden_dim=N,
+        attention_dim=A,
+    )
     images = jnp.asarray(np.random.default_rng(6).integers(0, 256, size=(2, 6, 8, 1)), jnp.uint8)
     targets = jnp.asarray([[3, 5, 2, 0], [4, 6, 7, 2]])
     logits = model({"inputs": images, "targets": targets})
@@ -368,7 +425,9 @@ def test_doubly_stochastic_penalty():
     real = np.array([[1.0, 1.0, 0.0]])
     # sum over the real steps, by hand
     totals = np.array([0.6, 1.05, 0.35])
-    np.testing.assert_allclose(doubly_stochastic_penalty(jnp.asarray(weights), jnp.asarray(real)), [np.sum((1 - totals) ** 2)], rtol=1e-6)
+    np.testing.assert_allclose(
+        doubly_stochastic_penalty(jnp.asarray(weights), jnp.asarray(real)), [np.sum((1 - totals) ** 2)], rtol=1e-6
+    )
     # each location attended once over time
     permutation = jnp.eye(4)[jnp.asarray([2, 0, 3, 1])][None]
     assert float(doubly_stochastic_penalty(permutation, jnp.ones((1, 4)))[0]) == 0.0

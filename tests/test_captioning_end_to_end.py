@@ -6,16 +6,15 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
-from helpers.tiny import TINY_CAPTIONER, captioning_config, tiny_config
-from helpers.subprocess_runs import assert_same_final_state, sigkill_and_rerun
 
-from scoring import metrics
-from scoring import score_registry
-from engine import training_loop
 from configs import base
-from utils.errors import ConfigError, DataError
-from tasks import image_captions, load_task
+from engine import training_loop
+from helpers.subprocess_runs import assert_same_final_state, sigkill_and_rerun
+from helpers.tiny import TINY_CAPTIONER, captioning_config, tiny_config
 from run_setup.settings import parse
+from scoring import metrics, score_registry
+from tasks import image_captions, load_task
+from utils.errors import ConfigError, DataError
 
 
 def test_localization_counts_hand_worked():
@@ -47,16 +46,23 @@ def test_evaluator_localizes_each_real_rows_words_before_eos():
     weights[1, 0, [0, 1], [1, 1]] = 1.0
     # row 2: padding
     weights[2, 0, 0, 0] = 1.0
-    stub = SimpleNamespace(attention=lambda params, batch: {"attention": weights}, roles={"attention": AttentionRole.CROSS},
-                           concrete_model=SimpleNamespace(cell_centres=lambda height, width: centres))
+    stub = SimpleNamespace(
+        attention=lambda params, batch: {"attention": weights},
+        roles={"attention": AttentionRole.CROSS},
+        concrete_model=SimpleNamespace(cell_centres=lambda height, width: centres),
+    )
     decoded = np.array([[5, 6, 2, 0], [5, 6, 7, 8], [5, 2, 0, 0]])
     boxes = np.array([[[0, 0, 4, 4], [8, 0, 12, 4]]] * 3)
-    hits_total = evaluation.Evaluator.localization(stub, None, {"inputs": np.zeros((3, 4, 12, 1))}, decoded, boxes, np.array([0, 1, -1]))
+    hits_total = evaluation.Evaluator.localization(
+        stub, None, {"inputs": np.zeros((3, 4, 12, 1))}, decoded, boxes, np.array([0, 1, -1])
+    )
     assert hits_total == (2, 2)
 
 
 def test_caption_metrics_use_every_reference():
-    results = score_registry.text_scores("caption", ["a dog runs", "two cats"], [["a dog runs fast", "a dog runs"], ["one cat"]])
+    results = score_registry.text_scores(
+        "caption", ["a dog runs", "two cats"], [["a dog runs fast", "a dog runs"], ["one cat"]]
+    )
     assert results["exact_match"] == 0.5
     assert results["bleu_1"] > results["bleu_4"] >= 0.0
 
@@ -106,19 +112,35 @@ def test_image_captions_reads_a_folder_and_reports_bad_lines(tmp_path):
     for name, value in (("a.png", 10), ("b.png", 200)):
         write_image(images / name, value)
     (images / "broken.png").write_bytes(b"not a png")
-    lines = ["a.png\ta grey square", "a.png\ta dark square", "b.png\ta light square", "b.png\t", "no tab here",
-             "broken.png\tunreadable", "missing.png\tnot there"]
+    lines = [
+        "a.png\ta grey square",
+        "a.png\ta dark square",
+        "b.png\ta light square",
+        "b.png\t",
+        "no tab here",
+        "broken.png\tunreadable",
+        "missing.png\tnot there",
+    ]
     for split in ("train", "dev", "test"):
         (tmp_path / f"{split}.tsv").write_text("\n".join(lines) + "\n")
-    params = dict(images=str(images), height=6, width=8, channels=1,
-                  **{split: str(tmp_path / f"{split}.tsv") for split in ("train", "dev", "test")})
+    params = dict(
+        images=str(images),
+        height=6,
+        width=8,
+        channels=1,
+        **{split: str(tmp_path / f"{split}.tsv") for split in ("train", "dev", "test")},
+    )
     task = load_task("image_captions", str(tmp_path / "tfds"), **params)
     train = task.splits["train"]
     assert len(train) == 3 and task.image(train[0]).shape == (6, 8, 1)
     assert task.references("dev", [0, 2]) == [["a grey square", "a dark square"], ["a light square"]]
     # the build's report, reloaded
     _, report = image_captions.prepare_image_captions(str(tmp_path / "tfds"), **params)
-    assert report["skipped"] == {"an empty caption": 3, "1 tab-separated fields instead of 2": 3, "a missing or unreadable image": 6}
+    assert report["skipped"] == {
+        "an empty caption": 3,
+        "1 tab-separated fields instead of 2": 3,
+        "a missing or unreadable image": 6,
+    }
     assert any(f"{tmp_path / 'train.tsv'}:6" in message for message in report["messages"])
     with pytest.raises(DataError, match="task.images must be the folder"):
         load_task("image_captions", str(tmp_path / "tfds"), **{**params, "images": str(tmp_path / "nowhere")})
@@ -129,14 +151,32 @@ def test_hard_attention_resumes_bit_identical_after_sigkill(shared_data_dir, tmp
     """The sampler's keys come from the step and the moving-average baseline is checkpointed with
     the parameters, so a killed and rerun hard-attention run ends where an uninterrupted one does."""
 
-    config = captioning_config(shared_data_dir, attention="hard", num_train_steps=60, checkpoint_every_steps=20,
-                               eval_every_steps=60, visualize_examples=0)
-    tiny = ["--config=configs/captioner_hard_digit_strips.py", "--config.task.train_size=96", "--config.task.dev_size=8",
-            "--config.task.test_size=8", "--config.batch_size=8", "--config.warmup_steps=2", "--config.log_every_steps=2",
-            *[f"--config.model.{k}={v}" for k, v in TINY_CAPTIONER.items() if k != "conv_widths"],
-            "--config.model.conv_widths=(8, 8)"]
-    flags = ["--config.num_train_steps=60", "--config.checkpoint_every_steps=20", "--config.eval_every_steps=60",
-             "--config.visualize_examples=0", "--config.curves_png=false"]
+    config = captioning_config(
+        shared_data_dir,
+        attention="hard",
+        num_train_steps=60,
+        checkpoint_every_steps=20,
+        eval_every_steps=60,
+        visualize_examples=0,
+    )
+    tiny = [
+        "--config=configs/captioner_hard_digit_strips.py",
+        "--config.task.train_size=96",
+        "--config.task.dev_size=8",
+        "--config.task.test_size=8",
+        "--config.batch_size=8",
+        "--config.warmup_steps=2",
+        "--config.log_every_steps=2",
+        *[f"--config.model.{k}={v}" for k, v in TINY_CAPTIONER.items() if k != "conv_widths"],
+        "--config.model.conv_widths=(8, 8)",
+    ]
+    flags = [
+        "--config.num_train_steps=60",
+        "--config.checkpoint_every_steps=20",
+        "--config.eval_every_steps=60",
+        "--config.visualize_examples=0",
+        "--config.curves_png=false",
+    ]
     whole, cut = sigkill_and_rerun(tmp_path, shared_data_dir, flags, kill_after=30, checkpoint=20, last=60, tiny=tiny)
     state = assert_same_final_state(config, whole, cut, 60)
     # the baseline moved (log-likelihoods are negative)
@@ -153,9 +193,17 @@ def test_coco_captions_records_from_a_source_in_its_layout(tmp_path, monkeypatch
     from tasks import catalog
 
     images = [np.full((20 + i, 30, 3), 40 * i, np.uint8) for i in range(3)]
-    source = [{"image": image, "image/filename": f"img{i}.jpg".encode(),
-               "captions": {"text": [f"caption {i}.{c}" for c in range(5 if i else 2)]}} for i, image in enumerate(images)]
-    monkeypatch.setattr(catalog, "prepared_builder", lambda name, data_dir: SimpleNamespace(as_data_source=lambda split: source))
+    source = [
+        {
+            "image": image,
+            "image/filename": f"img{i}.jpg".encode(),
+            "captions": {"text": [f"caption {i}.{c}" for c in range(5 if i else 2)]},
+        }
+        for i, image in enumerate(images)
+    ]
+    monkeypatch.setattr(
+        catalog, "prepared_builder", lambda name, data_dir: SimpleNamespace(as_data_source=lambda split: source)
+    )
     task = load_task("coco_captions", str(tmp_path), height=12, width=10)
     assert (task.metric, task.inputs) == ("caption", "image")
     # five captions an image

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from utils import files
 import tasks
 from tasks import catalog
+from utils import files
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PREPARE_PYTHON = PROJECT_ROOT / ".venv-prepare" / "bin" / "python"
@@ -60,17 +60,25 @@ WMT_CORPORA = {
     "europarl_v7": (STATMT + "wmt13/training-parallel-europarl-v7.tgz", "training/europarl-v7.de-en"),
     "commoncrawl": (STATMT + "wmt13/training-parallel-commoncrawl.tgz", "commoncrawl.de-en"),
     "newscommentary_v9": (STATMT + "wmt14/training-parallel-nc-v9.tgz", "training/news-commentary-v9.de-en"),
-    "newscommentary_v12": (STATMT_DATA + "wmt17/translation-task/training-parallel-nc-v12.tgz",
-                           "training/news-commentary-v12.de-en"),
+    "newscommentary_v12": (
+        STATMT_DATA + "wmt17/translation-task/training-parallel-nc-v12.tgz",
+        "training/news-commentary-v12.de-en",
+    ),
     "rapid_2016": (STATMT_DATA + "wmt18/translation-task/rapid2016.tgz", "rapid2016.de-en"),
 }
 # every newstest, plain and SGML
 WMT_DEV_URL = STATMT_DATA + "wmt19/translation-task/dev.tgz"
 WMT_SPLITS = {
-    "wmt14_translate/de-en": {"train": ["europarl_v7", "commoncrawl", "newscommentary_v9"],
-                              "dev": ["newstest2013"], "test": ["newstest2014"]},
-    "wmt17_translate/de-en": {"train": ["europarl_v7", "commoncrawl", "newscommentary_v12", "rapid_2016"],
-                              "dev": ["newstest2016"], "test": ["newstest2017"]},
+    "wmt14_translate/de-en": {
+        "train": ["europarl_v7", "commoncrawl", "newscommentary_v9"],
+        "dev": ["newstest2013"],
+        "test": ["newstest2014"],
+    },
+    "wmt17_translate/de-en": {
+        "train": ["europarl_v7", "commoncrawl", "newscommentary_v12", "rapid_2016"],
+        "dev": ["newstest2016"],
+        "test": ["newstest2017"],
+    },
 }
 
 
@@ -78,9 +86,14 @@ def wmt_archives() -> dict[str, dict[str, str]]:
     """`{url: {member path: text}}` of every archive the two WMT de-en builders fetch."""
     archives = {url: plain_files(path, sentence_pairs(corpus)) for corpus, (url, path) in WMT_CORPORA.items()}
     # plain text, unlike later years
-    archives[WMT_DEV_URL] = {**plain_files("dev/newstest2013", sentence_pairs("newstest2013")),
-                             **{k: v for year in (2014, 2016, 2017)
-                                for k, v in sgm_files(f"newstest{year}", sentence_pairs(f"newstest{year}")).items()}}
+    archives[WMT_DEV_URL] = {
+        **plain_files("dev/newstest2013", sentence_pairs("newstest2013")),
+        **{
+            k: v
+            for year in (2014, 2016, 2017)
+            for k, v in sgm_files(f"newstest{year}", sentence_pairs(f"newstest{year}")).items()
+        },
+    }
     return archives
 
 
@@ -133,30 +146,62 @@ def coco_archives() -> dict[str, dict[str, bytes | str]]:
     categories = [{"id": i + 1, "name": f"category{i}", "supercategory": "thing"} for i in range(80)]
 
     def instances(year_split: str) -> str:
-        images = [{"id": image_ids[name], "file_name": name, "height": 8, "width": 12}
-                  for name in COCO_IMAGES if year_split in name]
-        boxes = [{"id": 1000 + image["id"], "image_id": image["id"], "bbox": [1.0, 1.0, 4.0, 3.0], "area": 12,
-                  "category_id": 1, "iscrowd": 0} for image in images]
+        images = [
+            {"id": image_ids[name], "file_name": name, "height": 8, "width": 12}
+            for name in COCO_IMAGES
+            if year_split in name
+        ]
+        boxes = [
+            {
+                "id": 1000 + image["id"],
+                "image_id": image["id"],
+                "bbox": [1.0, 1.0, 4.0, 3.0],
+                "area": 12,
+                "category_id": 1,
+                "iscrowd": 0,
+            }
+            for image in images
+        ]
         return json.dumps({"images": images, "annotations": boxes, "categories": categories})
 
     def test_info(year_split: str) -> str:
-        return json.dumps({"images": [{"id": 1, "file_name": f"COCO_{year_split}_000000000001.jpg", "height": 8, "width": 12}],
-                           "categories": categories})
+        return json.dumps(
+            {
+                "images": [{"id": 1, "file_name": f"COCO_{year_split}_000000000001.jpg", "height": 8, "width": 12}],
+                "categories": categories,
+            }
+        )
 
-    archives = {COCO + f"zips/{year_split}.zip": {f"{year_split}/{name}": jpeg(colour)
-                                                   for name, (_, colour) in COCO_IMAGES.items() if year_split in name}
-                for year_split in ("train2014", "val2014")}
+    archives = {
+        COCO + f"zips/{year_split}.zip": {
+            f"{year_split}/{name}": jpeg(colour) for name, (_, colour) in COCO_IMAGES.items() if year_split in name
+        }
+        for year_split in ("train2014", "val2014")
+    }
     # fetched and extracted by coco.py, unused by coco_captions
     for year_split in ("test2014", "test2015"):
-        archives[COCO + f"zips/{year_split}.zip"] = {f"{year_split}/COCO_{year_split}_000000000001.jpg": jpeg((0, 0, 0))}
-        archives[COCO + f"annotations/image_info_{year_split}.zip"] = {f"annotations/image_info_{year_split}.json": test_info(year_split)}
+        archives[COCO + f"zips/{year_split}.zip"] = {
+            f"{year_split}/COCO_{year_split}_000000000001.jpg": jpeg((0, 0, 0))
+        }
+        archives[COCO + f"annotations/image_info_{year_split}.zip"] = {
+            f"annotations/image_info_{year_split}.json": test_info(year_split)
+        }
     archives[COCO + "annotations/annotations_trainval2014.zip"] = {
-        f"annotations/instances_{s}.json": instances(s) for s in ("train2014", "val2014")}
-    karpathy = [{"filename": name, "split": split, "sentences": [{"raw": text, "sentid": 10 * image_ids[name] + c}
-                                                                 for c, text in enumerate(coco_captions_of(name))]}
-                for name, (split, _) in COCO_IMAGES.items()]
+        f"annotations/instances_{s}.json": instances(s) for s in ("train2014", "val2014")
+    }
+    karpathy = [
+        {
+            "filename": name,
+            "split": split,
+            "sentences": [
+                {"raw": text, "sentid": 10 * image_ids[name] + c} for c, text in enumerate(coco_captions_of(name))
+            ],
+        }
+        for name, (split, _) in COCO_IMAGES.items()
+    ]
     archives["https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"] = {
-        "dataset_coco.json": json.dumps({"images": karpathy, "dataset": "coco"})}
+        "dataset_coco.json": json.dumps({"images": karpathy, "dataset": "coco"})
+    }
     return archives
 
 
@@ -215,14 +260,22 @@ def prepare_from_fixtures(folder: Path, data_dir: Path) -> None:
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     environment.pop("TFDS_DATA_DIR", None)
     started = time.perf_counter()
-    result = subprocess.run([str(PREPARE_PYTHON), str(WORKER), str(downloads), str(data_dir), *DATASETS],
-                            cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(PREPARE_PYTHON), str(WORKER), str(downloads), str(data_dir), *DATASETS],
+        cwd=PROJECT_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     print(f"prepared {len(DATASETS)} datasets in {time.perf_counter() - started:.1f} s")
 
 
-@pytest.mark.parametrize("name,reverse", [("wmt14_translate/de-en", False), ("wmt17_translate/de-en", True),
-                                          ("ted_hrlr_translate/pt_to_en", False)])
+@pytest.mark.parametrize(
+    "name,reverse",
+    [("wmt14_translate/de-en", False), ("wmt17_translate/de-en", True), ("ted_hrlr_translate/pt_to_en", False)],
+)
 def test_prepared_translation_dataset_is_read_by_the_catalog_task(prepared_data_dir, name, reverse):
     task = tasks.load_task(name, str(prepared_data_dir), reverse=reverse)
     source, target = catalog.languages_of(name)[::-1] if reverse else catalog.languages_of(name)
@@ -242,7 +295,9 @@ def test_prepared_coco_captions_is_read_by_the_catalog_task(prepared_data_dir):
         records = [task.splits[split][i] for i in range(len(task.splits[split]))]
         # five captions an image
         assert len(records) == 5 * len(names), split
-        assert {(r["image_file"], r["caption"]) for r in records} == {(n, c) for n in names for c in coco_captions_of(n)}
+        assert {(r["image_file"], r["caption"]) for r in records} == {
+            (n, c) for n in names for c in coco_captions_of(n)
+        }
         for record in records:
             image = task.image(record)
             assert image.shape == (6, 9, 3)
@@ -277,7 +332,10 @@ def test_prepare_command_refuses_an_unknown_name_in_one_line(tmp_path, capsys):
     from tools import prepare_catalog
 
     assert prepare_catalog.main(["coco_captoins", f"--data_dir={tmp_path}"]) == 2
-    assert capsys.readouterr().err == "prepare_catalog: unknown TFDS catalog dataset 'coco_captoins'; did you mean coco_captions?\n"
+    assert (
+        capsys.readouterr().err
+        == "prepare_catalog: unknown TFDS catalog dataset 'coco_captoins'; did you mean coco_captions?\n"
+    )
     # nothing written
     assert not any(tmp_path.iterdir())
 
@@ -290,9 +348,13 @@ def test_prepare_command_names_manual_dir_when_files_are_missing(tmp_path, monke
     class NeedsManualFiles:
         def download_and_prepare(self, download_config, file_format):
             assert download_config.manual_dir == str(tmp_path / "manual") and file_format == "array_record"
-            raise AssertionError(f"Manual directory {tmp_path}/manual does not exist or is empty.\nCreate it and download")
+            raise AssertionError(
+                f"Manual directory {tmp_path}/manual does not exist or is empty.\nCreate it and download"
+            )
 
     monkeypatch.setattr(prepare_catalog, "builder_of", lambda name, data_dir: NeedsManualFiles())
     assert prepare_catalog.main(["wmt14_translate/cs-en", f"--manual_dir={tmp_path / 'manual'}"]) == 2
-    assert capsys.readouterr().err == (f"prepare_catalog: wmt14_translate/cs-en: Manual directory {tmp_path}/manual does not "
-                                       "exist or is empty. Create it and download (give that folder with --manual_dir=DIR)\n")
+    assert capsys.readouterr().err == (
+        f"prepare_catalog: wmt14_translate/cs-en: Manual directory {tmp_path}/manual does not "
+        "exist or is empty. Create it and download (give that folder with --manual_dir=DIR)\n"
+    )

@@ -16,17 +16,16 @@ import jax
 import numpy as np
 import pytest
 from orbax.checkpoint._src.path import atomicity
-from helpers.tiny import first_devices_mesh, tiny_config, two_process_config, xla_flags
-from helpers.subprocess_runs import TIMING, assert_same_final_state, final_state, metric_rows, run_train_py
 
-from run_setup import checkpoints
-from utils import files
 from engine import training_loop
-from utils.errors import CheckpointError
-from run_setup import cluster
+from helpers.subprocess_runs import TIMING, assert_same_final_state, final_state, metric_rows, run_train_py
+from helpers.tiny import first_devices_mesh, tiny_config, two_process_config, xla_flags
+from run_setup import checkpoints, cluster
 from run_setup import run as run_module
 from run_setup.run import prepare_run
 from run_setup.settings import parse
+from utils import files
+from utils.errors import CheckpointError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 FAULT_WORKER = PROJECT_ROOT / "tests" / "helpers" / "fault_worker.py"
@@ -41,14 +40,18 @@ def flip_a_bit(path: Path) -> None:
 
 def largest_file(folder: Path) -> Path:
     """The largest data file of an Orbax folder (not its `_METADATA`-like JSON, which a flipped bit makes unreadable)."""
-    return max((p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("_")), key=lambda p: p.stat().st_size)
+    return max(
+        (p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("_")), key=lambda p: p.stat().st_size
+    )
 
 
 def snapshot(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): files.sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_flipped_bits_fall_back_to_the_newest_good_checkpoint_and_with_none_good_touch_nothing(finished_run, tmp_path, caplog):
+def test_flipped_bits_fall_back_to_the_newest_good_checkpoint_and_with_none_good_touch_nothing(
+    finished_run, tmp_path, caplog
+):
     config, workdir, _ = finished_run
     copy = tmp_path / "run"
     shutil.copytree(workdir, copy)
@@ -60,7 +63,10 @@ def test_flipped_bits_fall_back_to_the_newest_good_checkpoint_and_with_none_good
     flip_a_bit(damaged)
     step, _ = prepare_run(parse(config), copy).restore_params()
     assert step == 10
-    assert f"{damaged} is changed since it was saved" in caplog.text and "fell back to the checkpoint at step 10" in caplog.text
+    assert (
+        f"{damaged} is changed since it was saved" in caplog.text
+        and "fell back to the checkpoint at step 10" in caplog.text
+    )
 
     flip_a_bit(largest_file(folder / "10" / "state"))
     before, rows = snapshot(copy / "checkpoints"), (copy / "metrics.jsonl").read_text()
@@ -69,7 +75,9 @@ def test_flipped_bits_fall_back_to_the_newest_good_checkpoint_and_with_none_good
     assert snapshot(copy / "checkpoints") == before and (copy / "metrics.jsonl").read_text() == rows
 
 
-def test_a_failed_checkpoint_write_names_the_folder_and_the_run_resumes_once_fixed(shared_data_dir, tmp_path, monkeypatch):
+def test_a_failed_checkpoint_write_names_the_folder_and_the_run_resumes_once_fixed(
+    shared_data_dir, tmp_path, monkeypatch
+):
     finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
     async def disk_full_at_step_20(self):
@@ -79,7 +87,9 @@ def test_a_failed_checkpoint_write_names_the_folder_and_the_run_resumes_once_fix
 
     monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", disk_full_at_step_20)
     config = tiny_config(shared_data_dir, num_train_steps=20, eval_every_steps=20)
-    with pytest.raises(CheckpointError, match=rf"cannot write a checkpoint to {tmp_path}/checkpoints \(No space left on device\)"):
+    with pytest.raises(
+        CheckpointError, match=rf"cannot write a checkpoint to {tmp_path}/checkpoints \(No space left on device\)"
+    ):
         training_loop.train_and_evaluate(parse(config), tmp_path)
     assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10]
 
@@ -91,8 +101,15 @@ def test_a_failed_checkpoint_write_names_the_folder_and_the_run_resumes_once_fix
 
 
 @pytest.mark.slow
-def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_step_then_a_rerun_equals_a_whole_run(shared_data_dir, tmp_path):
-    flags = ["--config.num_train_steps=60", "--config.checkpoint_every_steps=20", "--config.eval_every_steps=30", "--config.visualize_examples=0"]
+def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_step_then_a_rerun_equals_a_whole_run(
+    shared_data_dir, tmp_path
+):
+    flags = [
+        "--config.num_train_steps=60",
+        "--config.checkpoint_every_steps=20",
+        "--config.eval_every_steps=30",
+        "--config.visualize_examples=0",
+    ]
     whole = run_train_py(tmp_path / "whole", shared_data_dir, *flags)
     assert whole.wait(timeout=300) == 0, whole.stdout.read()
 
@@ -118,8 +135,15 @@ def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_ste
 # ---------------------------------------------------------------- several processes
 
 
-def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cluster", sigterm_at: int | None = None,
-                  sharding: str = "replicated") -> list[subprocess.Popen]:
+def two_processes(
+    workdir: Path,
+    data_dir,
+    steps: int,
+    *,
+    coordinator: str = "cluster",
+    sigterm_at: int | None = None,
+    sharding: str = "replicated",
+) -> list[subprocess.Popen]:
     """Two processes training together on 2 CPU devices each; `cluster`: joined by a faked SLURM job
     of two tasks (the environment SLURM gives srun's tasks), which JAX detects. With `sigterm_at`
     the second process is sent SIGTERM while that step runs (by itself: the step is then known)."""
@@ -128,12 +152,31 @@ def two_processes(workdir: Path, data_dir, steps: int, *, coordinator: str = "cl
     for index in range(2):
         environment = {**os.environ, "XLA_FLAGS": xla_flags(2)}
         if coordinator == "cluster":
-            environment.update(SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2", SLURM_PROCID=str(index),
-                               SLURM_LOCALID=str(index), JAX_COORDINATOR_PORT=port)
+            environment.update(
+                SLURM_JOB_ID="4242",
+                SLURM_STEP_NODELIST="127.0.0.1",
+                SLURM_NTASKS="2",
+                SLURM_PROCID=str(index),
+                SLURM_LOCALID=str(index),
+                JAX_COORDINATOR_PORT=port,
+            )
         signalled = sigterm_at if sigterm_at is not None and index == 1 else 0
-        command = [sys.executable, str(TWO_PROCESS_WORKER), str(index), coordinator.replace("PORT", port), str(workdir), str(data_dir), str(steps),
-                   str(signalled), sharding]
-        workers.append(subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        command = [
+            sys.executable,
+            str(TWO_PROCESS_WORKER),
+            str(index),
+            coordinator.replace("PORT", port),
+            str(workdir),
+            str(data_dir),
+            str(steps),
+            str(signalled),
+            sharding,
+        ]
+        workers.append(
+            subprocess.Popen(
+                command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     return workers
 
 
@@ -145,7 +188,14 @@ def finished(workers: list[subprocess.Popen]) -> list[str]:
 
 
 def test_a_faked_slurm_job_of_two_tasks_is_detected_and_a_one_task_job_is_not(monkeypatch):
-    for name in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "OMPI_MCA_orte_hnp_uri"):
+    for name in (
+        "SLURM_JOB_ID",
+        "SLURM_STEP_NODELIST",
+        "SLURM_NTASKS",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "OMPI_MCA_orte_hnp_uri",
+    ):
         monkeypatch.delenv(name, raising=False)
     assert cluster.detected_cluster() is None
     monkeypatch.setenv("SLURM_JOB_ID", "7"), monkeypatch.setenv("SLURM_STEP_NODELIST", "node[001-002]")
@@ -185,7 +235,9 @@ def test_every_process_decides_from_the_smallest_device_memory_of_all(monkeypatc
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_resumed_run_equals_a_whole_one(shared_data_dir, tmp_path):
+def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_resumed_run_equals_a_whole_one(
+    shared_data_dir, tmp_path
+):
     # JAX agrees on a step a little later: within a second of the signal, and the signalled process's
     # later steps take 0.2 s each (helpers/two_process_worker.py); between two log rows (every 4), the resumed run completes the cut one
     steps, sigterm_at = 20, 9
@@ -235,7 +287,9 @@ def test_two_processes_under_fsdp_train_as_one_process_on_four_devices(shared_da
     for a, b in zip(pair, one):
         assert a.keys() == b.keys()
         for name in a.keys() - {"step", "split", *TIMING}:
-            np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=f"{name} at step {a['step']} {a['split']}")
+            np.testing.assert_allclose(
+                a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=f"{name} at step {a['step']} {a['split']}"
+            )
 
     states = [final_state(config, tmp_path / workdir, steps) for workdir in ("pair", "one")]
     for part in ("params", "opt_state"):

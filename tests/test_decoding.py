@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scoring import decoding
 import models
+from scoring import decoding
 from tasks.vocabularies import BOS_ID, EOS_ID
 
 # the two word tokens of the hand-built model
@@ -114,7 +114,11 @@ class PrefixModel:
     prefix of word tokens a, b; a prefix not in the table gets `DEFAULT`). The state is the
     prefix's node in the tree of prefixes; any other token (eos, pad) leads to a sink node."""
 
-    TABLE = {(): {EOS_ID: 0.30, A: 0.41, B: 0.29}, (A,): {EOS_ID: 0.10, A: 0.50, B: 0.40}, (B,): {EOS_ID: 0.99, A: 0.005, B: 0.005}}
+    TABLE = {
+        (): {EOS_ID: 0.30, A: 0.41, B: 0.29},
+        (A,): {EOS_ID: 0.10, A: 0.50, B: 0.40},
+        (B,): {EOS_ID: 0.99, A: 0.005, B: 0.005},
+    }
     DEFAULT = {EOS_ID: 0.5, A: 0.25, B: 0.25}
 
     def __init__(self, depth: int, vocab: int = 5):
@@ -145,7 +149,9 @@ class PrefixModel:
         return self.logits[state], state
 
 
-def textbook_beam(model: PrefixModel, cap: int, alpha: float, beam_size: int, candidates: int) -> tuple[float, tuple[int, ...]]:
+def textbook_beam(
+    model: PrefixModel, cap: int, alpha: float, beam_size: int, candidates: int
+) -> tuple[float, tuple[int, ...]]:
     """Beam search in plain Python over `model.log_probs`, keeping the `candidates` best extensions
     per step: those that end are finished (scored `log P / lp(|Y|)`), the `beam_size` best others go
     on. `candidates = beam_size` is the textbook beam (a hypothesis that ends holds a place);
@@ -198,7 +204,9 @@ def test_two_k_candidates_keep_a_finished_hypothesis_from_crowding_out_a_live_on
     every = prefix_model_exhaustive(model, cap, alpha)
     assert every[0][1] == (B, EOS_ID) and every[0][0] == pytest.approx(math.log(0.29 * 0.99) / (7 / 6))
 
-    tokens, scores = decoding.beam_search(model, jnp.ones((1, 3), jnp.int32), jnp.array([cap]), cap, beam_size=beam_size, alpha=alpha)
+    tokens, scores = decoding.beam_search(
+        model, jnp.ones((1, 3), jnp.int32), jnp.array([cap]), cap, beam_size=beam_size, alpha=alpha
+    )
     row = np.asarray(tokens[0])
     assert tuple(int(t) for t in row[: int(np.argmax(row == EOS_ID)) + 1]) == every[0][1]
     assert float(scores[0]) == pytest.approx(every[0][0], rel=1e-5)
@@ -270,8 +278,15 @@ def test_length_penalty_formula():
 @pytest.fixture(scope="module")
 def transformer():
     return models.create_model(
-        "transformer", rngs=nnx.Rngs(3), vocab_size=12, d_model=32, num_heads=4, d_ff=64,
-        num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0,
+        "transformer",
+        rngs=nnx.Rngs(3),
+        vocab_size=12,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout_rate=0.0,
     )
 
 
@@ -289,7 +304,9 @@ def run(search, model, inputs, **kwargs):
     return jax.jit(lambda x: search(model, x, limits, 12, **kwargs))(inputs)
 
 
-@pytest.mark.parametrize("search,kwargs", [(decoding.greedy_search, {}), (decoding.beam_search, {"beam_size": 3, "alpha": 0.6})])
+@pytest.mark.parametrize(
+    "search,kwargs", [(decoding.greedy_search, {}), (decoding.beam_search, {"beam_size": 3, "alpha": 0.6})]
+)
 def test_cached_decoding_equals_uncached(transformer, sources, search, kwargs):
     cached_tokens, cached_scores = run(search, transformer, sources, **kwargs)
     uncached_tokens, uncached_scores = run(search, decoding.WithoutCache(transformer), sources, **kwargs)
@@ -336,6 +353,8 @@ def test_search_on_every_family(family, sources):
     np.testing.assert_allclose(sampled_scores, sequence_log_probs(model, sources, sampled), rtol=1e-4, atol=1e-4)
     for row in range(3):
         length = int((sources[row] > 0).sum())
-        alone_tokens, alone_scores = run(decoding.beam_search, model, sources[row : row + 1, :length], beam_size=4, alpha=0.6)
+        alone_tokens, alone_scores = run(
+            decoding.beam_search, model, sources[row : row + 1, :length], beam_size=4, alpha=0.6
+        )
         np.testing.assert_array_equal(alone_tokens[0], tokens[row])
         np.testing.assert_allclose(alone_scores[0], scores[row], rtol=1e-4, atol=1e-5)

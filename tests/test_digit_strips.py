@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from utils.errors import ConfigError
 from tasks import digit_strips, task_builder
-from tasks.digit_strips import DigitStrips, DigitStripsConfig, WORDS
+from tasks.digit_strips import WORDS, DigitStrips, DigitStripsConfig
+from utils.errors import ConfigError
 
 
 def test_the_scans_and_their_three_way_split():
@@ -27,7 +27,11 @@ def test_a_strip_holds_its_digits_in_their_boxes_left_to_right():
         boxes = strip["boxes"][: len(used)]
         assert strip["caption"].split() == [WORDS[labels[i]] for i in used]
         assert np.all(strip["boxes"][len(used) :] == -1) and 1 <= len(used) <= 5
-        assert np.all(boxes[:, 2] <= config.canvas_width) and np.all(boxes[:, 3] <= config.canvas_height) and np.all(boxes >= 0)
+        assert (
+            np.all(boxes[:, 2] <= config.canvas_width)
+            and np.all(boxes[:, 3] <= config.canvas_height)
+            and np.all(boxes >= 0)
+        )
         # left to right, no overlap
         assert np.all(boxes[1:, 0] >= boxes[:-1, 2])
         canvas = np.zeros_like(strip["image"], dtype=np.float64)
@@ -41,10 +45,15 @@ def test_a_strip_holds_its_digits_in_their_boxes_left_to_right():
 
 
 def test_built_splits_use_disjoint_scans(tmp_path):
-    builder = DigitStrips(config=DigitStripsConfig.create(train_size=40, dev_size=10, test_size=10), data_dir=str(tmp_path))
+    builder = DigitStrips(
+        config=DigitStripsConfig.create(train_size=40, dev_size=10, test_size=10), data_dir=str(tmp_path)
+    )
     builder.download_and_prepare()
     splits = builder.as_data_source()
-    seen = {split: {int(i) for record in splits[split] for i in record["scans"] if i >= 0} for split in ("train", "dev", "test")}
+    seen = {
+        split: {int(i) for record in splits[split] for i in record["scans"] if i >= 0}
+        for split in ("train", "dev", "test")
+    }
     assert not (seen["test"] & seen["train"]) and not (seen["dev"] & seen["train"]) and not (seen["dev"] & seen["test"])
     record = splits["test"][0]
     assert record["image"].shape == (24, 96) and record["image"].dtype == np.uint8

@@ -124,7 +124,10 @@ def test_the_blocking_lock_serialises_two_processes(tmp_path):
 def test_blake3_digest_is_the_published_test_vector_and_reads_in_chunks(tmp_path, monkeypatch):
     (tmp_path / "abc").write_bytes(b"abc")
     # BLAKE3's published test vector for "abc" (the BLAKE3 specification's reference implementation)
-    assert files.file_digest(tmp_path / "abc", "blake3") == "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
+    assert (
+        files.file_digest(tmp_path / "abc", "blake3")
+        == "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
+    )
     # several chunks: the digest of the whole file all the same
     monkeypatch.setattr(files, "CHUNK_BYTES", 7)
     (tmp_path / "long").write_bytes(bytes(range(256)) * 3)

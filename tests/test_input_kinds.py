@@ -6,23 +6,29 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scoring import decoding
 import models
-from run_setup import input_kinds
-from tasks import vocabularies as tk
 from configs import base
-from utils.errors import ConfigError, UserError
-from run_setup.settings import parse
 from helpers.tiny import tiny_config
+from run_setup import input_kinds
+from run_setup.settings import parse
+from scoring import decoding
+from tasks import vocabularies as tk
+from utils.errors import ConfigError, UserError
 
 CHARS = tk.CharTokenizer.train(["abcd"], 10**6)
 TOKENS = tk.Tokenizers(CHARS, CHARS)
 
 
 def test_every_kind_is_registered_under_its_name_and_a_run_gets_its_models_kind():
-    assert {name: kind.name for name, kind in input_kinds.KINDS.items()} == {"text": "text", "image": "image", "features": "features"}
+    assert {name: kind.name for name, kind in input_kinds.KINDS.items()} == {
+        "text": "text",
+        "image": "image",
+        "features": "features",
+    }
     assert parse(tiny_config("unused")).source is input_kinds.KINDS["text"]
-    captioner = tiny_config("unused", task=base.task("digit_strips"), model=base.model("captioner"), **{"data.batching": "bucket"})
+    captioner = tiny_config(
+        "unused", task=base.task("digit_strips"), model=base.model("captioner"), **{"data.batching": "bucket"}
+    )
     assert parse(captioner).source is input_kinds.KINDS["image"]
     captioner.model.update(inputs="features", feature_dim=8)
     assert parse(captioner).source is input_kinds.KINDS["features"]
@@ -57,14 +63,34 @@ def test_images_get_their_channel_and_wrong_ones_are_named():
 
 def test_a_feature_grid_captioner_decodes_a_users_grids_through_its_kind():
     features = input_kinds.KINDS["features"]
-    model = models.create_model("captioner", rngs=nnx.Rngs(0), vocab_size=9, embed_dim=4, hidden_dim=6, attention_dim=4,
-                                inputs="features", feature_dim=3)
+    model = models.create_model(
+        "captioner",
+        rngs=nnx.Rngs(0),
+        vocab_size=9,
+        embed_dim=4,
+        hidden_dim=6,
+        attention_dim=4,
+        inputs="features",
+        feature_dim=3,
+    )
     grids = [np.random.default_rng(0).normal(size=(5, 3)), np.ones((5, 3))]
     rows = features.user_rows(grids, {"feature_dim": 3}, TOKENS, 8)
     batch = features.user_batch(rows, 4, 8)
     assert batch.shape == (4, 5, 3) and batch.dtype == np.float32 and np.array_equal(batch[1], np.ones((5, 3)))
-    tokens, scores = decoding.decode(model, jax.numpy.asarray(batch), length=6, key=jax.random.key(0), method="search", beam_size=1,
-                                     alpha=0.0, num_hypotheses=1, temperature=1.0, top_k=0, top_p=1.0, max_length_offset=0)
+    tokens, scores = decoding.decode(
+        model,
+        jax.numpy.asarray(batch),
+        length=6,
+        key=jax.random.key(0),
+        method="search",
+        beam_size=1,
+        alpha=0.0,
+        num_hypotheses=1,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_length_offset=0,
+    )
     assert tokens.shape == (4, 1, 6) and np.all(np.isfinite(np.asarray(scores)))
     with pytest.raises(UserError, match=r"\[L, 3\] \(model.feature_dim\)"):
         features.user_rows([np.ones((5, 4))], {"feature_dim": 3}, TOKENS, 8)

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 import input_pipeline as ip
-from run_setup import input_kinds
-from run_setup.input_kinds import KINDS
 import tasks
 from configs import base
-from tasks import vocabularies as tk
+from run_setup import input_kinds
+from run_setup.input_kinds import KINDS
 from run_setup.settings import parse
-from utils.errors import ConfigError
 from tasks import Task
+from tasks import vocabularies as tk
+from utils.errors import ConfigError
 
 TEXT = KINDS["text"]
 
@@ -24,7 +24,9 @@ TEXT = KINDS["text"]
 def copy_task(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("data"))
     # copy of 40-symbol strings over 30 symbols: every source is unique, so examples are identifiable
-    return tasks.load_task("copy", data_dir, min_length=3, max_length=40, vocab_size=30, train_size=96, dev_size=21, test_size=5)
+    return tasks.load_task(
+        "copy", data_dir, min_length=3, max_length=40, vocab_size=30, train_size=96, dev_size=21, test_size=5
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,10 @@ def take(dataset, n):
 def test_packing_loses_and_duplicates_nothing():
     rng = np.random.default_rng(0)
     examples = [
-        {"inputs": rng.integers(3, 50, size=n).astype(np.int32), "targets": rng.integers(3, 50, size=m).astype(np.int32)}
+        {
+            "inputs": rng.integers(3, 50, size=n).astype(np.int32),
+            "targets": rng.integers(3, 50, size=m).astype(np.int32),
+        }
         for n, m in rng.integers(1, 9, size=(60, 2))
     ]
     lengths = np.array([[len(e["inputs"]), len(e["targets"])] for e in examples])
@@ -74,7 +79,9 @@ def test_packing_loses_and_duplicates_nothing():
                 for segment, index in enumerate(row, start=1):
                     np.testing.assert_array_equal(batch[key][r][ids == segment], examples[index][key])
                     np.testing.assert_array_equal(positions[ids == segment], np.arange(len(examples[index][key])))
-            segments.update(tuple(batch["inputs"][r][batch["inputs_segment_ids"][r] == s]) for s in range(1, len(row) + 1))
+            segments.update(
+                tuple(batch["inputs"][r][batch["inputs_segment_ids"][r] == s]) for s in range(1, len(row) + 1)
+            )
     assert segments == collections.Counter(tuple(e["inputs"]) for e in examples)
 
 
@@ -116,7 +123,11 @@ def test_shared_remainders_fill_the_shapes_of_their_longest_members():
     remainders = [(0, 10), (0, 11), (1, 12), (2, 13)]
     # 10 and 11 fit 3 rows; with 12 (bucket 16: 2 rows) they would be 3: 12 starts a batch; 13 (1 row) too
     batches = ip.shared_remainders(remainders, shapes)
-    assert [(length, members.tolist()) for length, members in batches] == [(8, [10, 11, -1]), (16, [12, -1]), (32, [13])]
+    assert [(length, members.tolist()) for length, members in batches] == [
+        (8, [10, 11, -1]),
+        (16, [12, -1]),
+        (32, [13]),
+    ]
 
 
 @pytest.mark.parametrize("process_count", [1, 2, 3, 4])
@@ -136,7 +147,10 @@ def test_the_processes_blocks_of_global_batches_hold_every_example_once_per_epoc
                 shapes = [[len(batch) for batch in share] for share in shares]
             else:
                 plan = ip.bucket_plan(kept, lengths[kept], [rows, rows // 2 * 2, process_count], (8, 16, 32), seed=3)
-                shares = [[(length, ip.process_rows(m, p, process_count)) for length, m in plan(epoch)] for p in range(process_count)]
+                shares = [
+                    [(length, ip.process_rows(m, p, process_count)) for length, m in plan(epoch)]
+                    for p in range(process_count)
+                ]
                 seen = [i for share in shares for _, members in share for i in members.tolist() if i >= 0]
                 shapes = [[(length, len(members)) for length, members in share] for share in shares]
             # every kept example once, over all processes
@@ -154,7 +168,11 @@ def two_process_examples(task, tokenizers, pipeline, batches):
             shapes.append((process, step, batch["inputs"].shape, batch["targets"].shape))
             if "inputs_segment_ids" in batch:
                 segments = batch["inputs_segment_ids"]
-                seen += [tokenizers.source.decode(row[ids == s]) for row, ids in zip(batch["inputs"], segments) for s in range(1, ids.max() + 1)]
+                seen += [
+                    tokenizers.source.decode(row[ids == s])
+                    for row, ids in zip(batch["inputs"], segments)
+                    for s in range(1, ids.max() + 1)
+                ]
             else:
                 seen += [tokenizers.source.decode(row) for row in batch["inputs"] if row.any()]
     return seen, shapes
@@ -162,7 +180,9 @@ def two_process_examples(task, tokenizers, pipeline, batches):
 
 @pytest.mark.parametrize("batching", ["pack", "bucket"])
 def test_two_processes_together_see_every_training_example_once_per_epoch(copy_task, char_tokenizers, batching):
-    pipeline = settings(batching=batching, batch_size=4, max_source_length=48, max_target_length=48, bucket_boundaries=(16, 32, 48))
+    pipeline = settings(
+        batching=batching, batch_size=4, max_source_length=48, max_target_length=48, bucket_boundaries=(16, 32, 48)
+    )
     lengths = TEXT.lengths(copy_task, "train", char_tokenizers)
     # the global plan of epoch 0, as every process makes it
     if batching == "pack":
@@ -282,7 +302,9 @@ def test_two_processes_see_disjoint_examples_covering_the_split(copy_task, char_
     kept = len(copy_task.splits["train"])
     seen = []
     for process in range(2):
-        dataset, _ = ip.train_dataset(copy_task, char_tokenizers, settings(batch_size=2, **limits), TEXT, process_index=process, process_count=2)
+        dataset, _ = ip.train_dataset(
+            copy_task, char_tokenizers, settings(batch_size=2, **limits), TEXT, process_index=process, process_count=2
+        )
         rows = [row for batch in take(dataset, kept // 2) for row in decoded_rows(batch, char_tokenizers)]
         # one epoch of this process: each of its examples once
         assert len(set(rows)) == kept // 2
@@ -297,13 +319,19 @@ def test_length_limits_drop_or_trim_and_report(copy_task, char_tokenizers):
     assert over > 0
     _, report = ip.train_dataset(copy_task, char_tokenizers, settings(), TEXT)
     assert report == {"examples": 96, "over_length": over, "policy": "drop"}
-    dataset, report = ip.train_dataset(copy_task, char_tokenizers, settings(length_policy="trim", batching="bucket"), TEXT)
+    dataset, report = ip.train_dataset(
+        copy_task, char_tokenizers, settings(length_policy="trim", batching="bucket"), TEXT
+    )
     assert report["policy"] == "trim"
     rows = [row for batch in take(dataset, 30) for row in batch["inputs"]]
     # trimmed, eos kept
     assert max(int((row > 0).sum()) for row in rows) == 24
     assert all(row[(row > 0).sum() - 1] == tk.EOS_ID for row in rows)
-    dropped_rows = [row for batch in take(ip.train_dataset(copy_task, char_tokenizers, settings(batching="bucket"), TEXT)[0], 30) for row in batch["inputs"]]
+    dropped_rows = [
+        row
+        for batch in take(ip.train_dataset(copy_task, char_tokenizers, settings(batching="bucket"), TEXT)[0], 30)
+        for row in batch["inputs"]
+    ]
     assert max(int((row > 0).sum()) for row in dropped_rows) <= 24
 
 
@@ -322,7 +350,9 @@ def test_nothing_within_limits_and_empty_split_are_named(copy_task, char_tokeniz
 
 def test_eval_batches_hold_every_example_once_in_order(copy_task, char_tokenizers):
     records = copy_task.splits["dev"]
-    dataset, _ = ip.eval_batches(copy_task, char_tokenizers, "dev", settings(batch_size=4, max_source_length=41, max_target_length=41), TEXT)
+    dataset, _ = ip.eval_batches(
+        copy_task, char_tokenizers, "dev", settings(batch_size=4, max_source_length=41, max_target_length=41), TEXT
+    )
     batches = list(dataset)
     # ceil(21 / 4)
     assert len(batches) == 6
@@ -335,7 +365,11 @@ def test_eval_batches_hold_every_example_once_in_order(copy_task, char_tokenizer
 
 def test_eval_batches_of_two_processes_align(copy_task, char_tokenizers):
     per_process = [
-        list(ip.eval_batches(copy_task, char_tokenizers, "dev", settings(batch_size=4), TEXT, process_index=p, process_count=2)[0])
+        list(
+            ip.eval_batches(
+                copy_task, char_tokenizers, "dev", settings(batch_size=4), TEXT, process_index=p, process_count=2
+            )[0]
+        )
         for p in range(2)
     ]
     assert len(per_process[0]) == len(per_process[1]) == 6
@@ -346,7 +380,13 @@ def test_eval_batches_of_two_processes_align(copy_task, char_tokenizers):
 def test_eval_batches_carry_the_dates_alignment(tmp_path):
     task = tasks.load_task("dates", str(tmp_path), train_size=50, dev_size=10, test_size=10)
     chars = tk.CharTokenizer.train((t for r in task.splits["train"] for t in task.pair(r)), 10**6)
-    dataset, _ = ip.eval_batches(task, tk.Tokenizers(chars, chars), "test", settings(batch_size=4, max_source_length=48, max_target_length=12), TEXT)
+    dataset, _ = ip.eval_batches(
+        task,
+        tk.Tokenizers(chars, chars),
+        "test",
+        settings(batch_size=4, max_source_length=48, max_target_length=12),
+        TEXT,
+    )
     batch = next(iter(dataset))
     assert batch["alignment"].shape == (4, 3, 4)  # [B, fields, (target start, end, source start, end)]
     for row in range(4):

@@ -36,11 +36,11 @@ import pytest
 from flax import nnx
 
 import models
-from models.layers import layer_norm
 from helpers.references import np_layer_norm
+from models.layers import layer_norm
+from run_setup.input_kinds import padded_ids
 from run_setup.run import model_fields, prepare_run
 from run_setup.settings import read_run_settings, single_process
-from run_setup.input_kinds import padded_ids
 from tasks import dates
 from tasks.vocabularies import EOS_ID
 
@@ -174,4 +174,7 @@ def test_the_check_fails_where_the_mean_is_large():
         norm = layer_norm(128, dtype=dtype, rngs=nnx.Rngs(0))
         x = jnp.asarray(shifted_rows(1e3, 128), dtype)
         with pytest.raises(AssertionError, match="Not equal to tolerance"):
-            check_layer_norms([(np.asarray(x), np.asarray(norm.scale[...]), np.asarray(norm.bias[...]), np.asarray(apply(norm, x)))], dtype)
+            check_layer_norms(
+                [(np.asarray(x), np.asarray(norm.scale[...]), np.asarray(norm.bias[...]), np.asarray(apply(norm, x)))],
+                dtype,
+            )

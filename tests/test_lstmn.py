@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.test_util import check_grads
-from helpers.references import np_masked_softmax
 
-from scoring import decoding
 import models
-from utils.errors import ConfigError
+from helpers.references import np_masked_softmax
 from models.attention import AttentionRole, attention_roles, capture_attention
 from models.lstmn import LSTMNDecodeState, LSTMNMemory, Tapes, tape_scan, write_at
+from scoring import decoding
+from utils.errors import ConfigError
 
 V, E, H, A = 13, 5, 6, 7
 
@@ -44,7 +44,11 @@ def np_intra_attention(cell, hidden, memory, written, summary, x):
     """Eqs. 4-6, float64."""
     # W_h h_i
     keys = hidden @ f64(cell.key_proj.kernel)
-    query = x @ f64(cell.input_attention.kernel) + f64(cell.input_attention.bias) + summary @ f64(cell.summary_attention.kernel)
+    query = (
+        x @ f64(cell.input_attention.kernel)
+        + f64(cell.input_attention.bias)
+        + summary @ f64(cell.summary_attention.kernel)
+    )
     # eq. 4
     a = np.tanh(keys + query[:, None, :]) @ f64(cell.v)
     # eq. 5, positions < t only
@@ -74,7 +78,9 @@ def test_cell_step_is_eqs_4_to_9(written_lengths):
     position = 4
     # the third row is padding at this step
     real = np.array([True, True, False])
-    tapes, h, weights = cell(as_tapes(cell, hidden, memory, written, summary), jnp.float32(x), jnp.array(position), jnp.asarray(real))
+    tapes, h, weights = cell(
+        as_tapes(cell, hidden, memory, written, summary), jnp.float32(x), jnp.array(position), jnp.asarray(real)
+    )
 
     h_tilde, c_tilde, s = np_intra_attention(cell, hidden, memory, written, summary, x)
     i, f, o, c_hat = np_gates(cell, np.concatenate([h_tilde, x], axis=-1))
@@ -136,7 +142,12 @@ def test_fused_decoder_step_is_eqs_11_to_16(fusion):
     gamma, alpha = rng.normal(size=(3, 5, H)), rng.normal(size=(3, 5, H))
     source_mask = np.ones((3, 5), bool)
     source_mask[1, 3:] = False
-    memory = LSTMNMemory(jnp.float32(gamma), jnp.float32(alpha), model.cross_attention.project_keys(jnp.float32(gamma)), jnp.asarray(source_mask))
+    memory = LSTMNMemory(
+        jnp.float32(gamma),
+        jnp.float32(alpha),
+        model.cross_attention.project_keys(jnp.float32(gamma)),
+        jnp.asarray(source_mask),
+    )
     cell = model.decoder_cells[0]
     hidden, memory_tape, written, summary = random_tapes(rng, 3, 6, (2, 2, 2))
     # gamma~_{t-1}
@@ -152,7 +163,9 @@ def test_fused_decoder_step_is_eqs_11_to_16(fusion):
     # eq. 11: u^T tanh(W_gamma gamma_j + W_x x_t + W_gamma~ gamma~_{t-1})
     attention = model.cross_attention
     query = np.concatenate([x, previous_context], axis=-1) @ f64(attention.query_proj.kernel)
-    b = np.tanh(gamma @ f64(attention.key_proj.kernel) + f64(attention.key_proj.bias) + query[:, None, :]) @ f64(attention.v)
+    b = np.tanh(gamma @ f64(attention.key_proj.kernel) + f64(attention.key_proj.bias) + query[:, None, :]) @ f64(
+        attention.v
+    )
     # eq. 12
     p = np_masked_softmax(b, source_mask)
     # eq. 13
@@ -179,6 +192,7 @@ def test_fused_decoder_step_is_eqs_11_to_16(fusion):
 
 # -- the whole encoder-decoder, from the equations alone ---------------------------------------------
 
+
 def randomize(model, seed, scale=0.5):
     """Every parameter redrawn from N(0, scale^2), biases included (they start at 0, or 1 for the
     forget gate), so that no term of an equation is zero or negligible and dropping one shows."""
@@ -195,8 +209,15 @@ def paper_weights(model):
     E = model.config.embed_dim
 
     def layer(cell):
-        names = dict(W_h=cell.key_proj.kernel, W_x=cell.input_attention.kernel, b_x=cell.input_attention.bias,
-                     W_htilde=cell.summary_attention.kernel, v=cell.v, W=cell.gates.kernel, b=cell.gates.bias)
+        names = dict(
+            W_h=cell.key_proj.kernel,
+            W_x=cell.input_attention.kernel,
+            b_x=cell.input_attention.bias,
+            W_htilde=cell.summary_attention.kernel,
+            v=cell.v,
+            W=cell.gates.kernel,
+            b=cell.gates.bias,
+        )
         if cell.fusion is not None:
             names.update(W_r=cell.fusion.kernel, b_r=cell.fusion.bias)
         return {name: f64(value) for name, value in names.items()}
@@ -204,13 +225,21 @@ def paper_weights(model):
     inter = model.cross_attention
     # over [x_t; gamma~_{t-1}] (eq. 11) or h_{t-1} (eq. 11')
     query = f64(inter.query_proj.kernel)
-    query_weights = dict(W_x=query[:E], W_gammatilde=query[E:]) if model.config.query == "word_and_context" else dict(W_s=query)
+    query_weights = (
+        dict(W_x=query[:E], W_gammatilde=query[E:]) if model.config.query == "word_and_context" else dict(W_s=query)
+    )
     return dict(
-        source_embed=f64(model.source_embed.embedding), target_embed=f64(model.target_embed.embedding),
-        encoder=[layer(cell) for cell in model.encoder_cells], decoder=[layer(cell) for cell in model.decoder_cells],
+        source_embed=f64(model.source_embed.embedding),
+        target_embed=f64(model.target_embed.embedding),
+        encoder=[layer(cell) for cell in model.encoder_cells],
+        decoder=[layer(cell) for cell in model.decoder_cells],
         # eq. 11's W_gamma (and bias), u; W_x and W_gamma~ (eq. 11) or W_s (eq. 11')
-        W_gamma=f64(inter.key_proj.kernel), b_gamma=f64(inter.key_proj.bias), **query_weights,
-        u=f64(inter.v), W_out=f64(model.output.kernel), b_out=f64(model.output.bias),
+        W_gamma=f64(inter.key_proj.kernel),
+        b_gamma=f64(inter.key_proj.bias),
+        **query_weights,
+        u=f64(inter.v),
+        W_out=f64(model.output.kernel),
+        b_out=f64(model.output.bias),
     )
 
 
@@ -226,7 +255,9 @@ def paper_lstmn_step(w, hs, cs, h_tilde_previous, x, fusion=None, gamma_tilde=No
     (`fusion="shallow"`) or alpha~_t gated into the memory (`"deep"`, eqs. 14-16). Returns h_t, c_t, h~_t."""
     if hs:
         # (4)
-        a = [np.tanh(h_i @ w["W_h"] + x @ w["W_x"] + w["b_x"] + h_tilde_previous @ w["W_htilde"]) @ w["v"] for h_i in hs]
+        a = [
+            np.tanh(h_i @ w["W_h"] + x @ w["W_x"] + w["b_x"] + h_tilde_previous @ w["W_htilde"]) @ w["v"] for h_i in hs
+        ]
         s = paper_softmax(a)  # (5)
         h_tilde = sum(s_i * h_i for s_i, h_i in zip(s, hs))  # (6)
         c_tilde = sum(s_i * c_i for s_i, c_i in zip(s, cs))
@@ -304,8 +335,11 @@ def paper_encoder_decoder(w, source, target, fusion, bos, query="word_and_contex
 
 
 VARIANTS = [  # (fusion, inter_query, seed_tapes)
-    ("shallow", "previous_state", False), ("shallow", "word_and_context", False), ("deep", "word_and_context", False),
-    ("shallow", "previous_state", True), ("deep", "word_and_context", True),
+    ("shallow", "previous_state", False),
+    ("shallow", "word_and_context", False),
+    ("deep", "word_and_context", False),
+    ("shallow", "previous_state", True),
+    ("deep", "word_and_context", True),
 ]
 
 
@@ -318,8 +352,16 @@ def test_two_layer_encoder_decoder_logits_are_the_papers_equations(fusion, query
     gives what the reference gives on the two words (under `seed_tapes`, its final state is the second
     word's, not the padding's). `embed_dim = hidden_dim`, so that a layer fed the wrong layer's input
     computes (wrongly) instead of failing on a shape."""
-    model = make(fusion=fusion, inter_query=query, seed_tapes=seed, embed_dim=4, hidden_dim=4, attention_dim=3,
-                 num_encoder_layers=2, num_decoder_layers=2)
+    model = make(
+        fusion=fusion,
+        inter_query=query,
+        seed_tapes=seed,
+        embed_dim=4,
+        hidden_dim=4,
+        attention_dim=3,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+    )
     randomize(model, seed=11)
     sources = np.array([[5, 9, 3], [7, 4, 0]])
     targets = np.array([[6, 3, 11], [8, 8, 12]])
@@ -357,11 +399,15 @@ def test_intra_attention_sees_only_earlier_real_positions(fusion):
     # a padded row gives what the example gives alone
     for row in range(3):
         source, target = int((batch["inputs"][row] > 0).sum()), int((batch["targets"][row] > 0).sum())
-        alone = model({"inputs": batch["inputs"][row : row + 1, :source], "targets": batch["targets"][row : row + 1, :target]})
+        alone = model(
+            {"inputs": batch["inputs"][row : row + 1, :source], "targets": batch["targets"][row : row + 1, :target]}
+        )
         np.testing.assert_allclose(np.asarray(alone)[0], logits[row, :target], rtol=1e-5, atol=1e-6)
     weights = capture_attention(model, batch)
     roles = attention_roles(model)
-    assert roles["encoder_cells/1"] is AttentionRole.SOURCE_SELF and roles["decoder_cells/0"] is AttentionRole.TARGET_SELF
+    assert (
+        roles["encoder_cells/1"] is AttentionRole.SOURCE_SELF and roles["decoder_cells/0"] is AttentionRole.TARGET_SELF
+    )
     intra = np.asarray(weights["encoder_cells/0"])[:, 0]  # [B, S, S]: word t over the words before it
     # only i < t
     assert np.all(np.triu(intra, k=0) == 0.0)
@@ -369,7 +415,9 @@ def test_intra_attention_sees_only_earlier_real_positions(fusion):
     assert np.all(intra[1][:, 4:] == 0.0)
 
 
-@pytest.mark.parametrize("fields", [dict(fusion="shallow"), dict(fusion="deep"), dict(seed_tapes=True, num_encoder_layers=2)])
+@pytest.mark.parametrize(
+    "fields", [dict(fusion="shallow"), dict(fusion="deep"), dict(seed_tapes=True, num_encoder_layers=2)]
+)
 def test_decode_step_by_step_reproduces_teacher_forcing(fields):
     model = make(**{"num_decoder_layers": 2, "dropout_rate": 0.3, **fields})
     batch = batch_of(1)
@@ -381,7 +429,9 @@ def test_decode_step_by_step_reproduces_teacher_forcing(fields):
         steps.append(logits)
         previous = batch["targets"][:, t]
     real = np.asarray(batch["targets"] > 0)
-    np.testing.assert_allclose(np.asarray(jnp.stack(steps, 1))[real], np.asarray(teacher_forced)[real], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(jnp.stack(steps, 1))[real], np.asarray(teacher_forced)[real], rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("fields", [dict(fusion="deep"), dict(seed_tapes=True)])
@@ -389,7 +439,9 @@ def test_beam_search_gives_each_padded_row_what_it_gives_alone(fields):
     """Under `seed_tapes` too: the seeds are the last real token's state, and beam search reorders them."""
     model = make(**fields)
     inputs = batch_of(2)["inputs"]
-    search = jax.jit(lambda x: decoding.beam_search(model, x, decoding.source_lengths(x) + 3, 10, beam_size=3, alpha=0.6))
+    search = jax.jit(
+        lambda x: decoding.beam_search(model, x, decoding.source_lengths(x) + 3, 10, beam_size=3, alpha=0.6)
+    )
     tokens, scores = search(inputs)
     for row in range(3):
         alone_tokens, alone_scores = search(inputs[row : row + 1, : int((inputs[row] > 0).sum())])
@@ -476,17 +528,19 @@ def test_length_experiment_trains_every_variant_under_one_budget():
     """benchmarks/length_experiment.py --lstmn_variants=all: one column per variant, each the family's
     config with the variant's model fields alone changed, each parsed into the model it names."""
     from benchmarks import length_experiment
-
     from run_setup.settings import parse
 
     runs = length_experiment.columns(["rnnsearch", "lstmn"], "all")
     assert list(runs) == ["rnnsearch"] + [f"lstmn_{name}" for name in length_experiment.LSTMN_VARIANTS]
-    configs = {column: length_experiment.experiment_config(family, "copy", 7, "data/tfds", fields)
-               for column, (family, fields) in runs.items()}
+    configs = {
+        column: length_experiment.experiment_config(family, "copy", 7, "data/tfds", fields)
+        for column, (family, fields) in runs.items()
+    }
     expected = {  # (fusion, query, seed_tapes) by column
         "lstmn_shallow_state": ("shallow", "previous_state", False),
         "lstmn_shallow_word_context": ("shallow", "word_and_context", False),
-        "lstmn_deep": ("deep", "word_and_context", False), "lstmn_shallow_state_seeded": ("shallow", "previous_state", True),
+        "lstmn_deep": ("deep", "word_and_context", False),
+        "lstmn_shallow_state_seeded": ("shallow", "previous_state", True),
         "lstmn_shallow_word_context_seeded": ("shallow", "word_and_context", True),
         "lstmn_deep_seeded": ("deep", "word_and_context", True),
     }

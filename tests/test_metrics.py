@@ -27,7 +27,9 @@ def test_cross_entropy_with_and_without_label_smoothing():
         got = np.asarray(metrics.cross_entropy(logits, targets, eps))
         for b in range(2):
             for t in range(3):
-                assert math.isclose(got[b, t], np_smoothed_cross_entropy(logits[b, t], targets[b, t], eps), rel_tol=1e-5)
+                assert math.isclose(
+                    got[b, t], np_smoothed_cross_entropy(logits[b, t], targets[b, t], eps), rel_tol=1e-5
+                )
 
 
 def test_smoothed_loss_is_zero_at_the_smoothed_target():
@@ -54,7 +56,9 @@ def test_token_sums_ignore_padding_and_summarize():
 
 
 def test_token_accuracy_counts_the_target_among_k_tied_largest_logits_as_one_kth():
-    logits = np.array([[[0.0, 1.0, 3.0, 2.0], [0.0, 2.0, 2.0, 0.0], [0.0, 4.0, 4.0, 4.0], [0.0, 0.0, 1.0, 1.0]]], np.float32)
+    logits = np.array(
+        [[[0.0, 1.0, 3.0, 2.0], [0.0, 2.0, 2.0, 0.0], [0.0, 4.0, 4.0, 4.0], [0.0, 0.0, 1.0, 1.0]]], np.float32
+    )
     # right; one of two tied; one of three tied; not among the largest (id 0 is padding)
     targets = np.array([[2, 1, 3, 1]])
     assert math.isclose(float(metrics.token_sums(logits, targets)["correct_sum"]), 1 + 1 / 2 + 1 / 3, rel_tol=1e-6)
@@ -72,7 +76,9 @@ def test_exact_match_and_bleu_equal_sacrebleu():
 
 def test_symbol_accuracy_hand_worked():
     # "abcd" vs "abxd": 3 of 4; "ab" vs "abcd": 2 of 4; "abcde" vs "abc": 3 of 5; "" vs "": nothing counted
-    assert metrics.symbol_accuracy(["abxd", "ab", "abcde", ""], ["abcd", "abcd", "abc", ""]) == (3 + 2 + 3) / (4 + 4 + 5)
+    assert metrics.symbol_accuracy(["abxd", "ab", "abcde", ""], ["abcd", "abcd", "abc", ""]) == (3 + 2 + 3) / (
+        4 + 4 + 5
+    )
     assert metrics.symbol_accuracy([], []) == 0.0
 
 
@@ -89,4 +95,6 @@ def test_bleu_chrf_and_exact_match_over_several_references_equal_sacrebleu():
         assert signature == str(expected.get_signature()) and signature.startswith("nrefs:var|")
     assert metrics.chrf(hypotheses, references)[0] == sacrebleu.CHRF().corpus_score(hypotheses, streams).score
     # one reference each, as strings or as lists of one: the same
-    assert metrics.bleu(hypotheses, ["a dog runs", "one cat"]) == metrics.bleu(hypotheses, [["a dog runs"], ["one cat"]])
+    assert metrics.bleu(hypotheses, ["a dog runs", "one cat"]) == metrics.bleu(
+        hypotheses, [["a dog runs"], ["one cat"]]
+    )

@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from scoring import metrics
 import models
-from utils.errors import ConfigError
 from models.attention import AttentionWeights, attention_roles
 from models.interface import READS, EncoderDecoder, ImageGrid, ModelConfig, OwnObjective, TeacherForcedDecoder
 from models.transformer import Transformer, TransformerConfig
 from run_setup.sharding import LOGICAL_AXES
+from scoring import metrics
+from utils.errors import ConfigError
 
 # batch, source length, target length, target vocabulary
 B, S, T, V = 2, 5, 4, 11
@@ -32,8 +32,17 @@ GRID = 6
 TINY = {
     "transformer": [
         dict(d_model=8, num_heads=2, d_ff=16, num_encoder_layers=1, num_decoder_layers=1),
-        dict(d_model=8, num_heads=2, d_ff=16, num_encoder_layers=1, num_decoder_layers=1, positional="learned",
-             max_length=8, share_embeddings=False, source_vocab_size=9),
+        dict(
+            d_model=8,
+            num_heads=2,
+            d_ff=16,
+            num_encoder_layers=1,
+            num_decoder_layers=1,
+            positional="learned",
+            max_length=8,
+            share_embeddings=False,
+            source_vocab_size=9,
+        ),
     ],
     "rnnencdec": [dict(embed_dim=4, hidden_dim=6, maxout_dim=3)],
     "rnnsearch": [dict(embed_dim=4, hidden_dim=6, maxout_dim=3, attention_dim=5)],
@@ -54,8 +63,11 @@ VARIANTS = [
 
 def build(name: str, **fields):
     """The family `name` with these hyperparameters, abstract (parameters as shapes: nothing is run)."""
-    return nnx.eval_shape(lambda: models.create_model(name, rngs=nnx.Rngs(params=0, dropout=1), vocab_size=V,
-                                                      bos_id=BOS, pad_id=PAD, **fields))
+    return nnx.eval_shape(
+        lambda: models.create_model(
+            name, rngs=nnx.Rngs(params=0, dropout=1), vocab_size=V, bos_id=BOS, pad_id=PAD, **fields
+        )
+    )
 
 
 def traced(model, method, *arrays):
@@ -75,8 +87,11 @@ def inputs_for(config: ModelConfig, length: int = S) -> jax.ShapeDtypeStruct:
 
 
 def positional_names(function) -> list[str]:
-    return [p.name for p in inspect.signature(function).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"]
+    return [
+        p.name
+        for p in inspect.signature(function).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
+    ]
 
 
 def shapes(tree) -> list:
@@ -85,7 +100,11 @@ def shapes(tree) -> list:
 
 def check_family(model) -> None:
     """Asserts that `model` implements the interface and does what its config declares."""
-    missing = [a for a in ("config", "__call__", "encode", "init_decode_state", "decode_step") if getattr(model, a, None) is None]
+    missing = [
+        a
+        for a in ("config", "__call__", "encode", "init_decode_state", "decode_step")
+        if getattr(model, a, None) is None
+    ]
     assert isinstance(model, EncoderDecoder), f"{type(model).__name__} lacks {missing}"
     config = model.config
     assert isinstance(config, ModelConfig), f"{type(config).__name__} is not a models.interface.ModelConfig"
@@ -137,9 +156,12 @@ def check_family(model) -> None:
         model_state = model.initial_model_state()
         assert isinstance(model_state, dict)
         loss, sums, new_state = traced(
-            model, lambda m, *args: m.objective(*args, metrics.token_sums), batch, model_state, jax.random.key(0))
+            model, lambda m, *args: m.objective(*args, metrics.token_sums), batch, model_state, jax.random.key(0)
+        )
         assert loss.shape == () and "smoothed_loss_sum" in sums
-        assert jax.tree.structure(new_state) == jax.tree.structure(model_state), "objective changes the model state's structure"
+        assert jax.tree.structure(new_state) == jax.tree.structure(model_state), (
+            "objective changes the model state's structure"
+        )
     # the model takes a source as long as its limit
     if limit is not None:
         traced(model, lambda m, inputs: m.encode(inputs), inputs_for(config, limit))
@@ -158,7 +180,9 @@ def test_family_implements_the_interface(name, fields):
 def test_every_parameter_names_each_of_its_axes(name, fields):
     """Sharding follows the names (run_setup/sharding.py's rule table): a parameter without them would
     stay replicated under every mode, unnoticed."""
-    params = [(path, variable) for path, variable in nnx.iter_graph(build(name, **fields)) if isinstance(variable, nnx.Param)]
+    params = [
+        (path, variable) for path, variable in nnx.iter_graph(build(name, **fields)) if isinstance(variable, nnx.Param)
+    ]
     assert params
     for path, variable in params:
         axes = getattr(variable, "out_sharding", None)
@@ -202,10 +226,13 @@ class ClaimsObjective(TransformerConfig):
     has_objective = True
 
 
-@pytest.mark.parametrize("broken, complaint", [
-    (lambda: NoDecodeStep(TransformerConfig(V, **TINY["transformer"][0]), rngs=nnx.Rngs(0)), "decode_step"),
-    (lambda: Transformer(ClaimsObjective(V, **TINY["transformer"][0]), rngs=nnx.Rngs(0)), "has_objective"),
-])
+@pytest.mark.parametrize(
+    "broken, complaint",
+    [
+        (lambda: NoDecodeStep(TransformerConfig(V, **TINY["transformer"][0]), rngs=nnx.Rngs(0)), "decode_step"),
+        (lambda: Transformer(ClaimsObjective(V, **TINY["transformer"][0]), rngs=nnx.Rngs(0)), "has_objective"),
+    ],
+)
 def test_a_family_that_breaks_the_interface_fails(broken, complaint):
     with pytest.raises(AssertionError, match=complaint):
         check_family(nnx.eval_shape(broken))

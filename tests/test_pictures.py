@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scoring import metrics
 import models
-from report import pictures
 from models.attention import AttentionRole, attention_roles, capture_attention
+from report import pictures
+from scoring import metrics
 from tasks import dates
 
 
@@ -29,8 +29,14 @@ def test_alignment_accuracy_hand_worked():
 @pytest.fixture(scope="module")
 def model():
     return models.create_model(
-        "transformer", rngs=nnx.Rngs(0), vocab_size=9, d_model=8, num_heads=2, d_ff=16,
-        num_encoder_layers=1, num_decoder_layers=2,
+        "transformer",
+        rngs=nnx.Rngs(0),
+        vocab_size=9,
+        d_model=8,
+        num_heads=2,
+        d_ff=16,
+        num_encoder_layers=1,
+        num_decoder_layers=2,
     )
 
 
@@ -39,12 +45,18 @@ def test_attention_weights_of_every_module(model):
     weights = capture_attention(model, batch)
     roles = attention_roles(model)
     assert set(roles) == set(weights)
-    assert {m for m, r in roles.items() if r is AttentionRole.CROSS} == {"decoder_layers/0/cross_attention", "decoder_layers/1/cross_attention"}
+    assert {m for m, r in roles.items() if r is AttentionRole.CROSS} == {
+        "decoder_layers/0/cross_attention",
+        "decoder_layers/1/cross_attention",
+    }
     assert roles["encoder_layers/0/self_attention"] is AttentionRole.SOURCE_SELF
     assert roles["decoder_layers/1/self_attention"] is AttentionRole.TARGET_SELF
     assert sorted(weights) == [
-        "decoder_layers/0/cross_attention", "decoder_layers/0/self_attention",
-        "decoder_layers/1/cross_attention", "decoder_layers/1/self_attention", "encoder_layers/0/self_attention",
+        "decoder_layers/0/cross_attention",
+        "decoder_layers/0/self_attention",
+        "decoder_layers/1/cross_attention",
+        "decoder_layers/1/self_attention",
+        "encoder_layers/0/self_attention",
     ]
     assert weights["decoder_layers/1/cross_attention"].shape == (1, 2, 3, 5)
     # source padding
@@ -61,7 +73,8 @@ def test_draw_example_writes_pictures_and_weights(model, tmp_path):
     source, output = ["a", "b", "c", "</s>"], ["x", "y", "</s>"]
     drawn = pictures.draw_example(tmp_path, "example_0", cut, roles, source, output)
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
-        "example_0_decoder_layers_0_cross_attention.png", "example_0_decoder_layers_1_cross_attention.png",
+        "example_0_decoder_layers_0_cross_attention.png",
+        "example_0_decoder_layers_1_cross_attention.png",
     ]
     assert all(p.ndim == 3 and p.shape[2] == 3 and p.dtype == np.uint8 for p in drawn.values())
     saved = np.load(tmp_path / "example_0.npz")

@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from report import pages
-from run_setup import input_kinds
-from report import pictures
 from models.attention import AttentionRole
+from report import pages, pictures
+from run_setup import input_kinds
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -27,7 +26,13 @@ CHROMIUM = Path("/usr/bin/chromium")
 @pytest.mark.curves
 def test_damaged_metrics_lines_are_skipped_and_counted(tmp_path):
     good = {"step": 5, "split": "train", "loss": 2.5, "learning_rate": 1e-3}
-    lines = [json.dumps(good), '{"step": 10, "split": "tr', "[1, 2]", "", json.dumps({"step": 10, "split": "dev", "loss": 2.0})]
+    lines = [
+        json.dumps(good),
+        '{"step": 10, "split": "tr',
+        "[1, 2]",
+        "",
+        json.dumps({"step": 10, "split": "dev", "loss": 2.0}),
+    ]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     rows, damaged = pages.read_metrics(tmp_path / "metrics.jsonl")
     assert rows == [good, {"step": 10, "split": "dev", "loss": 2.0}] and damaged == 2
@@ -75,7 +80,14 @@ def test_attention_payload_halves_the_kept_weights_until_it_fits():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(2, 16, 64))
     weights = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    examples = [{"name": "e", "source": ["a"] * 64, "output": ["b"] * 16, "modules": [{"name": "m", "role": "cross", "weights": weights}]}]
+    examples = [
+        {
+            "name": "e",
+            "source": ["a"] * 64,
+            "output": ["b"] * 16,
+            "modules": [{"name": "m", "role": "cross", "weights": weights}],
+        }
+    ]
     _, blobs, keep = pages.attention_payloads(examples)
     assert keep is None and len(zlib.decompress(base64.b64decode(blobs[0]))) == weights.size
     described, blobs, keep = pages.attention_payloads(examples, budget=300)
@@ -87,8 +99,16 @@ def test_attention_payload_halves_the_kept_weights_until_it_fits():
 def test_a_feature_grid_example_is_explored_over_its_cells(tmp_path):
     weights = {"attention": np.array([[[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]], np.float32)}  # [N=1, T=2, L=3]
     features = input_kinds.KINDS["features"]
-    features.draw(tmp_path / "attention" / "step_1", "example_0", np.zeros((3, 4), np.float32), weights,
-                  {"attention": AttentionRole.CROSS}, ["a", "</s>"], None, None)
+    features.draw(
+        tmp_path / "attention" / "step_1",
+        "example_0",
+        np.zeros((3, 4), np.float32),
+        weights,
+        {"attention": AttentionRole.CROSS},
+        ["a", "</s>"],
+        None,
+        None,
+    )
     (example,) = pages.read_run(tmp_path).attention
     assert example["source"] == ["cell 0", "cell 1", "cell 2"] and example["output"] == ["a", "</s>"]
     assert [(m["name"], m["role"]) for m in example["modules"]] == [("attention", "cross")]
@@ -101,7 +121,9 @@ def test_every_evaluation_writes_the_report_and_its_inputs(finished_run):
     assert "Attention explorer" in page and "http://" not in page.replace("http://www.w3.org", "")
     assert (workdir / "curves.png").exists()
     assert '<div id="run-summary">task dates, model transformer, 20 steps' in page
-    assert (workdir / "predictions" / "step_20_dev.tsv").exists() and (workdir / "predictions" / "step_10_dev.tsv").exists()
+    assert (workdir / "predictions" / "step_20_dev.tsv").exists() and (
+        workdir / "predictions" / "step_10_dev.tsv"
+    ).exists()
     saved = np.load(workdir / "attention" / "step_20" / "example_0.npz")
     modules = saved["modules"].tolist()
     assert sorted(saved["roles"].tolist()) == ["cross", "source_self", "target_self"]
@@ -124,7 +146,9 @@ def test_rebuilt_from_the_folder_alone(finished_run, tmp_path):
 def browser():
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing (Debian's chromium package: `make chromium`)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright==1.63.0)")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install playwright==1.63.0)"
+    )
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         yield browser
@@ -175,19 +199,28 @@ def test_explorer_hover_shows_the_rows_weights(browser, finished_run):
     assert not np.allclose(shown, shown_head_1)
     # a source token: its column over the output
     explorer.locator(".keys .tok").nth(2).hover()
-    np.testing.assert_allclose(opened.weights("details.example >> nth=0 >> .queries .tok"), cross[1, :, 2], atol=0.5 / 255 + 1e-4)
+    np.testing.assert_allclose(
+        opened.weights("details.example >> nth=0 >> .queries .tok"), cross[1, :, 2], atol=0.5 / 255 + 1e-4
+    )
     explorer.locator("select.head").select_option("mean")
     explorer.locator(".queries .tok").nth(target).hover()
-    np.testing.assert_allclose(opened.weights("details.example >> nth=0 >> .keys .tok"), cross.mean(0)[target], atol=0.5 / 255 + 1e-4)
+    np.testing.assert_allclose(
+        opened.weights("details.example >> nth=0 >> .keys .tok"), cross.mean(0)[target], atol=0.5 / 255 + 1e-4
+    )
     # the gold source span of the hovered output position is outlined
     spans = saved["alignment"]
     t0, t1, s0, s1 = next(span for span in spans if span[0] <= target < span[1])
     gold = explorer.locator(".keys .tok.gold")
-    assert [int(i) for i in gold.evaluate_all("ns => ns.map(n => n.dataset.index)")] == list(range(s0, min(s1, len(saved["source_tokens"]))))
+    assert [int(i) for i in gold.evaluate_all("ns => ns.map(n => n.dataset.index)")] == list(
+        range(s0, min(s1, len(saved["source_tokens"])))
+    )
     explorer.locator("select.kind").select_option("source_self")
     explorer.locator(".queries .tok").nth(1).hover()
-    np.testing.assert_allclose(opened.weights("details.example >> nth=0 >> .keys .tok"), saved["encoder_layers_0_self_attention"].mean(0)[1],
-                               atol=0.5 / 255 + 1e-4)
+    np.testing.assert_allclose(
+        opened.weights("details.example >> nth=0 >> .keys .tok"),
+        saved["encoder_layers_0_self_attention"].mean(0)[1],
+        atol=0.5 / 255 + 1e-4,
+    )
     page.click("#worst-first")
     chrf = [float(t) for t in page.locator("#examples tbody tr td:nth-child(4)").all_text_contents()]
     assert chrf == sorted(chrf) and len(chrf) == 24
@@ -206,7 +239,9 @@ def test_image_explorer_and_sweep_page(browser, tmp_path):
     # the words' boxes; cells 1 and 6 are inside
     boxes = np.array([[4, 0, 8, 4], [8, 4, 12, 8], [-1, -1, -1, -1]])
     extras = {"centres": centres, "boxes": boxes}
-    pictures.draw_image_attention(run / "attention" / "step_5", "example_0", image, weights, (2, 4), ["one", "two", "</s>"], extras)
+    pictures.draw_image_attention(
+        run / "attention" / "step_5", "example_0", image, weights, (2, 4), ["one", "two", "</s>"], extras
+    )
     opened = OpenPage(browser, pages.write(run))
     page = opened.page
     page.wait_for_selector("details.example .explorer[data-rendered]")
@@ -280,7 +315,11 @@ def test_an_lstmn_gets_an_explorer_of_its_kinds(browser, tmp_path):
             explorer.locator("select.kind").select_option(kind)
             module = explorer.locator("select.layer option").first.text_content()
             explorer.locator(".queries .tok").nth(1).hover()
-            np.testing.assert_allclose(opened.weights(f"details.example >> nth={number} >> .keys .tok"),
-                                       expected[name][1][module][0, 1], atol=0.5 / 255 + 1e-4, err_msg=f"{name} {module}")
+            np.testing.assert_allclose(
+                opened.weights(f"details.example >> nth={number} >> .keys .tok"),
+                expected[name][1][module][0, 1],
+                atol=0.5 / 255 + 1e-4,
+                err_msg=f"{name} {module}",
+            )
     opened.check_clean()
     page.close()

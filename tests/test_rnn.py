@@ -8,17 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers.references import np_masked_softmax
-from helpers.tiny import tiny_config
 
 import models
-from engine import training_loop
 from configs import base, recurrent
+from engine import training_loop
+from helpers.references import np_masked_softmax
+from helpers.tiny import tiny_config
 from models.attention import capture_attention
-from run_setup.run import prepare_run
-from tasks.vocabularies import EOS_ID
 from models.rnn import LSTMState, RNNDecodeState, RNNMemory
+from run_setup.run import prepare_run
 from run_setup.settings import parse
+from tasks.vocabularies import EOS_ID
 
 # vocabulary, embedding, hidden
 V, E, H = 13, 5, 6
@@ -72,7 +72,9 @@ def test_rnnsearch_decoder_step_is_bahdanau_appendix_a():
     memory = RNNMemory(
         jnp.float32(annotations), model.cross_attention.project_keys(jnp.float32(annotations)), jnp.asarray(mask), None
     )
-    logits, state = model.decode_step(memory, jnp.asarray(previous_token), RNNDecodeState((jnp.float32(previous_state),), None))
+    logits, state = model.decode_step(
+        memory, jnp.asarray(previous_token), RNNDecodeState((jnp.float32(previous_state),), None)
+    )
 
     # e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)  (A.1.2)
     attention = model.cross_attention
@@ -96,8 +98,12 @@ def test_rnnsearch_decoder_step_is_bahdanau_appendix_a():
     candidate = np.tanh(embedded @ W + (r * previous_state) @ U + c @ C + b)
     # s_i
     s = (1 - z) * previous_state + z * candidate
-    t_tilde = (s @ f64(model.readout_hidden.kernel) + f64(model.readout_hidden.bias)
-               + embedded @ f64(model.readout_embedding.kernel) + c @ f64(model.readout_context.kernel))
+    t_tilde = (
+        s @ f64(model.readout_hidden.kernel)
+        + f64(model.readout_hidden.bias)
+        + embedded @ f64(model.readout_embedding.kernel)
+        + c @ f64(model.readout_context.kernel)
+    )
     # maxout over pairs (2j-1, 2j)
     t = np.maximum(t_tilde[:, 0::2], t_tilde[:, 1::2])
     # W_o t_i
@@ -164,7 +170,9 @@ def test_rnnencdec_is_cho_et_al_section_2_2():
     table = f64(model.source_embed.embedding)
     expected_c = []
     for source in np.asarray(batch["inputs"]):
-        _, h_N = np_encoder_direction(model.encoder.forward_cells[0], table[source], int((source != 0).sum()), reverse=False)
+        _, h_N = np_encoder_direction(
+            model.encoder.forward_cells[0], table[source], int((source != 0).sum()), reverse=False
+        )
         # c = tanh(V h_N)
         expected_c.append(np.tanh(h_N @ f64(model.summary_proj.kernel) + f64(model.summary_proj.bias)))
     c = np.array(expected_c)
@@ -187,8 +195,12 @@ def test_rnnencdec_is_cho_et_al_section_2_2():
     r = sigmoid(embedded @ W_r + s_0 @ U_r + c @ C_r + b_r)
     s_1 = (1 - z) * s_0 + z * np.tanh(embedded @ W + (r * s_0) @ f64(cell.candidate_proj.kernel) + c @ C + b)
     np.testing.assert_allclose(state.layers[0], s_1, rtol=1e-5, atol=1e-6)
-    t_tilde = (s_1 @ f64(model.readout_hidden.kernel) + f64(model.readout_hidden.bias)
-               + embedded @ f64(model.readout_embedding.kernel) + c @ f64(model.readout_context.kernel))
+    t_tilde = (
+        s_1 @ f64(model.readout_hidden.kernel)
+        + f64(model.readout_hidden.bias)
+        + embedded @ f64(model.readout_embedding.kernel)
+        + c @ f64(model.readout_context.kernel)
+    )
     t = np.maximum(t_tilde[:, 0::2], t_tilde[:, 1::2])
     np.testing.assert_allclose(logits, t @ f64(model.output.kernel) + f64(model.output.bias), rtol=1e-5, atol=1e-5)
 
@@ -205,7 +217,10 @@ def test_luong_decoder_step_with_input_feeding(score):
     h, c, feed = (rng.normal(size=(3, H)) for _ in range(3))
     previous_token = np.array([5, 1, 9])
     memory = RNNMemory(
-        jnp.float32(source_states), model.cross_attention.project_keys(jnp.float32(source_states)), jnp.asarray(mask), None
+        jnp.float32(source_states),
+        model.cross_attention.project_keys(jnp.float32(source_states)),
+        jnp.asarray(mask),
+        None,
     )
     start = RNNDecodeState((LSTMState(jnp.float32(h), jnp.float32(c)),), jnp.float32(feed))
     logits, state = model.decode_step(memory, jnp.asarray(previous_token), start)
@@ -332,8 +347,16 @@ def test_every_family_and_task_config_builds_its_model(family, task):
 def test_rnnsearch_trains_in_the_trainer_and_draws_its_alignment(shared_data_dir, tmp_path):
     fields = recurrent.model_fields("rnnsearch", "dates")
     fields.update(embed_dim=16, hidden_dim=16, maxout_dim=8, attention_dim=16)
-    config = tiny_config(shared_data_dir, visualize_examples=1, learning_rate=1e-2, schedule="constant", warmup_steps=10,
-                         num_train_steps=200, eval_every_steps=200, checkpoint_every_steps=200)
+    config = tiny_config(
+        shared_data_dir,
+        visualize_examples=1,
+        learning_rate=1e-2,
+        schedule="constant",
+        warmup_steps=10,
+        num_train_steps=200,
+        eval_every_steps=200,
+        checkpoint_every_steps=200,
+    )
     # tiny_config locks it
     config.unlock()
     config.model = base.model("rnnsearch", **fields)
@@ -354,8 +377,10 @@ def test_rnnsearch_trains_in_the_trainer_and_draws_its_alignment(shared_data_dir
         return jnp.asarray(rows)
 
     pairs = [run.task.pair(record) for record in records]
-    batch = {"inputs": padded([s for s, _ in pairs], run.tokens.source, config.data.max_source_length),
-             "targets": padded([t for _, t in pairs], run.tokens.target, config.data.max_target_length)}
+    batch = {
+        "inputs": padded([s for s, _ in pairs], run.tokens.source, config.data.max_source_length),
+        "targets": padded([t for _, t in pairs], run.tokens.target, config.data.max_target_length),
+    }
     attended = np.asarray(capture_attention(model, batch)["cross_attention"])[:, 0].argmax(axis=-1)  # [B, T]
     per_example = []
     for row, record in enumerate(records):

@@ -5,8 +5,7 @@ import math
 import pytest
 import sacrebleu
 
-from scoring import metrics
-from scoring import score_registry
+from scoring import metrics, score_registry
 from utils.errors import ConfigError
 
 HYPOTHESES = ["the cat sat on the mat", "a dog barked", "it rains"]
@@ -32,7 +31,11 @@ def test_translation_text_scores_are_bleu_chrf_their_signatures_and_exact_match(
     bleu, bleu_signature = sacrebleu_bleu(HYPOTHESES, [REFERENCES])
     chrf = sacrebleu.CHRF()
     assert results["bleu"] == bleu
-    assert results["bleu_signature"] == bleu_signature == "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" + sacrebleu.__version__
+    assert (
+        results["bleu_signature"]
+        == bleu_signature
+        == "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" + sacrebleu.__version__
+    )
     assert results["chrf"] == chrf.corpus_score(HYPOTHESES, [REFERENCES]).score
     assert results["chrf_signature"] == str(chrf.get_signature())
     # "it rains" only
@@ -165,19 +168,52 @@ def test_check_best_metric_names_the_field_it_checks():
 
 def test_valid_names_by_task():
     assert list(score_registry.objective_choices("exact_match", alignment=True)) == [
-        "loss", "perplexity", "token_accuracy", "exact_match", "symbol_accuracy", "alignment_accuracy",
+        "loss",
+        "perplexity",
+        "token_accuracy",
+        "exact_match",
+        "symbol_accuracy",
+        "alignment_accuracy",
     ]
-    assert list(score_registry.objective_choices("bleu")) == ["loss", "perplexity", "token_accuracy", "exact_match", "bleu", "chrf"]
+    assert list(score_registry.objective_choices("bleu")) == [
+        "loss",
+        "perplexity",
+        "token_accuracy",
+        "exact_match",
+        "bleu",
+        "chrf",
+    ]
     assert list(score_registry.objective_choices("caption", boxes=True)) == [
-        "loss", "perplexity", "token_accuracy", "exact_match", "bleu", "bleu_1", "bleu_2", "bleu_3", "bleu_4", "localization_accuracy",
+        "loss",
+        "perplexity",
+        "token_accuracy",
+        "exact_match",
+        "bleu",
+        "bleu_1",
+        "bleu_2",
+        "bleu_3",
+        "bleu_4",
+        "localization_accuracy",
     ]
 
 
 def test_directions():
     assert not score_registry.larger_is_better("loss") and not score_registry.larger_is_better("perplexity")
-    for name in ("token_accuracy", "exact_match", "symbol_accuracy", "bleu", "bleu_2", "chrf", "alignment_accuracy/x", "localization_accuracy"):
+    for name in (
+        "token_accuracy",
+        "exact_match",
+        "symbol_accuracy",
+        "bleu",
+        "bleu_2",
+        "chrf",
+        "alignment_accuracy/x",
+        "localization_accuracy",
+    ):
         assert score_registry.larger_is_better(name), name
-    assert score_registry.objective_choices("bleu")["loss"] == "minimize" and score_registry.objective_choices("bleu")["bleu"] == "maximize"
+    assert (
+        score_registry.objective_choices("bleu")["loss"] == "minimize"
+        and score_registry.objective_choices("bleu")["bleu"] == "maximize"
+    )
     with pytest.raises(ConfigError, match="unknown score 'blue'; valid: loss, perplexity"):
         score_registry.larger_is_better("blue")
 
@@ -203,7 +239,11 @@ def test_the_markdown_table_lists_every_score_signature_and_note_once():
     lines = table.splitlines()
     assert lines[0] == "| name | better | applies to | what it is |"
     names = [line.split(" | ")[0].removeprefix("| ") for line in lines[2:]]
-    expected = [f"`{n}`" for n in score_registry.SCORES] + ["`bleu_signature`", "`chrf_signature`"] + [f"`{n}`" for n in score_registry.NOTES]
+    expected = (
+        [f"`{n}`" for n in score_registry.SCORES]
+        + ["`bleu_signature`", "`chrf_signature`"]
+        + [f"`{n}`" for n in score_registry.NOTES]
+    )
     expected[list(score_registry.SCORES).index("alignment_accuracy")] += ", `alignment_accuracy/<module>`"
     assert names == expected
     assert "| `loss` | smaller | all tasks | " in table
@@ -211,8 +251,20 @@ def test_the_markdown_table_lists_every_score_signature_and_note_once():
 
 
 def test_is_known_covers_every_key_an_evaluation_writes():
-    written = ["loss", "perplexity", "token_accuracy", "exact_match", "bleu", "bleu_signature", "chrf_signature",
-               "decoded_examples", "alignment_accuracy", "alignment_accuracy/encoder_decoder", "localized_words", "by_source_length"]
+    written = [
+        "loss",
+        "perplexity",
+        "token_accuracy",
+        "exact_match",
+        "bleu",
+        "bleu_signature",
+        "chrf_signature",
+        "decoded_examples",
+        "alignment_accuracy",
+        "alignment_accuracy/encoder_decoder",
+        "localized_words",
+        "by_source_length",
+    ]
     assert all(score_registry.is_known(key) for key in written)
     assert not any(score_registry.is_known(key) for key in ("step", "bleu/x", "rouge", "symbol_accuracy_signature"))
 
@@ -221,8 +273,16 @@ def test_a_new_score_is_one_registration(registry):
     def length_ratio(texts):
         return sum(map(len, texts.hypotheses)) / sum(len(r[0]) for r in texts.references)
 
-    score_registry.register(score_registry.Score("length_ratio", False, {score_registry.TRANSLATION}, "output characters per reference character",
-                                 compute=length_ratio, signature=lambda texts: "chars"))
+    score_registry.register(
+        score_registry.Score(
+            "length_ratio",
+            False,
+            {score_registry.TRANSLATION},
+            "output characters per reference character",
+            compute=length_ratio,
+            signature=lambda texts: "chars",
+        )
+    )
     results = score_registry.text_scores("bleu", ["abc", "d"], ["ab", "de"])
     assert results["length_ratio"] == 4 / 4 and results["length_ratio_signature"] == "chars"
     assert "length_ratio" not in score_registry.text_scores("exact_match", ["abc"], ["ab"])
@@ -230,14 +290,19 @@ def test_a_new_score_is_one_registration(registry):
     with pytest.raises(ConfigError, match="applies to translation only"):
         score_registry.check_best_metric("length_ratio", "caption")
     assert score_registry.objective_choices("bleu")["length_ratio"] == "minimize"
-    assert "| `length_ratio` | smaller | translation | output characters per reference character |" in score_registry.markdown_table()
+    assert (
+        "| `length_ratio` | smaller | translation | output characters per reference character |"
+        in score_registry.markdown_table()
+    )
     assert "| `length_ratio_signature` | - | translation | " in score_registry.markdown_table()
     assert score_registry.is_known("length_ratio_signature")
 
 
 def test_the_registry_refuses_a_score_declared_badly(registry):
     with pytest.raises(ValueError, match="registered already"):
-        score_registry.register(score_registry.Score("bleu", True, {score_registry.TRANSLATION}, "again", compute=lambda t: 0.0))
+        score_registry.register(
+            score_registry.Score("bleu", True, {score_registry.TRANSLATION}, "again", compute=lambda t: 0.0)
+        )
     with pytest.raises(ValueError, match="registered already"):
         score_registry.register(score_registry.Note("decoded_examples", score_registry.ALL_TASKS, "again"))
     with pytest.raises(ValueError, match="larger_is_better"):
@@ -261,4 +326,7 @@ def test_every_value_a_run_writes_is_a_registered_score_or_note(finished_run):
     for path in (workdir / "eval").glob("step_*.json"):
         for split, results in json.loads(path.read_text()).items():
             if split != "step":
-                assert all(score_registry.is_known(key) for key in results), (path.name, [k for k in results if not score_registry.is_known(k)])
+                assert all(score_registry.is_known(key) for key in results), (
+                    path.name,
+                    [k for k in results if not score_registry.is_known(k)],
+                )

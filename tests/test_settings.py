@@ -14,18 +14,18 @@ import pytest
 from flax import nnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from helpers.tiny import tiny_config, xla_flags
 
 import models
-from run_setup import preflight
-from run_setup.run import build_model
-from run_setup.cluster import make_mesh
-from engine import training_loop
-from tasks import vocabularies
 from configs import base
-from utils.errors import ConfigError
+from engine import training_loop
+from helpers.tiny import tiny_config, xla_flags
+from run_setup import preflight
+from run_setup.cluster import make_mesh
 from run_setup.compatibility import flatten
+from run_setup.run import build_model
 from run_setup.settings import parse
+from tasks import vocabularies
+from utils.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # joining a cluster is not a value check
@@ -83,7 +83,9 @@ def checked(name: str, text: str):
 
 # `checked` refuses on 8 devices; the run must see the same 8
 @pytest.mark.all_devices
-@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(override=overrides())
 def test_fuzzed_overrides_are_refused_by_name_before_the_workdir_exists_or_build(override, tmp_path):
     name, text = override
@@ -98,7 +100,9 @@ def test_fuzzed_overrides_are_refused_by_name_before_the_workdir_exists_or_build
         assert not workdir.exists()
         return
     tokens = vocabularies.Tokenizers(*[vocabularies.CharTokenizer("abc")] * 2)
-    shallow = base.load(config, [f"--config.model.{k}=2" for k, v in config.model.items() if k.endswith("layers") and v > 2])
+    shallow = base.load(
+        config, [f"--config.model.{k}=2" for k, v in config.model.items() if k.endswith("layers") and v > 2]
+    )
     # an accepted config builds (deeper stacks repeat the layers)
     abstract = nnx.eval_shape(lambda: build_model(parse(shallow), tokens))
     assert jax.tree.leaves(nnx.state(abstract, nnx.Param))
@@ -132,11 +136,17 @@ def test_a_bad_value_on_the_command_line_is_one_line_exit_code_2_and_no_workdir(
     # the second value comes from a --flagfile, among absl's own flags
     flagfile = tmp_path / "flags.txt"
     flagfile.write_text(f"--workdir={workdir}\n--config.model.num_heads=3\n")
-    for flags, message in ((["--config.model.d_model=0"], "model.d_model must be"),
-                           ([f"--flagfile={flagfile}"], "is not divisible by model.num_heads 3")):
+    for flags, message in (
+        (["--config.model.d_model=0"], "model.d_model must be"),
+        ([f"--flagfile={flagfile}"], "is not divisible by model.num_heads 3"),
+    ):
         result = subprocess.run(
             [sys.executable, str(PROJECT_ROOT / "train.py"), f"--workdir={workdir}", *flags],
-            cwd=PROJECT_ROOT, env={**os.environ, "XLA_FLAGS": xla_flags(1)}, capture_output=True, text=True, timeout=120,
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "XLA_FLAGS": xla_flags(1)},
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
@@ -150,7 +160,10 @@ def test_a_bad_value_on_the_command_line_is_one_line_exit_code_2_and_no_workdir(
         ("transformer", dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=3, num_decoder_layers=2)),
         ("luong", dict(embed_dim=8, hidden_dim=16, num_encoder_layers=3, num_decoder_layers=3)),
         ("lstmn", dict(embed_dim=8, hidden_dim=16, attention_dim=8, num_encoder_layers=2, num_decoder_layers=3)),
-        ("rnnsearch", dict(embed_dim=8, hidden_dim=16, attention_dim=8, maxout_dim=4, num_encoder_layers=2, num_decoder_layers=1)),
+        (
+            "rnnsearch",
+            dict(embed_dim=8, hidden_dim=16, attention_dim=8, maxout_dim=4, num_encoder_layers=2, num_decoder_layers=1),
+        ),
     ],
 )
 def test_parameter_count_from_two_layers_equals_the_built_models(name, fields):

@@ -14,16 +14,15 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from engine import evaluation
 import input_pipeline
-from engine import training_loop
-from utils.errors import ConfigError
+from engine import evaluation, training_loop
 from engine.evaluation import Evaluator
-from run_setup import run as run_module
+from helpers.tiny import first_devices_mesh, tiny_config
 from run_setup import compatibility, sharding
+from run_setup import run as run_module
 from run_setup.run import prepare_run
 from run_setup.settings import parse, read_run_settings, write_run_config
-from helpers.tiny import first_devices_mesh, tiny_config
+from utils.errors import ConfigError
 
 # about the device count
 pytestmark = pytest.mark.all_devices
@@ -33,11 +32,17 @@ MODES = {"replicated": 1, "fsdp": 1, "fsdp_tp": 2}
 
 
 def sharded_settings(data_dir, mode, tensor_parallel=1, **overrides):
-    return parse(tiny_config(data_dir, sharding=mode, tensor_parallel=tensor_parallel, **{"model.dropout_rate": 0.0}, **overrides))
+    return parse(
+        tiny_config(
+            data_dir, sharding=mode, tensor_parallel=tensor_parallel, **{"model.dropout_rate": 0.0}, **overrides
+        )
+    )
 
 
 def first_batches(run, count=3):
-    data, _ = input_pipeline.train_dataset(run.task, run.tokens, run.settings.data, run.settings.source, process_index=0, process_count=1)
+    data, _ = input_pipeline.train_dataset(
+        run.task, run.tokens, run.settings.data, run.settings.source, process_index=0, process_count=1
+    )
     iterator = iter(data)
     try:
         return [next(iterator) for _ in range(count)]
@@ -81,7 +86,9 @@ def test_the_three_modes_train_to_the_same_losses_and_parameters(trained):
         # the steps did update
         assert reference_losses[0] != reference_losses[-1]
         for name, value in leaves(state["params"]).items():
-            np.testing.assert_allclose(np.asarray(value), np.asarray(reference[name]), rtol=1e-4, atol=1e-7, err_msg=f"{mode} {name}")
+            np.testing.assert_allclose(
+                np.asarray(value), np.asarray(reference[name]), rtol=1e-4, atol=1e-7, err_msg=f"{mode} {name}"
+            )
 
 
 # Where the table puts the tiny model's parameters: (data 8) for fsdp, (data 4, model 2) for fsdp_tp.
@@ -126,14 +133,23 @@ def test_parameters_and_their_adam_moments_sit_where_the_table_says(trained, mod
     kernel = params["encoder_layers.0.feed_forward.inner.kernel"]
     assert kernel.addressable_shards[0].data.shape == ((16 // 8, 32) if mode == "fsdp" else (16 // 4, 32 // 2))
     replicated = trained["replicated"][1]
-    assert all(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves((replicated["params"], replicated["opt_state"])))
+    assert all(
+        leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves((replicated["params"], replicated["opt_state"]))
+    )
 
 
 def test_a_search_gathers_the_data_axis_and_keeps_the_model_axis():
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     specs = [P("data", "model"), P("model", "data"), P(("data", "model"), None), P(("model", "data")), P(None), P()]
     shardings = sharding.without_data_axis([NamedSharding(mesh, spec) for spec in specs])
-    assert [s.spec for s in shardings] == [P(None, "model"), P("model", None), P("model", None), P("model"), P(None), P()]
+    assert [s.spec for s in shardings] == [
+        P(None, "model"),
+        P("model", None),
+        P("model", None),
+        P("model"),
+        P(None),
+        P(),
+    ]
     assert all(s.mesh == mesh for s in shardings)
 
 
@@ -144,7 +160,10 @@ def test_a_search_under_fsdp_decodes_what_a_replicated_one_does_and_gathers_only
     params = {"replicated": replicated.params, "fsdp": jax.device_put(replicated.params, fsdp.param_shardings)}
     assert not any(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(params["fsdp"]) if leaf.ndim == 2)
     batch = next(Evaluator(replicated).batches("dev"))[0]
-    outputs = {mode: Evaluator(run).decode(params[mode], batch["inputs"], jax.random.key(0)) for mode, run in (("replicated", replicated), ("fsdp", fsdp))}
+    outputs = {
+        mode: Evaluator(run).decode(params[mode], batch["inputs"], jax.random.key(0))
+        for mode, run in (("replicated", replicated), ("fsdp", fsdp))
+    }
     np.testing.assert_array_equal(np.asarray(outputs["fsdp"][0]), np.asarray(outputs["replicated"][0]))
     np.testing.assert_allclose(np.asarray(outputs["fsdp"][1]), np.asarray(outputs["replicated"][1]), rtol=1e-5)
 
@@ -174,17 +193,25 @@ def saved_under_fsdp(trained, workdir):
     return state
 
 
-def test_a_checkpoint_saved_under_fsdp_restores_exactly_under_fsdp_tp_on_four_devices_and_on_one(trained, shared_data_dir, tmp_path):
+def test_a_checkpoint_saved_under_fsdp_restores_exactly_under_fsdp_tp_on_four_devices_and_on_one(
+    trained, shared_data_dir, tmp_path
+):
     saved = gathered(saved_under_fsdp(trained, tmp_path))
     for mode, devices in (("fsdp_tp", jax.devices()), ("fsdp", jax.devices()[:4]), ("replicated", jax.devices()[:1])):
-        run = prepare_run(sharded_settings(shared_data_dir, mode, MODES[mode]), tmp_path, devices=devices, with_data=False)
-        abstract = run.abstract(training_loop.initial_state(run, training_loop.make_optimizer(run.settings.optimization)))
+        run = prepare_run(
+            sharded_settings(shared_data_dir, mode, MODES[mode]), tmp_path, devices=devices, with_data=False
+        )
+        abstract = run.abstract(
+            training_loop.initial_state(run, training_loop.make_optimizer(run.settings.optimization))
+        )
         step, restored = run.checkpoints.restore(abstract)
         run.checkpoints.close()
         assert step == 3
         for name, value in leaves(restored).items():
             assert value.sharding == leaves(abstract)[name].sharding, f"{mode} {name}"
-            np.testing.assert_array_equal(np.asarray(value), saved[name], err_msg=f"{mode} on {len(devices)} devices: {name}")
+            np.testing.assert_array_equal(
+                np.asarray(value), saved[name], err_msg=f"{mode} on {len(devices)} devices: {name}"
+            )
     import inference
 
     # one device, replicated, whatever the run's sharding
@@ -194,7 +221,9 @@ def test_a_checkpoint_saved_under_fsdp_restores_exactly_under_fsdp_tp_on_four_de
         np.testing.assert_array_equal(value, saved[f"params.{name}"], err_msg=name)
 
 
-def test_eval_mode_scores_an_fsdp_run_alike_under_fsdp_fsdp_tp_and_on_one_device(trained, shared_data_dir, tmp_path, monkeypatch):
+def test_eval_mode_scores_an_fsdp_run_alike_under_fsdp_fsdp_tp_and_on_one_device(
+    trained, shared_data_dir, tmp_path, monkeypatch
+):
     """`--mode=eval` of a run saved under `fsdp` on 8 devices, as train.py sets it up: as saved,
     under `fsdp_tp` (its command line's `sharding`), and replicated on a one-device machine."""
     saved_under_fsdp(trained, tmp_path)
@@ -203,10 +232,17 @@ def test_eval_mode_scores_an_fsdp_run_alike_under_fsdp_fsdp_tp_and_on_one_device
     for mode, devices in (("fsdp", 8), ("fsdp_tp", 8), ("replicated", 1)):
         requested = sharded_settings(shared_data_dir, mode, MODES[mode])
         make_mesh = first_devices_mesh(devices)
-        monkeypatch.setattr(run_module, "make_mesh", lambda *args, **kwargs: meshes.setdefault(mode, make_mesh(*args, **kwargs)))
-        results[mode] = evaluation.evaluate(compatibility.for_evaluation(saved, requested, ["sharding", "tensor_parallel"]), tmp_path)
+        monkeypatch.setattr(
+            run_module, "make_mesh", lambda *args, **kwargs: meshes.setdefault(mode, make_mesh(*args, **kwargs))
+        )
+        results[mode] = evaluation.evaluate(
+            compatibility.for_evaluation(saved, requested, ["sharding", "tensor_parallel"]), tmp_path
+        )
     assert {mode: dict(mesh.shape) for mode, mesh in meshes.items()} == {
-        "fsdp": {"data": 8, "model": 1}, "fsdp_tp": {"data": 4, "model": 2}, "replicated": {"data": 1, "model": 1}}
+        "fsdp": {"data": 8, "model": 1},
+        "fsdp_tp": {"data": 4, "model": 2},
+        "replicated": {"data": 1, "model": 1},
+    }
     # the whole dev split
     assert results["fsdp"]["decoded_examples"] == 24
     for mode in ("fsdp_tp", "replicated"):
@@ -217,9 +253,11 @@ def test_eval_mode_scores_an_fsdp_run_alike_under_fsdp_fsdp_tp_and_on_one_device
 
 @pytest.mark.parametrize(
     "overrides, named",
-    [({"sharding": "fsdp_tp", "tensor_parallel": 3}, ("tensor_parallel 3", "8 devices")),
-     ({"sharding": "fsdp", "tensor_parallel": 2}, ("tensor_parallel 2", "'fsdp'")),
-     ({"sharding": "zero3"}, ("sharding", "'zero3'"))],
+    [
+        ({"sharding": "fsdp_tp", "tensor_parallel": 3}, ("tensor_parallel 3", "8 devices")),
+        ({"sharding": "fsdp", "tensor_parallel": 2}, ("tensor_parallel 2", "'fsdp'")),
+        ({"sharding": "zero3"}, ("sharding", "'zero3'")),
+    ],
 )
 def test_a_mesh_that_does_not_fit_stops_naming_both_numbers(shared_data_dir, tmp_path, overrides, named):
     with pytest.raises(ConfigError) as error:
@@ -237,7 +275,9 @@ def recurrent_config(data_dir, family, mode):
     if family == "captioner":
         from helpers.tiny import TINY_CAPTIONER, captioning_config
 
-        return captioning_config(data_dir, sharding=mode, **{f"model.{k}": v for k, v in {**TINY_CAPTIONER, "embed_dim": 16}.items()})
+        return captioning_config(
+            data_dir, sharding=mode, **{f"model.{k}": v for k, v in {**TINY_CAPTIONER, "embed_dim": 16}.items()}
+        )
     fields = recurrent.model_fields(family, "dates")
     fields.update(embed_dim=16, hidden_dim=16, attention_dim=16, **({"maxout_dim": 8} if family == "rnnsearch" else {}))
     config = tiny_config(data_dir, sharding=mode)
@@ -251,13 +291,18 @@ def recurrent_config(data_dir, family, mode):
 def test_the_recurrent_families_and_the_captioner_train_under_fsdp_as_replicated(shared_data_dir, tmp_path, family):
     # the scans compile several times faster on 2 devices than on 8; the rules are the same
     devices = jax.devices()[:2]
-    runs = {mode: prepare_run(parse(recurrent_config(shared_data_dir, family, mode)), tmp_path, devices=devices) for mode in ("replicated", "fsdp")}
+    runs = {
+        mode: prepare_run(parse(recurrent_config(shared_data_dir, family, mode)), tmp_path, devices=devices)
+        for mode in ("replicated", "fsdp")
+    }
     # one shape: one compilation per mode (buckets differ in length)
     batches = first_batches(runs["replicated"], count=1) * 2
     (_, reference_losses), (state, losses) = (train_steps(runs[mode], batches) for mode in ("replicated", "fsdp"))
     np.testing.assert_allclose(losses, reference_losses, rtol=1e-5)
     specs = {name: leaf.sharding.spec for name, leaf in leaves(state["params"]).items()}
-    embedding = next(name for name in specs if name.endswith("embed.embedding") or name.endswith("embed.embedding.embedding"))
+    embedding = next(
+        name for name in specs if name.endswith("embed.embedding") or name.endswith("embed.embedding.embedding")
+    )
     # vocabulary rows whole, the 16 widths split in 2
     assert specs[embedding] == P(None, "data"), specs
     # fsdp: nothing along `model`

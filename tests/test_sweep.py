@@ -17,10 +17,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers.tiny import xla_flags
 
 import tuning.study
 import tuning.trial
+from helpers.tiny import xla_flags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = PROJECT_ROOT / "tests"
@@ -50,12 +50,19 @@ def sweep_file(tmp_path, **fields) -> Path:
 def run_sweep(tmp_path, sweep_path, *extra, config=None, workdir=None, train_script=FAKE_TRAIN, wait=True, env=None):
     config = config or write(tmp_path / "fake_config.py", FAKE_CONFIG)
     command = [
-        sys.executable, str(PROJECT_ROOT / "sweep.py"), f"--config={config}", f"--sweep={sweep_path}",
-        f"--workdir={workdir or tmp_path / 'sweep'}", f"--train_script={train_script}", *extra,
+        sys.executable,
+        str(PROJECT_ROOT / "sweep.py"),
+        f"--config={config}",
+        f"--sweep={sweep_path}",
+        f"--workdir={workdir or tmp_path / 'sweep'}",
+        f"--train_script={train_script}",
+        *extra,
     ]
     # trials on one device, as run_train_py's runs
     environment = env if env is not None else {**os.environ, "XLA_FLAGS": xla_flags(1)}
-    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
+    process = subprocess.Popen(
+        command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment
+    )
     if not wait:
         return process
     output = process.communicate(timeout=600)[0]
@@ -63,7 +70,9 @@ def run_sweep(tmp_path, sweep_path, *extra, config=None, workdir=None, train_scr
 
 
 def load_study(workdir: Path, storage: str = "") -> optuna.Study:
-    storage = storage or optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal")))
+    storage = storage or optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal"))
+    )
     return optuna.load_study(study_name=workdir.name, storage=storage)
 
 
@@ -90,15 +99,22 @@ def grid_params(study):
 
 @pytest.mark.slow
 def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
-    config = write(tmp_path / "tiny_config.py", (
-        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom helpers.tiny import tiny_config\n\n"
-        f"def get_config():\n    return tiny_config({str(shared_data_dir)!r}, curves_png=False)\n"
-    ))
+    config = write(
+        tmp_path / "tiny_config.py",
+        (
+            f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom helpers.tiny import tiny_config\n\n"
+            f"def get_config():\n    return tiny_config({str(shared_data_dir)!r}, curves_png=False)\n"
+        ),
+    )
     path = sweep_file(
-        tmp_path, method="grid", objective="dev/token_accuracy", direction="maximize",
+        tmp_path,
+        method="grid",
+        objective="dev/token_accuracy",
+        direction="maximize",
         # the task's size does not change the compiled programs: two train steps, one evaluation, shared by the trials
         space={"learning_rate": ("categorical", [1e-3, 3e-3]), "task.train_size": ("categorical", [300, 600])},
-        budget={"num_train_steps": 10, "eval_every_steps": 10, "checkpoint_every_steps": 10}, pruning=False,
+        budget={"num_train_steps": 10, "eval_every_steps": 10, "checkpoint_every_steps": 10},
+        pruning=False,
     )
     status, output = run_sweep(tmp_path, path, "--parallel=2", config=config, train_script=PROJECT_ROOT / "train.py")
     assert status == 0, output
@@ -107,7 +123,10 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     trials = study.trials
     assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials), output
     assert sorted((t.params["learning_rate"], t.params["task.train_size"]) for t in trials) == [
-        (1e-3, 300), (1e-3, 600), (3e-3, 300), (3e-3, 600)
+        (1e-3, 300),
+        (1e-3, 600),
+        (3e-3, 300),
+        (3e-3, 600),
     ]
     # both workers took trials
     assert len({t.user_attrs["worker"] for t in trials}) == 2
@@ -144,7 +163,9 @@ def test_interrupted_sweep_resumes_without_repeating_finished_trials(tmp_path):
     deadline = time.time() + 120
     # cut once trial 0 is done and trial 1 has evaluated
     while time.time() < deadline:
-        done = (workdir / "trials" / "trial_0000" / "checkpoint").exists() and (workdir / "trials" / "trial_0000" / "checkpoint").read_text() == "6"
+        done = (workdir / "trials" / "trial_0000" / "checkpoint").exists() and (
+            workdir / "trials" / "trial_0000" / "checkpoint"
+        ).read_text() == "6"
         if done and (workdir / "trials" / "trial_0001" / "metrics.jsonl").exists():
             break
         time.sleep(0.05)
@@ -169,15 +190,22 @@ def test_interrupted_sweep_resumes_without_repeating_finished_trials(tmp_path):
 
 
 def test_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
-    path = sweep_file(tmp_path, method="grid", space={"crash": ("categorical", [True, False])},
-                      objective="dev/score", direction="maximize")
+    path = sweep_file(
+        tmp_path,
+        method="grid",
+        space={"crash": ("categorical", [True, False])},
+        objective="dev/score",
+        direction="maximize",
+    )
     # absl's --flagfile, as train.py takes it
     flagfile = write(tmp_path / "flags.txt", "--study_name=named_in_a_flagfile\n")
     status, output = run_sweep(tmp_path, path, f"--flagfile={flagfile}")
     assert status == 0, output
     # the progress of the sweep
     assert "sweep: started (2 trials)" in output and "sweep: done, 2 trials in " in output
-    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(tmp_path / "sweep" / "study.journal")))
+    journal = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "sweep" / "study.journal"))
+    )
     study = optuna.load_study(study_name="named_in_a_flagfile", storage=journal)
     states = {t.params["crash"]: t for t in study.trials}
     assert states[True].state.name == "FAIL" and states[False].state.name == "COMPLETE"
@@ -190,8 +218,14 @@ def test_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
 @pytest.mark.slow
 def test_lagging_trials_are_pruned(tmp_path):
     qualities = [1.0, 0.9, 0.2, 0.97]
-    path = sweep_file(tmp_path, method="grid", space={"quality": ("categorical", qualities)}, objective="dev/score",
-                      direction="maximize", budget={"num_train_steps": 12, "seconds_per_step": 0.1})
+    path = sweep_file(
+        tmp_path,
+        method="grid",
+        space={"quality": ("categorical", qualities)},
+        objective="dev/score",
+        direction="maximize",
+        budget={"num_train_steps": 12, "seconds_per_step": 0.1},
+    )
     status, output = run_sweep(tmp_path, path)
     assert status == 0, output
     by_quality = {t.params["quality"]: t for t in load_study(tmp_path / "sweep").trials}
@@ -204,9 +238,19 @@ def test_lagging_trials_are_pruned(tmp_path):
 @pytest.mark.slow
 def test_random_and_tpe_sweeps_run_their_number_of_trials(tmp_path):
     for method in ("random", "tpe"):
-        path = sweep_file(tmp_path, method=method, num_trials=5, objective="dev/score", direction="maximize",
-                          space={"quality": ("uniform", 0.0, 1.0), "learning_rate": ("log_uniform", 1e-4, 1e-2),
-                                 "num_train_steps": ("int", 4, 8)}, pruning=False)
+        path = sweep_file(
+            tmp_path,
+            method=method,
+            num_trials=5,
+            objective="dev/score",
+            direction="maximize",
+            space={
+                "quality": ("uniform", 0.0, 1.0),
+                "learning_rate": ("log_uniform", 1e-4, 1e-2),
+                "num_train_steps": ("int", 4, 8),
+            },
+            pruning=False,
+        )
         status, output = run_sweep(tmp_path, path, "--parallel=2", workdir=tmp_path / method)
         assert status == 0, output
         trials = load_study(tmp_path / method).trials
@@ -215,17 +259,20 @@ def test_random_and_tpe_sweeps_run_their_number_of_trials(tmp_path):
         assert all(0.0 <= t.params["quality"] <= 1.0 and 4 <= t.params["num_train_steps"] <= 8 for t in complete)
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(GRID, space={"model.nope": ("categorical", [1, 2])}), "unknown config field 'model.nope'"),
-    (dict(GRID, space={"quality": ("categorical", [])}), "space 'quality' is an empty space"),
-    (dict(GRID, space={"quality": ("uniform", 1.0, 1.0)}), "space 'quality' is an empty space"),
-    (dict(GRID, space={}), "the space is empty"),
-    (dict(GRID, space={"quality": ("uniform", 0.0, 1.0)}), "a grid sweeps categorical spaces only"),
-    (dict(GRID, method="anneal"), "method 'anneal'"),
-    (dict(GRID, objectve="dev/score"), "unknown key(s) objectve"),
-    (dict(GRID, budget={"num_train_step": 5}), "budget: unknown config field 'num_train_step'"),
-    (dict(GRID, space={"quality": ("categorical", ["high"])}), "config field 'quality' cannot take 'high'"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(GRID, space={"model.nope": ("categorical", [1, 2])}), "unknown config field 'model.nope'"),
+        (dict(GRID, space={"quality": ("categorical", [])}), "space 'quality' is an empty space"),
+        (dict(GRID, space={"quality": ("uniform", 1.0, 1.0)}), "space 'quality' is an empty space"),
+        (dict(GRID, space={}), "the space is empty"),
+        (dict(GRID, space={"quality": ("uniform", 0.0, 1.0)}), "a grid sweeps categorical spaces only"),
+        (dict(GRID, method="anneal"), "method 'anneal'"),
+        (dict(GRID, objectve="dev/score"), "unknown key(s) objectve"),
+        (dict(GRID, budget={"num_train_step": 5}), "budget: unknown config field 'num_train_step'"),
+        (dict(GRID, space={"quality": ("categorical", ["high"])}), "config field 'quality' cannot take 'high'"),
+    ],
+)
 def test_bad_sweep_file_fails_with_a_message_naming_it(tmp_path, fields, message):
     path = sweep_file(tmp_path, **fields)
     config = write(tmp_path / "fake_config.py", FAKE_CONFIG)
@@ -278,7 +325,9 @@ def test_two_workers_share_one_study_in_postgresql(tmp_path, postgres_url):
 
 def open_args(config: Path, workdir: Path, storage: str = "", study_name: str = "") -> argparse.Namespace:
     """sweep.py's flags as `open_study` reads them."""
-    return argparse.Namespace(config=str(config), workdir=str(workdir), storage=storage, study_name=study_name, worker_index=None)
+    return argparse.Namespace(
+        config=str(config), workdir=str(workdir), storage=storage, study_name=study_name, worker_index=None
+    )
 
 
 def queued_points(study: optuna.Study) -> list[tuple]:
@@ -313,7 +362,9 @@ def test_two_machines_opening_one_grid_study_at_once_queue_each_point_once(tmp_p
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(open_at_once, ["a", "b", "c", "d"]))
         study = optuna.load_study(study_name=name, storage=url)
-        assert queued_points(study) == [(("learning_rate", lr), ("quality", q)) for lr in (1e-3, 3e-3) for q in (0.5, 1.0)]
+        assert queued_points(study) == [
+            (("learning_rate", lr), ("quality", q)) for lr in (1e-3, 3e-3) for q in (0.5, 1.0)
+        ]
         assert all(t.state.name == "WAITING" and t.user_attrs == {"queued": True} for t in study.trials)
     # the description check still holds: a study made by another sweep is refused, and nothing is queued
     other = tuning.study.load_sweep(sweep_file(tmp_path, **dict(GRID, direction="minimize")), config)
@@ -359,13 +410,21 @@ def test_worker_environment_gives_each_worker_gpus_of_its_own():
         {"CUDA_VISIBLE_DEVICES": "6", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"},
     ]
     # more workers than GPUs: refused, naming the count
-    with pytest.raises(tuning.study.SweepError, match=r"--parallel=2 but this machine has 1 GPU\(s\) \(0\).*--parallel=1"):
+    with pytest.raises(
+        tuning.study.SweepError, match=r"--parallel=2 but this machine has 1 GPU\(s\) \(0\).*--parallel=1"
+    ):
         tuning.trial.worker_environment(0, 2, environ, ["0"])
     # no GPUs (CPU-only), or one worker: the environment as it is
     assert [tuning.trial.worker_environment(i, 2, environ, []) for i in range(2)] == [environ, environ]
     assert tuning.trial.worker_environment(0, 1, environ, gpus) == environ
     # under srun or mpirun a trial must not join the other trials as one distributed run
-    launched = {**environ, "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "OMPI_COMM_WORLD_SIZE": "2", "JAX_COORDINATOR_ADDRESS": "h:1"}
+    launched = {
+        **environ,
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "JAX_COORDINATOR_ADDRESS": "h:1",
+    }
     assert tuning.trial.worker_environment(0, 1, launched, []) == environ
 
 
@@ -409,7 +468,9 @@ def test_trials_inherit_their_workers_gpus(tmp_path):
     hidden = ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE")
     environ = {k: v for k, v in os.environ.items() if k not in hidden}
     path = sweep_file(tmp_path, **GRID, budget={"seconds_per_step": 0.1})
-    status, output = run_sweep(tmp_path, path, "--parallel=2", train_script=recorder, env=dict(environ, CUDA_VISIBLE_DEVICES="0"))
+    status, output = run_sweep(
+        tmp_path, path, "--parallel=2", train_script=recorder, env=dict(environ, CUDA_VISIBLE_DEVICES="0")
+    )
     assert status == 2 and output.startswith("sweep.py: error: --parallel=2 but this machine has 1 GPU(s)"), output
     # refused before anything is written
     assert not (tmp_path / "sweep").exists()
@@ -427,10 +488,13 @@ def test_trials_inherit_their_workers_gpus(tmp_path):
 
 
 def test_grid_points_and_distributions():
-    spec = tuning.study.Sweep("grid", {"a": ("categorical", [1, 2]), "b": ("categorical", ["x", "y", "z"])}, "dev/loss",
-                       "minimize", 6, {})
+    spec = tuning.study.Sweep(
+        "grid", {"a": ("categorical", [1, 2]), "b": ("categorical", ["x", "y", "z"])}, "dev/loss", "minimize", 6, {}
+    )
     assert tuning.study.grid_points(spec) == [{"a": a, "b": b} for a in (1, 2) for b in "xyz"]
-    spec = tuning.study.Sweep("tpe", {"lr": ("log_uniform", 1e-4, 1e-2), "n": ("int", 1, 4)}, "dev/loss", "minimize", 3, {})
+    spec = tuning.study.Sweep(
+        "tpe", {"lr": ("log_uniform", 1e-4, 1e-2), "n": ("int", 1, 4)}, "dev/loss", "minimize", 3, {}
+    )
     found = tuning.study.distributions(spec)
     assert found["lr"] == optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)
     assert found["n"] == optuna.distributions.IntDistribution(1, 4)
@@ -466,13 +530,29 @@ def test_metrics_follower_reads_complete_new_lines_and_restarts_after_truncation
 def test_an_objective_is_a_score_of_the_task_and_takes_its_direction(tmp_path):
     config = PROJECT_ROOT / "configs" / "default.py"
     budget = {"num_train_steps": 4}
-    taken = tuning.study.load_sweep(sweep_file(tmp_path, method="grid", space={"learning_rate": ("categorical", [1e-3])},
-                                               objective="dev/exact_match", budget=budget), config)
+    taken = tuning.study.load_sweep(
+        sweep_file(
+            tmp_path,
+            method="grid",
+            space={"learning_rate": ("categorical", [1e-3])},
+            objective="dev/exact_match",
+            budget=budget,
+        ),
+        config,
+    )
     # the registry's, with none given
     assert taken.direction == "maximize"
-    for objective, direction, message in (("dev/bleu", None, "objective 'bleu' applies to translation, captioning only"),
-                                          ("dev/loss", "maximize", "direction 'maximize' contradicts 'loss'")):
-        path = sweep_file(tmp_path, method="grid", space={"learning_rate": ("categorical", [1e-3])}, objective=objective,
-                          budget=budget, **({"direction": direction} if direction else {}))
+    for objective, direction, message in (
+        ("dev/bleu", None, "objective 'bleu' applies to translation, captioning only"),
+        ("dev/loss", "maximize", "direction 'maximize' contradicts 'loss'"),
+    ):
+        path = sweep_file(
+            tmp_path,
+            method="grid",
+            space={"learning_rate": ("categorical", [1e-3])},
+            objective=objective,
+            budget=budget,
+            **({"direction": direction} if direction else {}),
+        )
         with pytest.raises(tuning.study.SweepError, match=message):
             tuning.study.load_sweep(path, config)

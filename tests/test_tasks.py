@@ -10,8 +10,8 @@ from babel import Locale
 from tensorflow_datasets.core import shuffle
 
 import tasks
-from utils.errors import DataError
 from tasks import catalog, dates, parallel_text, synthetic
+from utils.errors import DataError
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +26,21 @@ def data_dir(tmp_path_factory):
     "date,pattern,locale,text,spans",
     [
         # v i e r n e s _ 3 _ d e _ a b r i l _ d e _ 2 0 2 0
-        (datetime.date(2020, 4, 3), "EEEE d 'de' MMMM 'de' y", "es", "viernes 3 de abril de 2020", [(22, 26), (13, 18), (8, 9)]),
+        (
+            datetime.date(2020, 4, 3),
+            "EEEE d 'de' MMMM 'de' y",
+            "es",
+            "viernes 3 de abril de 2020",
+            [(22, 26), (13, 18), (8, 9)],
+        ),
         # t h e _ 2 2 n d _ o f _ M a r c h , _ 2 0 2 1
-        (datetime.date(2021, 3, 22), "'the' {o} 'of' MMMM, y", "en", "the 22nd of March, 2021", [(19, 23), (12, 17), (4, 8)]),
+        (
+            datetime.date(2021, 3, 22),
+            "'the' {o} 'of' MMMM, y",
+            "en",
+            "the 22nd of March, 2021",
+            [(19, 23), (12, 17), (4, 8)],
+        ),
         (datetime.date(1999, 12, 31), "MM/dd/yy", "en", "12/31/99", [(6, 8), (0, 2), (3, 5)]),
         (datetime.date(1905, 1, 7), "d. MMMM y", "de", "7. Januar 1905", [(10, 14), (3, 9), (0, 1)]),
     ],
@@ -97,7 +109,12 @@ def test_dates_build_is_cached_and_rebuilt_when_parameters_change(data_dir):
     assert task.metric == "exact_match"
     assert [len(task.splits[s]) for s in ("train", "dev", "test")] == [500, 50, 50]
     record = task.splits["test"][7]
-    check_example({**{k: tasks.task_builder.text(record[k]) for k in ("source", "target", "format")}, "alignment": record["alignment"]})
+    check_example(
+        {
+            **{k: tasks.task_builder.text(record[k]) for k in ("source", "target", "format")},
+            "alignment": record["alignment"],
+        }
+    )
     files = sorted(p for p in (tfds.core.Path(data_dir) / "dates").glob("*/*/*.array_record*"))
     again = tasks.load_task("dates", data_dir, train_size=500, dev_size=50, test_size=50)
     assert sorted(p for p in (tfds.core.Path(data_dir) / "dates").glob("*/*/*.array_record*")) == files
@@ -118,7 +135,9 @@ def test_unknown_task_and_parameter_are_named(data_dir):
 
 @pytest.mark.parametrize("kind", synthetic.KINDS)
 def test_synthetic_targets_are_right(kind):
-    config = synthetic.SyntheticConfig.create(kind=kind, min_length=5, max_length=30, train_size=300, dev_size=10, test_size=10)
+    config = synthetic.SyntheticConfig.create(
+        kind=kind, min_length=5, max_length=30, train_size=300, dev_size=10, test_size=10
+    )
     splits = synthetic.generate(config)
     assert splits == synthetic.generate(config)
     for example in splits["train"]:
@@ -196,8 +215,13 @@ def test_line_aligned_files_and_derived_splits(tmp_path, data_dir):
     write(tmp_path / "corpus.de", sources)
     write(tmp_path / "corpus.en", targets)
     params = dict(
-        train=str(tmp_path / "corpus"), dev="", test="", source_suffix="de", target_suffix="en",
-        dev_fraction=0.1, test_fraction=0.1,
+        train=str(tmp_path / "corpus"),
+        dev="",
+        test="",
+        source_suffix="de",
+        target_suffix="en",
+        dev_fraction=0.1,
+        test_fraction=0.1,
     )
     task = tasks.load_task("parallel_text", data_dir, **params)
     seen = {s: {task.pair(r) for r in task.splits[s]} for s in ("train", "dev", "test")}
@@ -227,7 +251,9 @@ def test_a_corpus_is_built_as_a_stream_in_shards_without_the_shuffler(tmp_path, 
     # the reference: every line in memory, split by the hash of its pair, in file order
     expected = {"train": [], "dev": [], "test": []}
     for number, pair in enumerate(lines[:120], start=1):
-        expected[parallel_text.held_out_split(pair, 0.1, 0.1)].append((*pair, f"corpus.{'tsv' if layout == 'tsv' else 'de'}:{number}"))
+        expected[parallel_text.held_out_split(pair, 0.1, 0.1)].append(
+            (*pair, f"corpus.{'tsv' if layout == 'tsv' else 'de'}:{number}")
+        )
     for split, records in task.splits.items():
         assert [(*task.pair(r), r["origin"].decode()) for r in records] == expected[split]
         # shards of 7 examples
@@ -242,12 +268,17 @@ def test_texts_are_serialized_as_tfds_serializes_them():
     features = tfds.features.FeaturesDict({"source": tfds.features.Text(), "target": tfds.features.Text()})
     reference = example_serializer.ExampleSerializer(features.get_serialized_info())
     for example in ({"source": "Grüße, ☃", "target": ""}, {"source": "a\tb", "target": "x" * 300}):
-        ours, theirs = tasks.task_builder.text_serializer(features)(example), reference.serialize_example(features.encode_example(example))
+        ours, theirs = (
+            tasks.task_builder.text_serializer(features)(example),
+            reference.serialize_example(features.encode_example(example)),
+        )
         # the same message; the bytes may differ only in the order of the feature map's entries, which
         # protobuf leaves to the implementation (and readers ignore)
         assert tf_example_pb2.Example.FromString(ours) == tf_example_pb2.Example.FromString(theirs)
         assert sorted(ours) == sorted(theirs)
-    with_spans = tfds.features.FeaturesDict({"source": tfds.features.Text(), "alignment": tfds.features.Tensor(shape=(3, 2), dtype=np.int32)})
+    with_spans = tfds.features.FeaturesDict(
+        {"source": tfds.features.Text(), "alignment": tfds.features.Tensor(shape=(3, 2), dtype=np.int32)}
+    )
     # other features: TFDS's own serializer
     assert tasks.task_builder.text_serializer(with_spans) is None
 

@@ -12,7 +12,9 @@ from tensorboard.backend.event_processing import event_accumulator
 
 
 def load_events(folder) -> event_accumulator.EventAccumulator:
-    accumulator = event_accumulator.EventAccumulator(str(folder), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.IMAGES: 0})
+    accumulator = event_accumulator.EventAccumulator(
+        str(folder), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.IMAGES: 0}
+    )
     accumulator.Reload()
     return accumulator
 
@@ -39,7 +41,9 @@ def test_tensorboard_reads_the_metrics_and_the_attention_pictures(finished_run):
     # step -> {name: (width, height)}, from the PNG files of attention/step_<N>/
     pictures = {}
     for folder in (workdir / "attention").glob("step_*"):
-        pictures[int(folder.name.removeprefix("step_"))] = {path.stem: Image.open(path).size for path in folder.glob("*.png")}
+        pictures[int(folder.name.removeprefix("step_"))] = {
+            path.stem: Image.open(path).size for path in folder.glob("*.png")
+        }
     assert sorted(pictures) == [10, 20] and all(pictures.values())
     read = {}
     for tag in events.Tags()["images"]:

@@ -10,15 +10,23 @@ import pytest
 import tensorflow_datasets as tfds
 
 import tasks
-from tasks import vocabularies as tk
 from tasks import token_cache
+from tasks import vocabularies as tk
 
 
 @pytest.fixture(scope="module")
 def copy_task(tmp_path_factory):
     # copies of strings over 30 symbols: every source is unique, so examples are identifiable
-    return tasks.load_task("copy", str(tmp_path_factory.mktemp("data")), min_length=3, max_length=40, vocab_size=30,
-                           train_size=96, dev_size=21, test_size=5)
+    return tasks.load_task(
+        "copy",
+        str(tmp_path_factory.mktemp("data")),
+        min_length=3,
+        max_length=40,
+        vocab_size=30,
+        train_size=96,
+        dev_size=21,
+        test_size=5,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +108,9 @@ def test_texts_read_straight_from_the_shards_are_tfds_decoded_ones(copy_task):
 
 
 def test_a_pool_of_processes_tokenizes_as_this_process_does(copy_task, monkeypatch, tmp_path):
-    spm = tk.SentencePieceTokenizer.train((t for r in copy_task.splits["train"] for t in copy_task.pair(r)), 40, "bpe", 10**6)
+    spm = tk.SentencePieceTokenizer.train(
+        (t for r in copy_task.splits["train"] for t in copy_task.pair(r)), 40, "bpe", 10**6
+    )
     tokenizers = tk.Tokenizers(spm, spm)
     monkeypatch.setattr(token_cache, "PARALLEL_FROM", 1)
     # 14 chunks, over two processes
@@ -109,7 +119,9 @@ def test_a_pool_of_processes_tokenizes_as_this_process_does(copy_task, monkeypat
     assert len(chunks) == 14
     # lengths stand in for starts here
     ids = token_cache.TokenIds(*(np.concatenate(part) for part in zip(*chunks)))
-    np.testing.assert_array_equal(ids.source_starts, [len(spm.encode(copy_task.pair(r)[0])) for r in copy_task.splits["train"]])
+    np.testing.assert_array_equal(
+        ids.source_starts, [len(spm.encode(copy_task.pair(r)[0])) for r in copy_task.splits["train"]]
+    )
     made = fresh(copy_task, "train", tokenizers)
     assert_ids_of_every_pair(made, copy_task, "train", tokenizers)
 
@@ -126,7 +138,9 @@ def test_a_catalog_data_source_is_tokenized_once_beside_its_prepared_data(copy_t
     source = tfds.builder_from_directory(folder).as_data_source()["dev"]
     catalog = tasks.Task("wmt_like/de-en", {"dev": source}, "bleu")
     assert token_cache.shard_ranges(source) == token_cache.shard_ranges(copy_task.splits["dev"])
-    shutil.rmtree(token_cache.cache_folder(token_cache.shard_ranges(source), "dev", char_tokenizers), ignore_errors=True)
+    shutil.rmtree(
+        token_cache.cache_folder(token_cache.shard_ranges(source), "dev", char_tokenizers), ignore_errors=True
+    )
     assert_ids_of_every_pair(fresh(catalog, "dev", char_tokenizers), catalog, "dev", char_tokenizers)
     monkeypatch.setattr(tk.CharTokenizer, "encode", lambda *args: pytest.fail("tokenized again"))
     # kept: read back by the next run

@@ -13,19 +13,17 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers.tiny import tiny_config, xla_flags
 
-from engine import evaluation
 import inference
-from scoring import score_registry
-from engine import training_loop
 from configs import base
-from utils.errors import ConfigError
-from run_setup import compatibility, preflight
+from engine import evaluation, training_loop
+from helpers.tiny import tiny_config, xla_flags
+from run_setup import compatibility, preflight, settings
 from run_setup.cluster import make_mesh
-from tasks.vocabularies import EOS_ID
-from run_setup import settings
 from run_setup.settings import parse
+from scoring import score_registry
+from tasks.vocabularies import EOS_ID
+from utils.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,14 +65,28 @@ def test_eval_reads_the_run_folder_and_refuses_another_model(finished_run, tmp_p
 def test_evaluation_config_keeps_the_run_and_takes_evaluation_fields(finished_run):
     config, workdir, _ = finished_run
     saved = base.read_run_config(workdir)
-    requested = parse(base.load(saved, ["--config.decode.beam_size=3", "--config.eval_decode_examples=5", "--config.learning_rate=9.0"]))
-    merged = compatibility.for_evaluation(parse(saved), requested, ["decode.beam_size", "eval_decode_examples", "learning_rate"])
-    assert (merged.decode.beam_size, merged.evaluation.eval_decode_examples, merged.optimization.learning_rate) == (3, 5, saved.learning_rate)
-    assert compatibility.for_evaluation(parse(saved), requested, ["decode.beam_size"]).evaluation.eval_decode_examples == 0
+    requested = parse(
+        base.load(
+            saved, ["--config.decode.beam_size=3", "--config.eval_decode_examples=5", "--config.learning_rate=9.0"]
+        )
+    )
+    merged = compatibility.for_evaluation(
+        parse(saved), requested, ["decode.beam_size", "eval_decode_examples", "learning_rate"]
+    )
+    assert (merged.decode.beam_size, merged.evaluation.eval_decode_examples, merged.optimization.learning_rate) == (
+        3,
+        5,
+        saved.learning_rate,
+    )
+    assert (
+        compatibility.for_evaluation(parse(saved), requested, ["decode.beam_size"]).evaluation.eval_decode_examples == 0
+    )
     # config.json reads back into the same settings
     assert settings.read_run_settings(workdir) == parse(saved)
     with pytest.raises(ConfigError, match=r"task.train_size: 600 -> 700"):
-        compatibility.for_evaluation(parse(saved), parse(base.load(saved, ["--config.task.train_size=700"])), ["task.train_size"])
+        compatibility.for_evaluation(
+            parse(saved), parse(base.load(saved, ["--config.task.train_size=700"])), ["task.train_size"]
+        )
 
 
 def test_predict_with_an_n_best_list_and_standard_input(finished_run, tmp_path, monkeypatch):
@@ -116,16 +128,30 @@ def test_readme_own_corpus_command(tmp_path):
         (corpus / f"{split}.tsv").write_text("\n".join(lines) + "\n")
     workdir = tmp_path / "mine"
     result = train_py(
-        "--config=configs/kjv_web_transformer.py", f"--workdir={workdir}",
-        "--config.task.name=parallel_text", f"--config.task.train={corpus}/train.tsv",
-        f"--config.task.dev={corpus}/dev.tsv", f"--config.task.test={corpus}/test.tsv",
+        "--config=configs/kjv_web_transformer.py",
+        f"--workdir={workdir}",
+        "--config.task.name=parallel_text",
+        f"--config.task.train={corpus}/train.tsv",
+        f"--config.task.dev={corpus}/dev.tsv",
+        f"--config.task.test={corpus}/test.tsv",
         # tiny, so that the test is quick:
-        f"--config.data_dir={tmp_path / 'tfds'}", "--config.tokenizer.vocab_size=60", "--config.model.d_model=16",
-        "--config.model.d_ff=32", "--config.model.num_heads=2", "--config.model.num_encoder_layers=1",
-        "--config.model.num_decoder_layers=1", "--config.batch_size=4", "--config.num_train_steps=4",
-        "--config.warmup_steps=2", "--config.eval_every_steps=4", "--config.checkpoint_every_steps=4",
-        "--config.decode.beam_size=1", "--config.visualize_examples=0", "--config.data.max_source_length=32",
-        "--config.data.max_target_length=32", "--config.log_every_steps=2",
+        f"--config.data_dir={tmp_path / 'tfds'}",
+        "--config.tokenizer.vocab_size=60",
+        "--config.model.d_model=16",
+        "--config.model.d_ff=32",
+        "--config.model.num_heads=2",
+        "--config.model.num_encoder_layers=1",
+        "--config.model.num_decoder_layers=1",
+        "--config.batch_size=4",
+        "--config.num_train_steps=4",
+        "--config.warmup_steps=2",
+        "--config.eval_every_steps=4",
+        "--config.checkpoint_every_steps=4",
+        "--config.decode.beam_size=1",
+        "--config.visualize_examples=0",
+        "--config.data.max_source_length=32",
+        "--config.data.max_target_length=32",
+        "--config.log_every_steps=2",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     log = (workdir / "log.txt").read_text()
@@ -163,16 +189,30 @@ def test_switching_task_or_model_in_any_order_and_misspelt_fields():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"model.share_embeddings": True, "tokenizer.shared": False}, "model.share_embeddings=True .* tokenizer.shared=False"),
-        ({"model.positional": "learned", "model.max_length": 40}, r"data.max_source_length = 48 is longer than model.max_length = 40"),
-        ({"model.positional": "learned", "model.max_length": 60}, r"max_source_length \+ decode.max_length_offset = 98 is longer than model.max_length = 60"),
+        (
+            {"model.share_embeddings": True, "tokenizer.shared": False},
+            "model.share_embeddings=True .* tokenizer.shared=False",
+        ),
+        (
+            {"model.positional": "learned", "model.max_length": 40},
+            r"data.max_source_length = 48 is longer than model.max_length = 40",
+        ),
+        (
+            {"model.positional": "learned", "model.max_length": 60},
+            r"max_source_length \+ decode.max_length_offset = 98 is longer than model.max_length = 60",
+        ),
         ({"decode.num_hypotheses": 3}, "decode.num_hypotheses must be between 1 and decode.beam_size"),
         ({"metrics.bleu_tokenize": "ja-mecab"}, "metrics.bleu_tokenize must be one of"),
         ({"model.d_model": 0}, "model.d_model must be positive"),
         ({"model": base.model("lstmn", fusion="medium")}, "model.fusion must be one of shallow, deep"),
-        ({"model": base.model("lstmn", max_length=40)}, "data.max_source_length = 48 is longer than model.max_length = 40"),
-        ({"model": base.model("lstmn", max_length=600), "batch_size": 4096, "data.max_source_length": 512},
-         "the LSTMN tapes of 4096 rows of up to 512 tokens need about"),
+        (
+            {"model": base.model("lstmn", max_length=40)},
+            "data.max_source_length = 48 is longer than model.max_length = 40",
+        ),
+        (
+            {"model": base.model("lstmn", max_length=600), "batch_size": 4096, "data.max_source_length": 512},
+            "the LSTMN tapes of 4096 rows of up to 512 tokens need about",
+        ),
     ],
 )
 def test_settings_that_cannot_work_are_named(overrides, message):
@@ -235,14 +275,20 @@ def test_inference_api_from_a_copied_run_folder(finished_run, tmp_path):
 @pytest.mark.slow
 def test_early_stopping_ends_the_run_and_its_count_survives_a_resume(shared_data_dir, tmp_path):
     # learning rate 0: the dev loss never improves after the first evaluation
-    overrides = dict(learning_rate=0.0, schedule="constant", num_train_steps=40, eval_every_steps=5, checkpoint_every_steps=40)
-    final = training_loop.train_and_evaluate(parse(tiny_config(shared_data_dir, early_stopping_patience=2, **overrides)), tmp_path)
+    overrides = dict(
+        learning_rate=0.0, schedule="constant", num_train_steps=40, eval_every_steps=5, checkpoint_every_steps=40
+    )
+    final = training_loop.train_and_evaluate(
+        parse(tiny_config(shared_data_dir, early_stopping_patience=2, **overrides)), tmp_path
+    )
     # best at 5, then 2 without
     assert [r["step"] for r in rows(tmp_path) if r["split"] == "dev"] == [5, 10, 15]
     assert [r["step"] for r in rows(tmp_path) if r["split"] == "test"] == [15] and "test" in final
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [15]
     # two more evaluations are allowed now only if the count started over: it must not
-    training_loop.train_and_evaluate(parse(tiny_config(shared_data_dir, early_stopping_patience=3, **overrides)), tmp_path)
+    training_loop.train_and_evaluate(
+        parse(tiny_config(shared_data_dir, early_stopping_patience=3, **overrides)), tmp_path
+    )
     assert [r["step"] for r in rows(tmp_path) if r["split"] == "dev"] == [5, 10, 15, 20]
 
 
@@ -262,29 +308,45 @@ def test_a_run_initialised_from_another_starts_at_its_dev_loss_and_loads_like_an
     from run_setup.run import prepare_run
 
     config, workdir, final = finished_run
-    tuned = tiny_config(config.data_dir, init_from=f"{workdir}:20", num_train_steps=2, eval_every_steps=2, checkpoint_every_steps=2,
-                        # a field that shapes no parameter may change
-                        **{"model.dropout_rate": 0.0})
+    tuned = tiny_config(
+        config.data_dir,
+        init_from=f"{workdir}:20",
+        num_train_steps=2,
+        eval_every_steps=2,
+        checkpoint_every_steps=2,
+        # a field that shapes no parameter may change
+        **{"model.dropout_rate": 0.0},
+    )
     # before its first update
     run = prepare_run(parse(tuned), tmp_path / "first")
     results, _ = evaluation.evaluate_split(evaluation.Evaluator(run), run.params, "dev", max_decoded=1)
     # the other run's parameters, exactly
     assert results["loss"] == final["dev"]["loss"]
-    assert (tmp_path / "first" / "tokenizer" / "shared.json").read_bytes() == (workdir / "tokenizer" / "shared.json").read_bytes()
+    assert (tmp_path / "first" / "tokenizer" / "shared.json").read_bytes() == (
+        workdir / "tokenizer" / "shared.json"
+    ).read_bytes()
     run.checkpoints.close()
     training_loop.train_and_evaluate(parse(tuned), tmp_path / "tuned")
     assert json.loads((tmp_path / "tuned" / "config.json").read_text())["init_from"] == f"{workdir}:20"
     assert inference.load(tmp_path / "tuned").translate(["3 March 2021"])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"model.d_ff": 64}, r"its parameters do not fit this model \(model.d_ff: 32 -> 64\)"),
-    ({"tokenizer.max_corpus_chars": 5000}, r"its vocabulary was made with other settings: tokenizer.max_corpus_chars: 10000000 -> 5000"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"model.d_ff": 64}, r"its parameters do not fit this model \(model.d_ff: 32 -> 64\)"),
+        (
+            {"tokenizer.max_corpus_chars": 5000},
+            r"its vocabulary was made with other settings: tokenizer.max_corpus_chars: 10000000 -> 5000",
+        ),
+    ],
+)
 def test_a_run_to_start_from_that_does_not_fit_is_refused_naming_the_fields(finished_run, tmp_path, overrides, message):
     config, workdir, _ = finished_run
     with pytest.raises(ConfigError, match=message):
-        training_loop.train_and_evaluate(parse(tiny_config(config.data_dir, init_from=str(workdir), **overrides)), tmp_path / "new")
+        training_loop.train_and_evaluate(
+            parse(tiny_config(config.data_dir, init_from=str(workdir), **overrides)), tmp_path / "new"
+        )
     assert not (tmp_path / "new").exists()
     with pytest.raises(ConfigError, match="init_from .* is not a run folder"):
         training_loop.train_and_evaluate(parse(tiny_config(config.data_dir, init_from=str(tmp_path))), tmp_path / "new")

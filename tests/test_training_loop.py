@@ -13,19 +13,19 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers.tiny import tiny_config
-from helpers.subprocess_runs import metric_rows, run_train_py
 
-from engine import evaluation
 import inference
-from engine import training_loop
 from configs import base
-from utils.errors import NonFiniteLoss
+from engine import evaluation, training_loop
+from helpers.subprocess_runs import metric_rows, run_train_py
+from helpers.tiny import tiny_config
 from input_pipeline import train_dataset
 from run_setup.run import prepare_run
 from run_setup.settings import parse
+from utils.errors import NonFiniteLoss
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
 
 def copy_with_a_damaged_checkpoint(workdir: Path, tmp_path: Path, step: int) -> Path:
     """A copy of a run folder whose checkpoint at `step` has every state file overwritten."""
@@ -92,8 +92,13 @@ def test_eight_devices_equal_one_device(shared_data_dir, tmp_path):
 
 
 def test_gradient_accumulation_equals_one_big_batch(shared_data_dir, tmp_path):
-    whole = prepare_run(parse(tiny_config(shared_data_dir, batch_size=32, **{"model.dropout_rate": 0.0})), tmp_path / "a")
-    split = prepare_run(parse(tiny_config(shared_data_dir, batch_size=32, grad_accum_steps=2, **{"model.dropout_rate": 0.0})), tmp_path / "b")
+    whole = prepare_run(
+        parse(tiny_config(shared_data_dir, batch_size=32, **{"model.dropout_rate": 0.0})), tmp_path / "a"
+    )
+    split = prepare_run(
+        parse(tiny_config(shared_data_dir, batch_size=32, grad_accum_steps=2, **{"model.dropout_rate": 0.0})),
+        tmp_path / "b",
+    )
     batch = next(iter(train_dataset(whole.task, whole.tokens, whole.settings.data, whole.settings.source)[0]))
     state_a, metrics_a = first_step(whole, batch)
     state_b, metrics_b = first_step(split, batch)
@@ -171,7 +176,9 @@ def test_eval_mode_reproduces_the_final_eval(finished_run, caplog):
     assert "test (eval mode)" in (workdir / "report.html").read_text()
     # the decoding's progress (plain lines: no terminal)
     logged = [record.getMessage() for record in caplog.records]
-    assert "evaluating test: started (24 examples)" in logged and any(m.startswith("evaluating test: done, 24 examples in ") for m in logged)
+    assert "evaluating test: started (24 examples)" in logged and any(
+        m.startswith("evaluating test: done, 24 examples in ") for m in logged
+    )
 
 
 def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp_path, caplog):
@@ -188,7 +195,9 @@ def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp
 def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp_path):
     config, workdir, _ = finished_run
     copy = copy_with_a_damaged_checkpoint(workdir, tmp_path, step=20)
-    training_loop.train_and_evaluate(parse(tiny_config(config.data_dir, visualize_examples=3, num_train_steps=30)), copy)
+    training_loop.train_and_evaluate(
+        parse(tiny_config(config.data_dir, visualize_examples=3, num_train_steps=30)), copy
+    )
     names = sorted(p.name for p in (copy / "checkpoints").iterdir() if not p.name.startswith("."))
     # saved again, the bad one kept aside
     assert "20.unreadable" in names and {"20", "30"} <= set(names)
@@ -198,8 +207,12 @@ def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp
 def test_a_run_compiles_its_train_step_once(shared_data_dir, tmp_path, monkeypatch):
     compiled = []
     compile_train_step = training_loop.compile_train_step
-    monkeypatch.setattr(training_loop, "compile_train_step", lambda *args: compiled.append(compile_train_step(*args)) or compiled[-1])
-    training_loop.train_and_evaluate(parse(tiny_config(shared_data_dir, num_train_steps=12, eval_every_steps=12, checkpoint_every_steps=6)), tmp_path)
+    monkeypatch.setattr(
+        training_loop, "compile_train_step", lambda *args: compiled.append(compile_train_step(*args)) or compiled[-1]
+    )
+    training_loop.train_and_evaluate(
+        parse(tiny_config(shared_data_dir, num_train_steps=12, eval_every_steps=12, checkpoint_every_steps=6)), tmp_path
+    )
     # no second compilation at step 1 or after a save
     assert [step._cache_size() for step in compiled] == [1]
 
@@ -225,7 +238,9 @@ def test_a_process_set_up_like_train_py_reads_its_compilation_cache_back(tmp_pat
     # environment, is left out here: train.py's own set-up is under test.)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env.update(HOME=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONPATH=str(PROJECT_ROOT))
-    probe = subprocess.run([sys.executable, "-c", PERSISTENT_CACHE_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", PERSISTENT_CACHE_PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
     assert probe.returncode == 0, probe.stderr
     # the second compilation (at least) was a hit
     assert int(probe.stdout.split()[-1]) >= 1, probe.stdout + probe.stderr
@@ -243,10 +258,14 @@ def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
     assert set(run.checkpoints.steps()) == {best, 40}
 
 
-
 def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
-    process = run_train_py(tmp_path, shared_data_dir, "--config.num_train_steps=100000", "--config.checkpoint_every_steps=100000",
-                           "--config.curves_png=true")
+    process = run_train_py(
+        tmp_path,
+        shared_data_dir,
+        "--config.num_train_steps=100000",
+        "--config.checkpoint_every_steps=100000",
+        "--config.curves_png=true",
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not ((tmp_path / "metrics.jsonl").exists() and len(metric_rows(tmp_path)) >= 3):
         time.sleep(0.05)
@@ -263,12 +282,22 @@ def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
 def test_a_window_cut_by_a_stop_keeps_its_seconds_for_the_resumed_row(tmp_path):
     """The resumed run's first row counts the steps trained before the stop at the seconds they took:
     32 steps in 45.7 s, then 18 in 29.3 s, log 50 / 75 s, not 50 / 29.3 s (a speed 2.6 times too fast)."""
-    values = {"loss": 2.0, "nll": 2.0, "token_accuracy": 0.5, "tokens": 100.0, "grad_norm": 1.0, "update_norm": 0.1, "param_norm": 9.0}
+    values = {
+        "loss": 2.0,
+        "nll": 2.0,
+        "token_accuracy": 0.5,
+        "tokens": 100.0,
+        "grad_norm": 1.0,
+        "update_norm": 0.1,
+        "param_norm": 9.0,
+    }
     training_loop.keep_unfinished_window(tmp_path, 1032, [(step, values) for step in range(1001, 1033)], 45.7)
     kept, seconds = training_loop.unfinished_window(tmp_path, 1032)
     assert [step for step, _ in kept] == list(range(1001, 1033)) and seconds == 45.7
     row = training_loop.summarize_window(kept + [(step, values) for step in range(1033, 1051)], 1e-3, seconds + 29.3)
-    assert row["steps_per_second"] == pytest.approx(50 / 75.0) and row["tokens_per_second"] == pytest.approx(5000 / 75.0)
+    assert row["steps_per_second"] == pytest.approx(50 / 75.0) and row["tokens_per_second"] == pytest.approx(
+        5000 / 75.0
+    )
     # resumed from another step: nothing kept
     assert training_loop.unfinished_window(tmp_path, 1000) == ([], 0.0)
     # a file without the seconds
@@ -308,7 +337,6 @@ def test_curves_png_is_drawn_once_its_interval_has_passed_and_when_the_run_ends(
     assert drawn == [tmp_path]
 
 
-
 def test_sigterm_during_eval_still_saves(shared_data_dir, tmp_path, monkeypatch):
     """The signal lands after the step has decided not to save: the run still saves a checkpoint
     before it stops."""
@@ -323,6 +351,7 @@ def test_sigterm_during_eval_still_saves(shared_data_dir, tmp_path, monkeypatch)
     training_loop.train_and_evaluate(parse(config), tmp_path)
     assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10]
     assert max(row["step"] for row in metric_rows(tmp_path)) == 10
+
 
 # ------------------------------------------------------------ bad input
 
@@ -348,8 +377,12 @@ def test_bad_config_fails_with_a_message_naming_it(shared_data_dir, tmp_path, fl
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(shared_data_dir, tmp_path):
     training_loop.train_and_evaluate(parse(tiny_config(shared_data_dir, num_train_steps=10)), tmp_path)
     exploding = tiny_config(
-        shared_data_dir, learning_rate=1e30, schedule="constant", num_train_steps=60,
-        checkpoint_every_steps=5, eval_every_steps=1000,
+        shared_data_dir,
+        learning_rate=1e30,
+        schedule="constant",
+        num_train_steps=60,
+        checkpoint_every_steps=5,
+        eval_every_steps=1000,
     )
     drawn_before = (tmp_path / "curves.png").stat().st_mtime_ns
     with pytest.raises(NonFiniteLoss, match=r"loss is (nan|inf) at step 1[1-5]"):
@@ -370,7 +403,7 @@ def test_a_second_run_on_a_workdir_is_refused_and_a_killed_runs_lock_is_taken_ov
     tmp_path.mkdir(exist_ok=True)
     # another run training there (another open file: flock refuses even this process)
     first = WorkdirLock.acquire(tmp_path)
-    with pytest.raises(WorkdirInUse, match=f"in use by another run .*\"pid\": {os.getpid()}"):
+    with pytest.raises(WorkdirInUse, match=f'in use by another run .*"pid": {os.getpid()}'):
         training_loop.train_and_evaluate(parse(config), tmp_path)
     # no tokenizer, checkpoints, metrics or log
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".lock.holder"]

@@ -72,7 +72,9 @@ def test_packed_row_equals_its_segments_run_separately(pre_layer_norm):
     }
     logits = forward(model, packed)
     np.testing.assert_allclose(logits[:, :3], forward(model, {"inputs": src_a, "targets": tgt_a}), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(logits[:, 3:8], forward(model, {"inputs": src_b, "targets": tgt_b}), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        logits[:, 3:8], forward(model, {"inputs": src_b, "targets": tgt_b}), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize(
@@ -221,7 +223,10 @@ def test_parameter_counts_match_the_paper(sizes, paper_millions):
 
 
 def test_registry_names_unknown_models_and_fields():
-    with pytest.raises(ValueError, match="unknown model.name 'transfomer'; valid: captioner, lstmn, luong, rnnencdec, rnnsearch, transformer"):
+    with pytest.raises(
+        ValueError,
+        match="unknown model.name 'transfomer'; valid: captioner, lstmn, luong, rnnencdec, rnnsearch, transformer",
+    ):
         models.create_model("transfomer", rngs=nnx.Rngs(0), vocab_size=5)
     with pytest.raises(ValueError, match="unknown field.*d_modle"):
         models.create_model("transformer", rngs=nnx.Rngs(0), vocab_size=5, d_modle=8)

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers.references import np_layer_norm, np_masked_softmax
 
 import models
+from helpers.references import np_layer_norm, np_masked_softmax
 from models import transformer
 
 VOCAB, D, HEADS, FF = 11, 8, 2, 12
@@ -30,8 +30,16 @@ def f64(variable):
 
 def build(pre_layer_norm: bool, layers: int = 1):
     return models.create_model(
-        "transformer", rngs=nnx.Rngs(7), vocab_size=VOCAB, d_model=D, num_heads=HEADS, d_ff=FF,
-        num_encoder_layers=layers, num_decoder_layers=layers, dropout_rate=0.0, pre_layer_norm=pre_layer_norm,
+        "transformer",
+        rngs=nnx.Rngs(7),
+        vocab_size=VOCAB,
+        d_model=D,
+        num_heads=HEADS,
+        d_ff=FF,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
+        dropout_rate=0.0,
+        pre_layer_norm=pre_layer_norm,
     )
 
 
@@ -53,11 +61,16 @@ def layer_norm(x, norm):
 def multi_head(queries_from, keys_from, mask, attention):
     """Section 3.2.2: heads of softmax(Q K^T / sqrt(d_k)) V (eq. 1), concatenated, times W^O.
     `mask [B, Tq, Tk]`, True = may attend."""
+
     def project(x, dense, bias=True):
         y = x @ f64(dense.kernel) + (f64(dense.bias) if bias else 0.0)
         return y.reshape(*y.shape[:-1], HEADS, D // HEADS)  # [B, T, N, H]
 
-    q, k, v = project(queries_from, attention.query), project(keys_from, attention.key, False), project(keys_from, attention.value)
+    q, k, v = (
+        project(queries_from, attention.query),
+        project(keys_from, attention.key, False),
+        project(keys_from, attention.value),
+    )
     scores = np.einsum("bqnh,bknh->bnqk", q, k) / math.sqrt(D // HEADS)
     weights = np_masked_softmax(scores, mask[:, None])
     heads = np.einsum("bnqk,bknh->bqnh", weights, v).reshape(*queries_from.shape[:-1], D)
@@ -66,7 +79,9 @@ def multi_head(queries_from, keys_from, mask, attention):
 
 def feed_forward(x, ffn):
     """Eq. 2: max(0, x W1 + b1) W2 + b2."""
-    return np.maximum(0.0, x @ f64(ffn.inner.kernel) + f64(ffn.inner.bias)) @ f64(ffn.outer.kernel) + f64(ffn.outer.bias)
+    return np.maximum(0.0, x @ f64(ffn.inner.kernel) + f64(ffn.inner.bias)) @ f64(ffn.outer.kernel) + f64(
+        ffn.outer.bias
+    )
 
 
 def sublayer(x, residual, function, pre_layer_norm):
@@ -82,8 +97,15 @@ def encoder_layer(x, mask, layer, pre_layer_norm):
 
 
 def decoder_layer(x, memory, self_mask, cross_mask, layer, pre_layer_norm):
-    x = sublayer(x, layer.self_attention_residual, lambda y: multi_head(y, y, self_mask, layer.self_attention), pre_layer_norm)
-    x = sublayer(x, layer.cross_attention_residual, lambda y: multi_head(y, memory, cross_mask, layer.cross_attention), pre_layer_norm)
+    x = sublayer(
+        x, layer.self_attention_residual, lambda y: multi_head(y, y, self_mask, layer.self_attention), pre_layer_norm
+    )
+    x = sublayer(
+        x,
+        layer.cross_attention_residual,
+        lambda y: multi_head(y, memory, cross_mask, layer.cross_attention),
+        pre_layer_norm,
+    )
     return sublayer(x, layer.feed_forward_residual, lambda y: feed_forward(y, layer.feed_forward), pre_layer_norm)
 
 
@@ -144,7 +166,13 @@ def test_one_encoder_layer_and_one_decoder_layer(pre_layer_norm):
 
     y, memory = random_activations((2, 4, D), 1), random_activations((2, 5, D), 2)
     layer = model.decoder_layers[0]
-    got = layer(jnp.float32(y), jnp.float32(memory), jnp.asarray(decoder_mask[:, None]), jnp.asarray(cross_mask[:, None]), deterministic=True)
+    got = layer(
+        jnp.float32(y),
+        jnp.float32(memory),
+        jnp.asarray(decoder_mask[:, None]),
+        jnp.asarray(cross_mask[:, None]),
+        deterministic=True,
+    )
     expected = decoder_layer(y, memory, decoder_mask, cross_mask, layer, pre_layer_norm)
     # a padded query position's output is not used: compare the real ones
     real = b["targets"] != 0

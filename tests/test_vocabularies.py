@@ -5,15 +5,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tasks import vocabularies as tk
 from configs import base
 from run_setup.settings import TokenizerSettings, parse
+from tasks import vocabularies as tk
 from utils.errors import ConfigError, DataError
 
 
 def settings(**fields):
     """configs/base.py's tokenizer settings, with `fields` changed."""
     return dataclasses.replace(parse(base.get_config()).tokenizer, **fields)
+
 
 CORPUS = [
     ("the cat sat on the mat", "die Katze sass auf der Matte"),
@@ -80,13 +81,18 @@ def test_bad_settings_are_named():
 
 
 def test_a_vocabulary_shelved_beside_the_data_is_copied_into_a_new_workdir_not_trained_again(tmp_path):
-    settings = TokenizerSettings(kind="char", vocab_size=8000, model_type="unigram", shared=True, max_corpus_chars=10**6)
+    settings = TokenizerSettings(
+        kind="char", vocab_size=8000, model_type="unigram", shared=True, max_corpus_chars=10**6
+    )
     first = tk.load_or_train(tmp_path / "run1" / "tokenizer", settings, [("abc", "cab")], shelf=tmp_path / "shelf")
     # no text: shelved
     second = tk.load_or_train(tmp_path / "run2" / "tokenizer", settings, iter(()), shelf=tmp_path / "shelf")
     assert second.digest == first.digest and (tmp_path / "run2" / "tokenizer" / "checksums.json").exists()
     other = dataclasses.replace(settings, max_corpus_chars=2)
-    assert tk.load_or_train(tmp_path / "run3" / "tokenizer", other, [("xyz", "zyx")], shelf=tmp_path / "shelf").digest != first.digest
+    assert (
+        tk.load_or_train(tmp_path / "run3" / "tokenizer", other, [("xyz", "zyx")], shelf=tmp_path / "shelf").digest
+        != first.digest
+    )
 
 
 @pytest.mark.parametrize("shared", [True, False])

@@ -59,7 +59,9 @@ def differences(first: Path, second: Path) -> tuple[list[str], list[str]]:
                 differ.append(f"{folder}/{name}: in one run only")
                 continue
             if pattern == "*.json":
-                equal = without_timing(json.loads(paths[0].read_text())) == without_timing(json.loads(paths[1].read_text()))
+                equal = without_timing(json.loads(paths[0].read_text())) == without_timing(
+                    json.loads(paths[1].read_text())
+                )
             else:
                 equal = paths[0].read_bytes() == paths[1].read_bytes()
             (same if equal else differ).append(f"{folder}/{name}")

@@ -62,7 +62,9 @@ def prepare(name: str, data_dir: str, manual_dir: str | None = None) -> Path:
         # TFDS's builders report a missing manual download this way
         if "manual" not in str(error).lower():
             raise
-        raise PrepareError(f"{name}: {' '.join(str(error).split())} (give that folder with --manual_dir=DIR)") from error
+        raise PrepareError(
+            f"{name}: {' '.join(str(error).split())} (give that folder with --manual_dir=DIR)"
+        ) from error
     return Path(builder.data_path)
 
 

@@ -30,9 +30,14 @@ def result_rows(study: optuna.Study, sweep: Sweep) -> list[dict]:
     for trial in trials:
         row = {"trial": trial.number, "state": trial.state.name.lower(), sweep.objective: trial.value}
         row.update(trial.params)
-        row.update(steps=trial.user_attrs.get("steps"), wall_s=round(trial.duration.total_seconds(), 1) if trial.duration else None)
+        row.update(
+            steps=trial.user_attrs.get("steps"),
+            wall_s=round(trial.duration.total_seconds(), 1) if trial.duration else None,
+        )
         metrics = trial.user_attrs.get("metrics", {})
-        row.update({f"{sweep.objective_split}/{k}": v for k, v in metrics.items() if k not in NOT_SHOWN and "/" not in k})
+        row.update(
+            {f"{sweep.objective_split}/{k}": v for k, v in metrics.items() if k not in NOT_SHOWN and "/" not in k}
+        )
         row.update(error=trial.user_attrs.get("error", ""), workdir=trial.user_attrs.get("workdir", ""))
         rows.append(row)
     return rows
@@ -49,17 +54,25 @@ def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = Tr
         writer.writeheader()
         writer.writerows(rows)
     lines = [
-        f"# Sweep {study.study_name}", "",
+        f"# Sweep {study.study_name}",
+        "",
         f"config `{args.config}`, sweep `{args.sweep}`: {sweep.method}, {sweep.num_trials} trials, "
-        f"objective {sweep.objective} ({sweep.direction}); budget {sweep.budget}", "",
+        f"objective {sweep.objective} ({sweep.direction}); budget {sweep.budget}",
+        "",
     ]
     if any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
         best = study.best_trial
         command = shlex.split(best.user_attrs["command"])
         command = [f"--workdir={workdir / 'best'}" if part.startswith("--workdir=") else part for part in command]
         command[:2] = ["python", os.path.relpath(command[1])]
-        lines += [f"Best: trial {best.number}, {sweep.objective} = {best.value:.4g}. To reproduce it:", "",
-                  "```", shlex.join(command), "```", ""]
+        lines += [
+            f"Best: trial {best.number}, {sweep.objective} = {best.value:.4g}. To reproduce it:",
+            "",
+            "```",
+            shlex.join(command),
+            "```",
+            "",
+        ]
     shown = [c for c in columns if c not in ("workdir",)]
     lines.append("| " + " | ".join(shown) + " |")
     lines.append("|" + "---|" * len(shown))

@@ -15,8 +15,8 @@ from typing import Any
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from utils import files
 from configs import base
+from utils import files
 from utils.errors import ConfigError
 
 METHODS = ("grid", "random", "tpe")
@@ -111,17 +111,21 @@ def objective_direction(path: str | Path, config, metric: str, given: str | None
     if not base.has_field(config, "task.name"):
         return given or "minimize"
     # JAX, through scoring/metrics.py: only for attend's own configs (see configs/base.py)
-    from scoring import score_registry
     import tasks
+    from scoring import score_registry
 
     task_metric, alignment, boxes = tasks.scoring_of(config.task.name)
     try:
-        score = score_registry.check_best_metric(metric, task_metric, alignment=alignment, boxes=boxes, field="objective")
+        score = score_registry.check_best_metric(
+            metric, task_metric, alignment=alignment, boxes=boxes, field="objective"
+        )
     except ConfigError as error:
         raise SweepError(f"sweep file {path}: {error}") from error
     if given not in (None, score.direction):
-        raise SweepError(f"sweep file {path}: direction {given!r} contradicts {metric!r}, which is better {'larger' if score.larger_is_better else 'smaller'}; "
-                         f"leave direction out or set {score.direction!r}")
+        raise SweepError(
+            f"sweep file {path}: direction {given!r} contradicts {metric!r}, which is better {'larger' if score.larger_is_better else 'smaller'}; "
+            f"leave direction out or set {score.direction!r}"
+        )
     return score.direction
 
 
@@ -154,7 +158,9 @@ def load_sweep(path: str | Path, config_path: str | Path) -> Sweep:
     with_overrides(config_path, budget, f"sweep file {path} budget")
     objective = fields["objective"]
     if not isinstance(objective, str) or objective.count("/") != 1:
-        raise SweepError(f"sweep file {path}: objective must be '<split>/<metric>' like 'dev/exact_match', got {objective!r}")
+        raise SweepError(
+            f"sweep file {path}: objective must be '<split>/<metric>' like 'dev/exact_match', got {objective!r}"
+        )
     direction = fields.get("direction")
     if direction not in (None, "minimize", "maximize"):
         raise SweepError(f"sweep file {path}: direction must be minimize or maximize, got {direction!r}")
@@ -163,8 +169,16 @@ def load_sweep(path: str | Path, config_path: str | Path) -> Sweep:
     num_trials = int(fields.get("num_trials", grid_size or 0))
     if num_trials < 1:
         raise SweepError(f"sweep file {path}: num_trials must be at least 1")
-    return Sweep(fields["method"], space, objective, direction, grid_size or num_trials, budget,
-                 bool(fields.get("pruning", True)), int(fields.get("seed", 0)))
+    return Sweep(
+        fields["method"],
+        space,
+        objective,
+        direction,
+        grid_size or num_trials,
+        budget,
+        bool(fields.get("pruning", True)),
+        int(fields.get("seed", 0)),
+    )
 
 
 def distributions(sweep: Sweep) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -202,14 +216,22 @@ def open_study(args, sweep: Sweep) -> optuna.Study:
     workdir.mkdir(parents=True, exist_ok=True)
     # workers must not draw the same random points
     worker_seed = sweep.seed + (args.worker_index or 0)
-    sampler = optuna.samplers.TPESampler(seed=worker_seed) if sweep.method == "tpe" else optuna.samplers.RandomSampler(seed=worker_seed)
+    sampler = (
+        optuna.samplers.TPESampler(seed=worker_seed)
+        if sweep.method == "tpe"
+        else optuna.samplers.RandomSampler(seed=worker_seed)
+    )
     pruner = optuna.pruners.MedianPruner(n_startup_trials=2) if sweep.pruning else optuna.pruners.NopPruner()
     description = json.loads(json.dumps({"config": str(args.config), "sweep": dataclasses.asdict(sweep)}))
     study_name = args.study_name or workdir.name
     with queue_lock(args.storage, workdir):
         study = optuna.create_study(
-            storage=open_storage(args.storage, workdir), sampler=sampler, pruner=pruner, study_name=study_name,
-            direction=sweep.direction, load_if_exists=True,
+            storage=open_storage(args.storage, workdir),
+            sampler=sampler,
+            pruner=pruner,
+            study_name=study_name,
+            direction=sweep.direction,
+            load_if_exists=True,
         )
         recorded = study.user_attrs.get("description")
         if recorded is None:
@@ -229,7 +251,9 @@ def open_study(args, sweep: Sweep) -> optuna.Study:
 def open_storage(storage: str, workdir: Path) -> optuna.storages.BaseStorage:
     """The database `storage` names, or without one the journal file in `workdir`."""
     if not storage:
-        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal")))
+        return optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal"))
+        )
     try:
         return optuna.storages.RDBStorage(storage)
     except Exception as error:
@@ -291,7 +315,9 @@ def queue_lock(storage: str, workdir: Path):
         with files.exclusive(Path(database).with_name(Path(database).name + ".sweep.lock")):
             yield
     else:
-        raise SweepError(f"--storage {storage}: sweeps share a study in PostgreSQL (or SQLite on one machine), not {backend}")
+        raise SweepError(
+            f"--storage {storage}: sweeps share a study in PostgreSQL (or SQLite on one machine), not {backend}"
+        )
 
 
 def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial | optuna.Trial) -> None:

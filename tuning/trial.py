@@ -22,9 +22,18 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from utils.stop_signals import StopSignals
 from tuning.results import write_results
-from tuning.study import Sweep, SweepError, trials_toward_the_count, distributions, open_study, override_flags, requeue, with_overrides
+from tuning.study import (
+    Sweep,
+    SweepError,
+    distributions,
+    open_study,
+    override_flags,
+    requeue,
+    trials_toward_the_count,
+    with_overrides,
+)
+from utils.stop_signals import StopSignals
 
 # a running trial's worker says it is alive this often
 HEARTBEAT_S = 30
@@ -38,7 +47,13 @@ CLUSTER_VARIABLES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "JAX_COORDINATOR_")
 
 
 def trial_command(args, workdir: Path, overrides: dict[str, Any]) -> list[str]:
-    return [sys.executable, str(args.train_script), f"--config={args.config}", f"--workdir={workdir}", *override_flags(overrides)]
+    return [
+        sys.executable,
+        str(args.train_script),
+        f"--config={args.config}",
+        f"--workdir={workdir}",
+        *override_flags(overrides),
+    ]
 
 
 class MetricsFollower:
@@ -91,7 +106,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
     metrics = MetricsFollower(workdir)
     outcome, heartbeat = None, 0.0
     with open(workdir / "log.txt", "a") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True
+        )
         while True:
             running = process.poll() is None
             for row in metrics.poll():
@@ -127,7 +144,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
     elif process.returncode != 0 or not final or sweep.objective_metric not in final[-1]:
         have = sorted(k for k in (final[-1] if final else {}) if k not in ("step", "split"))
         error = (
-            f"train.py exited with {process.returncode}: {last_lines(workdir / 'log.txt')}" if process.returncode
+            f"train.py exited with {process.returncode}: {last_lines(workdir / 'log.txt')}"
+            if process.returncode
             else f"no {sweep.objective} at step {num_train_steps} in {workdir / 'metrics.jsonl'} (have: {', '.join(have) or 'nothing'})"
         )
         trial.set_user_attr("error", error)
@@ -214,7 +232,9 @@ def visible_gpus(environ: Mapping[str, str]) -> list[str]:
         # as CUDA reads it
         return list(itertools.takewhile(lambda name: name and not name.startswith("-"), names))
     try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True, env=dict(environ)).stdout
+        listing = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True, env=dict(environ)
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         # no nvidia-smi, no driver
         return []

@@ -68,7 +68,11 @@ def huge_pages_available() -> bool:
 
 def tunable_value(name: str) -> str | None:
     """The value `GLIBC_TUNABLES` gives `name` (its last entry wins, as in glibc), or None."""
-    values = [entry.split("=", 1)[1] for entry in os.environ.get("GLIBC_TUNABLES", "").split(":") if entry.startswith(name + "=")]
+    values = [
+        entry.split("=", 1)[1]
+        for entry in os.environ.get("GLIBC_TUNABLES", "").split(":")
+        if entry.startswith(name + "=")
+    ]
     return values[-1] if values else None
 
 
@@ -84,7 +88,12 @@ def restart_with_huge_pages(script: str) -> None:
     or where the program is not `script` run as a file (`python - < train.py`, `runpy`, a notebook:
     a restart would not run it again). Call it first thing in `script`'s `__main__`."""
     started_as_script = sys.argv[0] not in ("", "-", "-c") and Path(sys.argv[0]).resolve() == Path(script).resolve()
-    if not started_as_script or RESTARTED in os.environ or tunable_value(HUGE_PAGES_TUNABLE) is not None or not huge_pages_available():
+    if (
+        not started_as_script
+        or RESTARTED in os.environ
+        or tunable_value(HUGE_PAGES_TUNABLE) is not None
+        or not huge_pages_available()
+    ):
         return
     before = os.environ.get("GLIBC_TUNABLES")
     os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, [before, f"{HUGE_PAGES_TUNABLE}=1"]))
@@ -146,7 +155,10 @@ def keep_freed_memory() -> bool:
         # musl and others: nothing to set
         return False
     # -1 as the trim threshold is SIZE_MAX to glibc: never trim.
-    done = all(mallopt(parameter, value) == 1 for parameter, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1)))
+    done = all(
+        mallopt(parameter, value) == 1
+        for parameter, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))
+    )
     if not done:
         logging.warning("glibc's mallopt refused a setting: freed memory may go back to the kernel")
     return done

@@ -62,7 +62,9 @@ class Reporter:
             # rows after the checkpoint are written again (all of them on a fresh start)
             if truncate:
                 truncate_jsonl(self.jsonl, start_step if start_step > 0 else -1)
-            self.tensorboard = SummaryWriter(str(workdir / "tensorboard"), purge_step=start_step + 1 if truncate else None)
+            self.tensorboard = SummaryWriter(
+                str(workdir / "tensorboard"), purge_step=start_step + 1 if truncate else None
+            )
 
     def write(self, step: int, split: str, metrics: Mapping[str, Any]) -> None:
         """One event: a JSON row, TensorBoard scalars `split/name`, and for eval a log line."""
@@ -75,7 +77,9 @@ class Reporter:
             self.tensorboard.add_scalar(f"{split}/{name}", value, step)
         self.tensorboard.flush()
         if split != "train":
-            self._line(f"step {step} {split}: " + ", ".join(f"{k} {v:.4g}" for k, v in _scalars(metrics).items()), final=True)
+            self._line(
+                f"step {step} {split}: " + ", ".join(f"{k} {v:.4g}" for k, v in _scalars(metrics).items()), final=True
+            )
 
     def images(self, step: int, pictures: Mapping[str, Any]) -> None:
         """RGB `[H, W, 3]` pictures into TensorBoard, under `attention/<name>`."""
@@ -85,7 +89,9 @@ class Reporter:
             self.tensorboard.add_image(f"attention/{name}", pixels, step, dataformats="HWC")
         self.tensorboard.flush()
 
-    def progress(self, step: int, loss: float, learning_rate: float, tokens_per_second: float, steps_per_second: float) -> None:
+    def progress(
+        self, step: int, loss: float, learning_rate: float, tokens_per_second: float, steps_per_second: float
+    ) -> None:
         """The progress line of a log interval; at the second one (the first has the compilation in
         it), the estimated time to the end is logged once."""
         if not self.enabled:
@@ -121,8 +127,10 @@ def estimate_line(steps_left: int, steps_per_second: float) -> str:
     """`about H:MM:SS of training to the end (N steps at R steps/s ...)`; evaluations come on top."""
     if not steps_per_second > 0 or not math.isfinite(steps_per_second):
         return f"{steps_left:,} steps to the end (no rate measured yet)"
-    return (f"about {_clock(steps_left / steps_per_second)} of training to the end ({steps_left:,} steps at "
-            f"{steps_per_second:.2f} steps/s after compilation; evaluations add to it)")
+    return (
+        f"about {_clock(steps_left / steps_per_second)} of training to the end ({steps_left:,} steps at "
+        f"{steps_per_second:.2f} steps/s after compilation; evaluations add to it)"
+    )
 
 
 def write_eval(workdir: Path, step: int, split: str, results: dict) -> None:

@@ -40,7 +40,11 @@ class Phase:
         self.enabled = enabled
         self.log_every = log_every
         self.start = self.last_logged = time.monotonic()
-        self.bar = tqdm(total=total, desc=what, unit=f" {unit}", unit_scale=True, dynamic_ncols=True, leave=False) if enabled and interactive else None
+        self.bar = (
+            tqdm(total=total, desc=what, unit=f" {unit}", unit_scale=True, dynamic_ncols=True, leave=False)
+            if enabled and interactive
+            else None
+        )
         if enabled and self.bar is None:
             logging.info("%s: started%s", what, f" ({total:,} {unit})" if total is not None else "")
 
@@ -70,11 +74,15 @@ class Phase:
         if self.bar is not None:
             self.bar.close()
         if self.enabled:
-            logging.info("%s: done, %s %s in %s", self.what, f"{self.done:,}", self.unit, _clock(time.monotonic() - self.start))
+            logging.info(
+                "%s: done, %s %s in %s", self.what, f"{self.done:,}", self.unit, _clock(time.monotonic() - self.start)
+            )
 
 
 @contextlib.contextmanager
-def phase(what: str, *, total: int | None = None, unit: str = "items", log_every: float = 30.0, enabled: bool = True) -> Iterator[Phase]:
+def phase(
+    what: str, *, total: int | None = None, unit: str = "items", log_every: float = 30.0, enabled: bool = True
+) -> Iterator[Phase]:
     """A `Phase` closed at the end of the block (`enabled=False`: counts silently, e.g. on a
     process other than the first)."""
     shown = Phase(what, total, unit, interactive=sys.stderr.isatty(), log_every=log_every, enabled=enabled)
@@ -84,7 +92,9 @@ def phase(what: str, *, total: int | None = None, unit: str = "items", log_every
         shown.close()
 
 
-def track(items: Iterable[Item], what: str, *, total: int | None = None, unit: str = "items", enabled: bool = True) -> Iterator[Item]:
+def track(
+    items: Iterable[Item], what: str, *, total: int | None = None, unit: str = "items", enabled: bool = True
+) -> Iterator[Item]:
     """Yields `items`, advancing a phase by one per item (`total` defaults to `len(items)` when it has one)."""
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]

@@ -20,7 +20,9 @@ class StopSignals:
     handlers come back on exit.
     Outside the main thread, where Python cannot install handlers, it installs none."""
 
-    def __init__(self, on_signal: Callable[[int], None] | None = None, *, message: str = "", signals: tuple[int, ...] = SIGNALS):
+    def __init__(
+        self, on_signal: Callable[[int], None] | None = None, *, message: str = "", signals: tuple[int, ...] = SIGNALS
+    ):
         self.requested = False
         self._signals = signals
         self._on_signal = on_signal

@@ -23,10 +23,12 @@ import jax  # noqa: E402
 from absl import app  # noqa: E402
 from orbax.checkpoint._src.path import atomicity  # noqa: E402
 
-from run_setup import checkpoints  # noqa: E402
-from engine import evaluation  # noqa: E402
 import train  # noqa: E402
-from engine import training_loop  # noqa: E402
+from engine import (
+    evaluation,  # noqa: E402
+    training_loop,  # noqa: E402
+)
+from run_setup import checkpoints  # noqa: E402
 
 
 def die() -> None:

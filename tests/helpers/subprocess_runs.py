@@ -20,20 +20,39 @@ from run_setup.settings import parse
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 TINY_FLAGS = [
-    "--config.task.train_size=600", "--config.task.dev_size=24", "--config.task.test_size=24",
-    "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.d_ff=32",
-    "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1", "--config.batch_size=16",
-    "--config.warmup_steps=5", "--config.log_every_steps=5",
+    "--config.task.train_size=600",
+    "--config.task.dev_size=24",
+    "--config.task.test_size=24",
+    "--config.model.d_model=16",
+    "--config.model.num_heads=2",
+    "--config.model.d_ff=32",
+    "--config.model.num_encoder_layers=1",
+    "--config.model.num_decoder_layers=1",
+    "--config.batch_size=16",
+    "--config.warmup_steps=5",
+    "--config.log_every_steps=5",
     # matplotlib's import and a drawing, 0.5 s of a tiny run's 4 (tests/conftest.py's stub is in-process only)
     "--config.curves_png=false",
 ]
 
 
-def run_train_py(workdir, data_dir, *flags, env=None, tiny=TINY_FLAGS, script=PROJECT_ROOT / "train.py", point=None, **popen):
+def run_train_py(
+    workdir, data_dir, *flags, env=None, tiny=TINY_FLAGS, script=PROJECT_ROOT / "train.py", point=None, **popen
+):
     """train.py (or `script`, given `point` first: tests/fault_worker.py) on the tiny config in a subprocess."""
-    command = [sys.executable, str(script), *([point] if point else []), f"--workdir={workdir}", f"--config.data_dir={data_dir}", *tiny, *flags]
+    command = [
+        sys.executable,
+        str(script),
+        *([point] if point else []),
+        f"--workdir={workdir}",
+        f"--config.data_dir={data_dir}",
+        *tiny,
+        *flags,
+    ]
     environment = {**os.environ, "XLA_FLAGS": xla_flags(1), **(env or {})}
-    return subprocess.Popen(command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    return subprocess.Popen(
+        command, cwd=PROJECT_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
 
 
 def metric_rows(workdir):
@@ -47,7 +66,10 @@ def final_state(config, workdir, step):
     """The training state saved in `workdir` at `step`, restored onto one device."""
     run = prepare_run(parse(config), workdir, devices=jax.devices()[:1], with_data=False)
     try:
-        return run.checkpoints.restore(run.abstract(training_loop.initial_state(run, training_loop.make_optimizer(run.settings.optimization))), step=step)[1]
+        return run.checkpoints.restore(
+            run.abstract(training_loop.initial_state(run, training_loop.make_optimizer(run.settings.optimization))),
+            step=step,
+        )[1]
     finally:
         run.checkpoints.close()
 
@@ -72,7 +94,9 @@ def sigkill_and_rerun(tmp_path, data_dir, flags, *, kill_after: int, checkpoint:
     deadline = time.time() + 300
     # kill once the checkpoint is complete and training has gone on
     while time.time() < deadline:
-        past = metrics_file.exists() and any(r["split"] == "train" and r["step"] >= kill_after for r in metric_rows(tmp_path / "cut"))
+        past = metrics_file.exists() and any(
+            r["split"] == "train" and r["step"] >= kill_after for r in metric_rows(tmp_path / "cut")
+        )
         if past and (tmp_path / "cut" / "checkpoints" / str(checkpoint)).exists():
             break
         time.sleep(0.01)
@@ -87,4 +111,3 @@ def sigkill_and_rerun(tmp_path, data_dir, flags, *, kill_after: int, checkpoint:
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
     assert strip(metric_rows(tmp_path / "cut")) == strip(metric_rows(tmp_path / "whole"))
     return tmp_path / "whole", tmp_path / "cut"
-

@@ -9,8 +9,10 @@ def xla_flags(devices: int) -> str:
     "The test suite", measures each). The numbers may differ from XLA's defaults' by rounding;
     tests compare bit for bit only runs made under these same flags. Training, evaluation and
     the benchmarks compile under XLA's defaults."""
-    return (f"--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1 "
-            f"--xla_force_host_platform_device_count={devices}")
+    return (
+        f"--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1 "
+        f"--xla_force_host_platform_device_count={devices}"
+    )
 
 
 def tiny_config(data_dir, **overrides):
@@ -21,8 +23,16 @@ def tiny_config(data_dir, **overrides):
     config.data_dir = str(data_dir)
     config.task.update(train_size=600, dev_size=24, test_size=24)
     config.model.update(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1)
-    config.update(batch_size=16, num_train_steps=20, eval_every_steps=10, checkpoint_every_steps=10, log_every_steps=5, warmup_steps=5, schedule="rsqrt",
-                  visualize_examples=0)
+    config.update(
+        batch_size=16,
+        num_train_steps=20,
+        eval_every_steps=10,
+        checkpoint_every_steps=10,
+        log_every_steps=5,
+        warmup_steps=5,
+        schedule="rsqrt",
+        visualize_examples=0,
+    )
     for dotted_name, value in overrides.items():
         base.set_field(config, dotted_name, value)
     config.lock()
@@ -48,8 +58,17 @@ def two_process_config(data_dir, steps: int, sharding: str = "replicated", **ove
     evaluating only at the end, no curves.png (as `TINY_FLAGS`); no dropout under a sharded mode (its
     runs are compared with one process's, to rounding)."""
     dropout = {} if sharding == "replicated" else {"model.dropout_rate": 0.0}
-    return tiny_config(data_dir, num_train_steps=steps, log_every_steps=4, checkpoint_every_steps=1000, eval_every_steps=1000,
-                       sharding=sharding, curves_png=False, **dropout, **overrides)
+    return tiny_config(
+        data_dir,
+        num_train_steps=steps,
+        log_every_steps=4,
+        checkpoint_every_steps=1000,
+        eval_every_steps=1000,
+        sharding=sharding,
+        curves_png=False,
+        **dropout,
+        **overrides,
+    )
 
 
 # The captioner shrunk to seconds (tests of captioning through the trainer).
@@ -65,8 +84,15 @@ def captioning_config(data_dir, attention="soft", **overrides):
     config.data_dir = str(data_dir)
     config.task.update(train_size=96, dev_size=8, test_size=8)
     config.model.update(attention=attention, **TINY_CAPTIONER)
-    config.update(batch_size=8, num_train_steps=4, eval_every_steps=4, checkpoint_every_steps=4, log_every_steps=2,
-                  warmup_steps=2, visualize_examples=1)
+    config.update(
+        batch_size=8,
+        num_train_steps=4,
+        eval_every_steps=4,
+        checkpoint_every_steps=4,
+        log_every_steps=2,
+        warmup_steps=2,
+        visualize_examples=1,
+    )
     for name, value in overrides.items():
         base.set_field(config, name, value)
     config.lock()

@@ -18,12 +18,12 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 
 import jax  # noqa: E402
 
-from utils import allocator  # noqa: E402
 from engine import training_loop  # noqa: E402
 from helpers.fault_worker import signal_at_step  # noqa: E402
+from helpers.tiny import two_process_config  # noqa: E402
 from run_setup.cluster import setup_distributed  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
-from helpers.tiny import two_process_config  # noqa: E402
+from utils import allocator  # noqa: E402
 
 # the trainer's INFO lines (resuming, ...) in log.txt, as train.py logs them
 logging.getLogger().setLevel(logging.INFO)
@@ -35,7 +35,11 @@ process_id, coordinator, workdir, data_dir, steps, sigterm_at, sharding = sys.ar
 # JAX's thread looks for the notice once a second: the slowed steps bound how many pass first
 if int(sigterm_at) > 0:
     signal_at_step(int(sigterm_at), signal.SIGTERM, pause_after=0.2)
-joining = {} if coordinator == "cluster" else {"coordinator_address": coordinator, "num_processes": 2, "process_id": int(process_id)}
+joining = (
+    {}
+    if coordinator == "cluster"
+    else {"coordinator_address": coordinator, "num_processes": 2, "process_id": int(process_id)}
+)
 settings = parse(two_process_config(data_dir, int(steps), sharding, **joining))
 setup_distributed(settings.cluster)
 assert jax.process_count() == 2 and jax.process_index() == int(process_id), "the two processes did not join"
