@@ -12,7 +12,7 @@ DEV_STAMP := $(VENV)/.requirements-dev.stamp
 PREPARE_VENV := .venv-prepare
 PREPARE_STAMP := $(PREPARE_VENV)/.requirements.stamp
 
-.PHONY: train test install install-dev chromium clean prepare prepare-env
+.PHONY: train test lint install install-dev chromium clean prepare prepare-env
 
 install: $(STAMP)
 install-dev: $(DEV_STAMP)
@@ -37,6 +37,11 @@ train: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(DEV_STAMP) $(PREPARE_STAMP) chromium
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests $(ARGS)
+
+# One formatter and linter for the whole tree (pyproject.toml configures ruff; .ci/run runs this first).
+lint: $(DEV_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # Preparing a TFDS catalog dataset (README, "Preparing a catalog dataset") runs in its own
 # environment: TFDS needs TensorFlow to download and extract, training does not. The tests of

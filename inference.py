@@ -6,7 +6,8 @@
     translator.attention("3rd of March, 2021")                     # -> {module: weights [N, T, S]}
     captioner.translate(images)                # a captioning run: images [H, W] or [H, W, C] uint8 -> captions
 
-    python inference.py --workdir=runs/X --text "3rd of March, 2021" [--self_attention]   # --image FILE, --features FILE.npy
+    python inference.py --workdir=runs/X --text "3rd of March, 2021" [--self_attention]
+    # in place of --text: --image FILE or --features FILE.npy
 
 `load` restores: it reads only the run folder (`config.json`, the vocabulary in
 `tokenizer/` and the parameters of a checkpoint; no optimizer state, no training
@@ -18,8 +19,8 @@ draws its attention into `WORKDIR/attention/<kind>/` (text, image, features).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import jax
 from absl import flags

@@ -36,7 +36,7 @@ import functools
 import logging
 import sys
 import threading
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import grain
 import numpy as np

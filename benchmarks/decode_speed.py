@@ -95,8 +95,8 @@ def decode_run(workdir: str, split: str, beams: list[int]) -> None:
         generated = sum(len(hypotheses[0][0]) for hypotheses in outputs if hypotheses)
         name = "greedy" if beam == 1 else f"beam {beam}"
         print(
-            f"| {name} | {len(compilations)} ({sum(compilations):.1f}) | {seconds:.1f} | {len(sources) / seconds:,.1f} | "
-            f"{generated / seconds:,.0f} | {generated:,} |",
+            f"| {name} | {len(compilations)} ({sum(compilations):.1f}) | {seconds:.1f} | "
+            f"{len(sources) / seconds:,.1f} | {generated / seconds:,.0f} | {generated:,} |",
             flush=True,
         )
 

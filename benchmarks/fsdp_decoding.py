@@ -33,7 +33,8 @@ flags.DEFINE_string("config", "configs/default.py", "FILE.py[:ARG]", flag_values
 
 COLLECTIVE = re.compile(r"\b(?:all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 CALLED = re.compile(
-    r"(?:body|condition|calls|to_apply|branch_computations|true_computation|false_computation)=\{?([^}\s]+(?:, ?%[^},\s]+)*)"
+    r"(?:body|condition|calls|to_apply|branch_computations|true_computation|false_computation)"
+    r"=\{?([^}\s]+(?:, ?%[^},\s]+)*)"
 )
 
 

@@ -104,7 +104,8 @@ def main(argv: list[str]) -> None:
     for setting, thresholds in (("defaults", DEFAULTS), ("tuned", allocator.GC_THRESHOLDS)):
         runs = measured[setting]
         print(
-            f"| {setting} | {thresholds} | {statistics.median(r[0] for r in runs):.2f} | {statistics.median(r[1] for r in runs):.2f} "
+            f"| {setting} | {thresholds} | {statistics.median(r[0] for r in runs):.2f} "
+            f"| {statistics.median(r[1] for r in runs):.2f} "
             f"| {statistics.median(r[2] for r in runs):g} |"
         )
 

@@ -333,13 +333,15 @@ def main() -> None:
         f"test split ({rows[0][5]['sentences'] if rows else 0} verses), beam {BEAM}"
     )
     print(
-        "| model | parameters | learning rate (tuned) | steps | epochs | train min | dev loss | test BLEU | test chrF | decode sentences/s |"
+        "| model | parameters | learning rate (tuned) | steps | epochs | train min | dev loss | test BLEU | test chrF "
+        "| decode sentences/s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for column, rate, chosen, trained, epochs, test, parameters in rows:
         print(
-            f"| {column} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {epochs:.1f} | {trained['train_seconds'] / 60:.1f} "
-            f"| {trained['dev_loss']:.3f} | {test['bleu']:.2f} | {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |"
+            f"| {column} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {epochs:.1f} "
+            f"| {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} | {test['bleu']:.2f} "
+            f"| {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |"
         )
     if rows:
         floor = copy_scores(column_config(columns[0], None, 1, args.data_dir))

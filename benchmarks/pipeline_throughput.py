@@ -94,7 +94,8 @@ def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
     args = FLAGS
     print(
-        "| config | batching | examples/s | target tokens/s | all tokens/s | training consumes target tokens/s | pipeline / training |"
+        "| config | batching | examples/s | target tokens/s | all tokens/s | training consumes target tokens/s "
+        "| pipeline / training |"
     )
     print("|---|---|---:|---:|---:|---:|---:|")
     for name in args.configs.split(","):

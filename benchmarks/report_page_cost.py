@@ -138,13 +138,14 @@ def main(argv: list[str]) -> None:
         numbers = sum(int(np.prod(m["shape"])) for e in described for m in e["modules"])
         times = open_times(path)
         print(
-            "| examples | tokens | layers x heads | weights | kept per row | page MB | write s | curves s | load s | first explorer s |"
+            "| examples | tokens | layers x heads | weights | kept per row | page MB | write s | curves s | load s "
+            "| first explorer s |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|")
         print(
-            f"| {FLAGS.examples} | {FLAGS.tokens} | {FLAGS.layers} x {FLAGS.heads} | {numbers / 1e6:.1f}M | {keep or 'all'} "
-            f"| {path.stat().st_size / 2**20:.2f} | {written:.1f} | {curves:.2f} | {statistics.median(t[0] for t in times):.2f} "
-            f"| {statistics.median(t[1] for t in times):.2f} |"
+            f"| {FLAGS.examples} | {FLAGS.tokens} | {FLAGS.layers} x {FLAGS.heads} | {numbers / 1e6:.1f}M "
+            f"| {keep or 'all'} | {path.stat().st_size / 2**20:.2f} | {written:.1f} | {curves:.2f} "
+            f"| {statistics.median(t[0] for t in times):.2f} | {statistics.median(t[1] for t in times):.2f} |"
         )
 
 

@@ -86,8 +86,8 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     print(
-        f"| {args.params / 1e6:.0f}M parameters + Adam, {gigabytes:.2f} GB | {plain:.2f} | {checked:.2f} | {(checked - plain) / plain:.2f} | "
-        f"{hashing:.2f} | {sha:.2f} | {sha / plain:.2f} |"
+        f"| {args.params / 1e6:.0f}M parameters + Adam, {gigabytes:.2f} GB | {plain:.2f} | {checked:.2f} | "
+        f"{(checked - plain) / plain:.2f} | {hashing:.2f} | {sha:.2f} | {sha / plain:.2f} |"
     )
 
 

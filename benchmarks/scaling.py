@@ -66,7 +66,8 @@ def length_table(lengths: list[int], tokens: int, repeats: int) -> None:
     shape = dict(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3)
     print(f"Transformer 3+3 layers, d_model 256, 4 heads, d_ff 1024; {tokens} source and {tokens} target tokens a step")
     print(
-        "| length | rows | dot s/step | dot peak MiB | additive s/step | additive peak MiB | one unchunked tanh tensor per layer, MiB |"
+        "| length | rows | dot s/step | dot peak MiB | additive s/step | additive peak MiB "
+        "| one unchunked tanh tensor per layer, MiB |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for length in lengths:
@@ -96,8 +97,8 @@ def size_table(sizes: list[int], tokens: int, repeats: int) -> None:
         )
         r = measure(rows, length, repeats, **shape)
         print(
-            f"| {size} | {r['parameters'] / 1e6:.1f}M | {r['seconds']:.3f} | {r['peak_mib']:,.0f} | {r['flop'] / 1e9:.1f} | "
-            f"{r['flop'] / r['seconds'] / 1e9:.0f} |",
+            f"| {size} | {r['parameters'] / 1e6:.1f}M | {r['seconds']:.3f} | {r['peak_mib']:,.0f} | "
+            f"{r['flop'] / 1e9:.1f} | {r['flop'] / r['seconds'] / 1e9:.0f} |",
             flush=True,
         )
 

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     count = sum(leaf.size for leaf in jax.tree.leaves(abstract_params))
     print(f"{args.config}: {count / 1e6:.1f}M parameters (vocabulary {args.vocab_size}), {args.devices} devices\n")
     print(
-        "| sharding | mesh (data, model) | parameters MiB/device | optimizer MiB/device | total MiB/device | of replicated |"
+        "| sharding | mesh (data, model) | parameters MiB/device | optimizer MiB/device | total MiB/device "
+        "| of replicated |"
     )
     print("|---|---|---|---|---|---|")
     reference = None
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         reference = reference or total
         shape = f"({mesh.shape['data']}, {mesh.shape['model']})"
         print(
-            f"| {mode} | {shape} | {param_bytes / MIB:.1f} | {opt_bytes / MIB:.1f} | {total / MIB:.1f} | {total / reference:.3f} |"
+            f"| {mode} | {shape} | {param_bytes / MIB:.1f} | {opt_bytes / MIB:.1f} | {total / MIB:.1f} "
+            f"| {total / reference:.3f} |"
         )
 
 

@@ -121,7 +121,10 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
         "step_gflop": flops / 1e9,
         "achieved_gflops": flops * steps_per_second / 1e9,
         "devices": jax.device_count(),
-        "batch": f"{config.batch_size} x {config.data.max_source_length}+{config.data.max_target_length} ({config.data.batching})"
+        "batch": (
+            f"{config.batch_size} x {config.data.max_source_length}+{config.data.max_target_length} "
+            f"({config.data.batching})"
+        )
         + (f", {config.data.batch_tokens} tokens" if config.data.batch_tokens else ""),
     }
 
@@ -142,10 +145,12 @@ def recurrent_step_seconds(family: str, length: int, width: int, repeats: int, *
 
 def recurrent_table(lengths: list[int], width: int, repeats: int) -> None:
     print(
-        f"train step of 64 rows, width {width} (embedding, hidden, attention), source = target length; median of {repeats}"
+        f"train step of 64 rows, width {width} (embedding, hidden, attention), "
+        f"source = target length; median of {repeats}"
     )
     print(
-        "| tokens | RNNsearch s/step | LSTMN shallow s/step | LSTMN deep s/step | shallow / RNNsearch | deep / RNNsearch |"
+        "| tokens | RNNsearch s/step | LSTMN shallow s/step | LSTMN deep s/step | shallow / RNNsearch "
+        "| deep / RNNsearch |"
     )
     print("|---:|---:|---:|---:|---:|---:|")
     for length in lengths:
@@ -153,7 +158,8 @@ def recurrent_table(lengths: list[int], width: int, repeats: int) -> None:
         shallow = recurrent_step_seconds("lstmn", length, width, repeats, fusion="shallow", max_length=length + 1)
         deep = recurrent_step_seconds("lstmn", length, width, repeats, fusion="deep", max_length=length + 1)
         print(
-            f"| {length} | {rnnsearch:.3f} | {shallow:.3f} | {deep:.3f} | {shallow / rnnsearch:.2f}x | {deep / rnnsearch:.2f}x |",
+            f"| {length} | {rnnsearch:.3f} | {shallow:.3f} | {deep:.3f} "
+            f"| {shallow / rnnsearch:.2f}x | {deep / rnnsearch:.2f}x |",
             flush=True,
         )
 
@@ -210,13 +216,14 @@ def train_py_check(steps: int, overrides: list[str]) -> None:
         f"{other_peak / 1e9:.0f} GFLOP/s"
     )
     print(
-        "| run | steps/s (median of rows >= 20) | s/step | source+target tok/s | target tok/s | reference FLOP x steps/s / peak |"
+        "| run | steps/s (median of rows >= 20) | s/step | source+target tok/s | target tok/s "
+        "| reference FLOP x steps/s / peak |"
     )
     print("|---|---:|---:|---:|---:|---:|")
     print(
-        f"| train.py kjv_web_transformer, {steps} steps {' '.join(overrides)} | {steps_per_second:.3f} | {1 / steps_per_second:.2f} | "
-        f"{steps_per_second * (source + target):,.0f} | {steps_per_second * target:,.0f} | "
-        f"{REFERENCE_STEP_FLOP * steps_per_second / peak:.3f} |"
+        f"| train.py kjv_web_transformer, {steps} steps {' '.join(overrides)} | {steps_per_second:.3f} | "
+        f"{1 / steps_per_second:.2f} | {steps_per_second * (source + target):,.0f} | "
+        f"{steps_per_second * target:,.0f} | {REFERENCE_STEP_FLOP * steps_per_second / peak:.3f} |"
     )
 
 
@@ -299,9 +306,9 @@ def main() -> None:
         output = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout
         r = json.loads(output.strip().splitlines()[-1])
         print(
-            f"| {r['config']} | {r['batch']} | {r['first_step_s']:.1f} | {r['compilations']} | {r['steps_per_s']:.2f} | "
-            f"{r['source_target_tokens_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | {r['step_gflop']:.2f} | {r['achieved_gflops']:.1f} | "
-            f"{100 * r['achieved_gflops'] * 1e9 / peak:.0f}% |",
+            f"| {r['config']} | {r['batch']} | {r['first_step_s']:.1f} | {r['compilations']} | "
+            f"{r['steps_per_s']:.2f} | {r['source_target_tokens_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['step_gflop']:.2f} | {r['achieved_gflops']:.1f} | {100 * r['achieved_gflops'] * 1e9 / peak:.0f}% |",
             flush=True,
         )
 

@@ -18,7 +18,8 @@ CPU seconds the process tree spent until then (on a machine shared with other wo
 / CPU time says how much of the machine the run had), and
 the peak resident memory of the whole process tree (train.py and the processes it starts),
 sampled every 0.2 s, overall and up to its "step 0 data" line (the data ready, before compiling:
-the train step's own buffers, GiBs, come after); then the size on disk of the built data and of the tokenized cache beside it,
+the train step's own buffers, GiBs, come after); then the size on disk of the built data and of the
+tokenized cache beside it,
 and the input pipeline's tokens/s (non-padding source + target tokens of the training batches,
 read in this process from the warm run's cache, median over windows) against the train step's
 consumption (the warm run's own tokens/s, median of its logged steps after the first two).
@@ -196,7 +197,8 @@ def main(argv: list[str]) -> None:
         start = time.time()
         write_corpus(corpus, FLAGS.pairs)
         print(
-            f"corpus: {FLAGS.pairs:,} pairs, {corpus.stat().st_size / 2**20:,.0f} MiB, written in {time.time() - start:.0f} s",
+            f"corpus: {FLAGS.pairs:,} pairs, {corpus.stat().st_size / 2**20:,.0f} MiB, "
+            f"written in {time.time() - start:.0f} s",
             flush=True,
         )
         cold = timed_run(root / "cold", data_dir, corpus, cache, FLAGS.steps)
@@ -212,7 +214,8 @@ def main(argv: list[str]) -> None:
             shutil.rmtree(root, ignore_errors=True)
     gib = 2**30
     print(
-        f"| {FLAGS.pairs:,} pairs | first step, s | CPU s to it (process tree) | peak memory, GiB (process tree) | of it, before compiling (the data) |"
+        f"| {FLAGS.pairs:,} pairs | first step, s | CPU s to it (process tree) | peak memory, GiB (process tree) "
+        "| of it, before compiling (the data) |"
     )
     print("|---|---:|---:|---:|---:|")
     for name, run in (
@@ -220,14 +223,16 @@ def main(argv: list[str]) -> None:
         ("warm: a new workdir, same data_dir", warm),
     ):
         print(
-            f"| {name} | {run['first_step_s']:.0f} | {run['first_step_cpu_s']:.0f} | {run['peak_bytes'] / gib:.2f} | {run['data_peak_bytes'] / gib:.2f} |"
+            f"| {name} | {run['first_step_s']:.0f} | {run['first_step_cpu_s']:.0f} | {run['peak_bytes'] / gib:.2f} "
+            f"| {run['data_peak_bytes'] / gib:.2f} |"
         )
     for name, run in (("cold", cold), ("warm", warm)):
         print(f"{name}, the phases before the first step: {'; '.join(run['phases']) or 'none logged'}")
     print()
     print(f"on disk: built data {data / gib:.2f} GiB, token ids {tokenized / gib:.2f} GiB")
     print(
-        f"input pipeline {pipeline['all_tokens_per_s']:,.0f} source+target tokens/s ({pipeline['target_tokens_per_s']:,.0f} target); "
+        f"input pipeline {pipeline['all_tokens_per_s']:,.0f} source+target tokens/s "
+        f"({pipeline['target_tokens_per_s']:,.0f} target); "
         f"the train step consumes {warm['train_tokens_per_s']:,.0f} tokens/s (its log's tok/s): "
         f"{pipeline['target_tokens_per_s'] / warm['train_tokens_per_s']:.1f}x"
     )

@@ -32,8 +32,8 @@ import contextlib
 import importlib.util
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import ml_collections
 from absl import flags

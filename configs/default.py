@@ -3,8 +3,8 @@
     python train.py                       # = --config=configs/default.py into runs/default-<time>
     python train.py --config=configs/default.py --workdir=runs/dates --config.num_train_steps=500
 
-A 2+2-layer Transformer (d_model 128, 4 heads, d_ff 512) at character level, 32 packed rows of 48 source / 32 target characters (about 80
-examples a step), 2000 steps with a cosine schedule: about five minutes on
+A 2+2-layer Transformer (d_model 128, 4 heads, d_ff 512) at character level, 32 packed rows of 48 source / 32 target
+characters (about 80 examples a step), 2000 steps with a cosine schedule: about five minutes on
 2 CPU cores, over 99% exact match on the test split.
 """
 

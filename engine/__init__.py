@@ -1,1 +1,1 @@
-"""The engine: the training loop and its step, evaluating a split (and --mode=eval/predict), and a restored model that translates, scores and shows attention."""
+"""The engine: the training loop and step, evaluating a split (eval and predict modes), the restored model."""

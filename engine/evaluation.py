@@ -20,8 +20,8 @@ few, and write `eval/step_<N>.json` (and `predictions/step_<N>.tsv`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import jax
 import jax.numpy as jnp

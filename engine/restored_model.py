@@ -7,8 +7,8 @@ settings; and what differs by input kind, which the run's source kind (run_setup
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -20,8 +20,8 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -441,7 +441,8 @@ def train(run: Run) -> dict:
                     stop_early = early_stopping.update(step, final["dev"]) and not last
                     if stop_early:
                         logging.info(
-                            "early stopping at step %d: dev %s has not improved for %d evaluations (best %.4g at step %d)",
+                            "early stopping at step %d: dev %s has not improved for %d evaluations "
+                            "(best %.4g at step %d)",
                             step,
                             evaluation_settings.best_metric,
                             early_stopping.waited,

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

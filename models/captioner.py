@@ -424,8 +424,8 @@ class Captioner(nnx.Module):
 
 
 def doubly_stochastic_penalty(weights: Array, real: Array) -> Array:
-    """The doubly stochastic penalty `sum_i (1 - sum_t alpha_ti)^2` (section 4.2.1) per caption, over its real steps: `weights [B, T, L]`,
-    `real [B, T]` -> `[B]`."""
+    """The doubly stochastic penalty `sum_i (1 - sum_t alpha_ti)^2` (section 4.2.1) per caption, over its real steps:
+    `weights [B, T, L]`, `real [B, T]` -> `[B]`."""
     totals = jnp.einsum("BTL,BT->BL", weights, real)
     return jnp.sum((1.0 - totals) ** 2, axis=-1)
 

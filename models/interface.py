@@ -22,7 +22,8 @@ Axis names as in `models/attention.py`; V is the target vocabulary.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import jax
 import numpy as np

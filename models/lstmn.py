@@ -88,7 +88,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -155,7 +156,8 @@ class LSTMNConfig(ModelConfig):
             )
         if self.fusion == "deep" and self.query == "previous_state":
             raise ConfigError(
-                "model.inter_query='previous_state' is shallow fusion's query; deep fusion's is eq. 11's ('word_and_context')"
+                "model.inter_query='previous_state' is shallow fusion's query; "
+                "deep fusion's is eq. 11's ('word_and_context')"
             )
         if self.seed_tapes and self.num_encoder_layers != self.num_decoder_layers:
             raise ConfigError(
@@ -501,21 +503,21 @@ class LSTMN(nnx.Module):
             config.vocab_size, E, embedding_init=init, embedding_metadata=logical("vocab", "embed"), rngs=rngs
         )
         self.encoder_cells = nnx.List(
-            LSTMNCell(E if l == 0 else H, H, A, role=AttentionRole.SOURCE_SELF, rngs=rngs)
-            for l in range(config.num_encoder_layers)
+            LSTMNCell(E if layer == 0 else H, H, A, role=AttentionRole.SOURCE_SELF, rngs=rngs)
+            for layer in range(config.num_encoder_layers)
         )
         deep = config.fusion == "deep"
         self.decoder_cells = nnx.List(
             LSTMNCell(
-                E if l == 0 else H,
+                E if layer == 0 else H,
                 H,
                 A,
                 role=AttentionRole.TARGET_SELF,
-                context_dim=H if l == 0 else 0,
-                fusion_gate=deep and l == 0,
+                context_dim=H if layer == 0 else 0,
+                fusion_gate=deep and layer == 0,
                 rngs=rngs,
             )
-            for l in range(config.num_decoder_layers)
+            for layer in range(config.num_decoder_layers)
         )
         # Inter-attention: keys W_gamma gamma_j (once per source); query W_x x_t + W_gamma~ gamma~_{t-1} (eq. 11)
         # or W_s h_{t-1} (eq. 11')

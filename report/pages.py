@@ -27,8 +27,9 @@ import json
 import math
 import re
 import zlib
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import sacrebleu
@@ -320,7 +321,8 @@ def svg_chart(
             value = x0 + fraction * (x1 - x0)
             x, _ = at(10**value if log_x else value, y0)
             parts.append(
-                f'<text x="{x:.1f}" y="{height - bottom + 12}" text-anchor="middle">{(10**value if log_x else value):.3g}</text>'
+                f'<text x="{x:.1f}" y="{height - bottom + 12}" text-anchor="middle">'
+                f"{(10**value if log_x else value):.3g}</text>"
             )
     parts.append(f'<text x="{width / 2}" y="{height - 4}" text-anchor="middle">{html.escape(x_label)}</text>')
     for number, (label, values) in enumerate(series.items()):
@@ -330,7 +332,10 @@ def svg_chart(
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coordinates)
             parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
         for index, ((x, y), (vx, vy)) in enumerate(zip(coordinates, values)):
-            dot = f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"><title>{html.escape(label)}: {vx:g}, {vy:.4g}</title></circle>'
+            dot = (
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}">'
+                f"<title>{html.escape(label)}: {vx:g}, {vy:.4g}</title></circle>"
+            )
             href = links[label][index] if links and links.get(label) else ""
             parts.append(f'<a href="{html.escape(href)}">{dot}</a>' if href else dot)
         if len(series) > 1:
@@ -438,7 +443,8 @@ def run_page(folder: RunFolder) -> str:
         steps = [f"{config['num_train_steps']} steps" if "num_train_steps" in config else ""]
         sections.append(
             f'<div id="run-summary">{html.escape(", ".join(named + [s for s in steps if s]))}'
-            f"<details><summary>config.json</summary><pre>{html.escape(json.dumps(config, indent=2))}</pre></details></div>"
+            "<details><summary>config.json</summary>"
+            f"<pre>{html.escape(json.dumps(config, indent=2))}</pre></details></div>"
         )
     if folder.damaged_lines:
         sections.append(
@@ -451,7 +457,8 @@ def run_page(folder: RunFolder) -> str:
     sections.append("<h2>Latest evaluation</h2>")
     if not folder.evaluation:
         sections.append(
-            '<p class="empty" id="no-evaluation">No evaluation yet: this page fills in at the run\'s first evaluation.</p>'
+            '<p class="empty" id="no-evaluation">No evaluation yet: '
+            "this page fills in at the run's first evaluation.</p>"
         )
     else:
         sections.append(evaluation_table(folder.evaluation))
@@ -460,12 +467,14 @@ def run_page(folder: RunFolder) -> str:
         sections.append(f"<h2>Attention explorer <small>(step {folder.attention_step})</small></h2>")
         sections.append(
             '<p class="hint">Pick the kind, layer and head; hover an output token to see its weights over the keys, '
-            "hover a key token for the reverse (colour: relative to the largest weight shown; the exact weight on hover). "
+            "hover a key token for the reverse (colour: relative to the largest weight shown; "
+            "the exact weight on hover). "
             "Gold spans are underlined in green, boxes drawn in green.</p>"
         )
         if keep is not None:
             sections.append(
-                f'<p class="warning">To keep this page small, each row keeps its {keep} largest weights (the rest show as 0); '
+                f'<p class="warning">To keep this page small, each row keeps its {keep} largest weights '
+                "(the rest show as 0); "
                 "the .npz files beside the pictures hold them all.</p>"
             )
         for number, example in enumerate(described):
@@ -530,7 +539,10 @@ def examples_table(examples: Sequence[Mapping]) -> str:
     columns = ("source", "reference", "hypothesis", "chrf")
     head = "".join(f'<th data-column="{n}" data-numeric="{int(c == "chrf")}">{c}</th>' for n, c in enumerate(columns))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(e[c]))}</td>" for c in columns) + "</tr>" for e in examples)
-    return f'<div class="scroll"><table id="examples" class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    return (
+        '<div class="scroll"><table id="examples" class="sortable">'
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    )
 
 
 # ----------------------------------------------------------------------------- the sweep's page
@@ -620,9 +632,11 @@ def sweep_page(workdir: Path, rows: Sequence[Mapping], objective: str, space: Ma
 
 # ----------------------------------------------------------------------------- the page's fixed parts
 
-PAGE = """<!DOCTYPE html>
+PAGE = (
+    """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; """
+    """style-src 'unsafe-inline'; img-src data: blob:">
 <title>{title}</title><style>{style}</style></head>
 <body>{body}
 <script type="application/json" id="report-data">{data}</script>
@@ -630,6 +644,7 @@ PAGE = """<!DOCTYPE html>
 <script>{script}</script>
 </body></html>
 """
+)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 STYLE = (ASSETS / "report.css").read_text(encoding="utf-8")

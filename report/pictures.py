@@ -16,8 +16,9 @@ The pictures of a run are made by `engine/evaluation.py` (at every evaluation) a
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

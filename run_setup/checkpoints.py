@@ -19,8 +19,9 @@ import contextlib
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grain
 import jax

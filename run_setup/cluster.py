@@ -7,7 +7,7 @@ Devices: one (`data`, `model`) `Mesh` over every device of every process, batche
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np

@@ -10,7 +10,7 @@ imports, keep their flags in a `flags.FlagValues` of their own, so that their na
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from absl import flags
 

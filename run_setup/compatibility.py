@@ -4,8 +4,9 @@ eval/predict take only evaluation fields from the command line."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from run_setup.settings import Settings, copy_tree, parse, read_run_settings
 from utils.errors import ConfigError

@@ -16,8 +16,9 @@ the name its models read it by (`models.interface.READS`, mapped to the kind by
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 

@@ -91,8 +91,9 @@ def check_memory(settings: Settings, mesh: Mesh, memory: int, *, training: bool)
             if isinstance(v, int) and not isinstance(v, bool) and k not in models.FROM_VOCABULARY
         )
         raise ConfigError(
-            f"model {model.name} has {count:,} parameters, {per_device / 2**30:.1f} GiB per device with what training keeps "
-            f"of them (sharding {settings.cluster.sharding}), more than half of a device's {2 * available / 2**30:.1f} GiB; "
+            f"model {model.name} has {count:,} parameters, {per_device / 2**30:.1f} GiB per device "
+            f"with what training keeps of them (sharding {settings.cluster.sharding}), "
+            f"more than half of a device's {2 * available / 2**30:.1f} GiB; "
             f"lower {sizes}{'' if shards > 1 else ', or shard them: sharding=fsdp'}"
         )
     # one device's microbatch

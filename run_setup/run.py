@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -22,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import models
 import tasks
@@ -302,7 +303,7 @@ class DecodeSettings:
             if not holds:
                 raise ConfigError(f"decode.{name} must be {what}, got {getattr(self, name)}")
 
-    def with_options(self, **options) -> "DecodeSettings":
+    def with_options(self, **options) -> DecodeSettings:
         """These settings with `options` (e.g. `beam_size=4`; None keeps a field) replaced, checked."""
         known = {field.name for field in dataclasses.fields(self)}
         unknown = sorted(set(options) - known)
@@ -337,14 +338,15 @@ class InitSettings:
     vocabulary_from: str
 
     @classmethod
-    def parse(cls, init_from: str, vocabulary_from: str) -> "InitSettings":
+    def parse(cls, init_from: str, vocabulary_from: str) -> InitSettings:
         """From `init_from` ("RUN_DIR", "RUN_DIR:best" or "RUN_DIR:STEP") and `tokenizer.from_run`."""
         run, _, checkpoint = init_from.rpartition(":")
         if not run or not (checkpoint == "best" or checkpoint.isdigit()):
             run, checkpoint = init_from, "latest"
         if vocabulary_from and run and Path(vocabulary_from).resolve() != Path(run).resolve():
             raise ConfigError(
-                f"tokenizer.from_run {vocabulary_from} differs from init_from's run {run}: a run's parameters only fit its own vocabulary"
+                f"tokenizer.from_run {vocabulary_from} differs from init_from's run {run}: "
+                "a run's parameters only fit its own vocabulary"
             )
         return cls(run, checkpoint, vocabulary_from or run)
 
@@ -402,7 +404,7 @@ class Settings:
         """The resolved config as a nested dict (tuples stay tuples): what config.json holds."""
         return copy_tree(self.fields)
 
-    def replace(self, **groups) -> "Settings":
+    def replace(self, **groups) -> Settings:
         """These settings with whole groups replaced (e.g. `cluster=ClusterSettings("", -1, -1)`)."""
         return dataclasses.replace(self, **groups)
 

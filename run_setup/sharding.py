@@ -57,7 +57,8 @@ def mesh_shape(device_count: int, mode: str, tensor_parallel: int) -> tuple[int,
     model = tensor_parallel if mode == "fsdp_tp" else 1
     if device_count % model:
         raise ConfigError(
-            f"tensor_parallel {tensor_parallel} does not divide the {device_count} devices; pick a divisor of {device_count}"
+            f"tensor_parallel {tensor_parallel} does not divide the {device_count} devices; "
+            f"pick a divisor of {device_count}"
         )
     return device_count // model, model
 
@@ -151,4 +152,7 @@ def describe(mesh: Mesh, mode: str, params: Any, opt_state: Any) -> str:
     """One start-up line: the mode, the mesh, and the parameter and optimizer bytes per device."""
     mib = lambda tree: bytes_per_device(tree) / 2**20  # noqa: E731
     shape = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
-    return f"sharding {mode} over ({shape}): parameters {mib(params):.2f} MiB and optimizer state {mib(opt_state):.2f} MiB per device"
+    return (
+        f"sharding {mode} over ({shape}): parameters {mib(params):.2f} MiB "
+        f"and optimizer state {mib(opt_state):.2f} MiB per device"
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -99,8 +99,8 @@ def format_summary(facts: Facts) -> str:
     lines = [
         (
             "devices",
-            f"{facts.backend}: {', '.join(facts.devices)}; {facts.processes} process{'es' if facts.processes > 1 else ''}; "
-            f"malloc: {facts.malloc}",
+            f"{facts.backend}: {', '.join(facts.devices)}; "
+            f"{facts.processes} process{'es' if facts.processes > 1 else ''}; malloc: {facts.malloc}",
         ),
         ("parameters", f"{total:,} ({by_module})"),
         ("data", splits),
@@ -157,7 +157,9 @@ def describe(run, start_step: int) -> Facts:
         steps_per_epoch=steps,
         num_train_steps=settings.optimization.num_train_steps,
         start_step=start_step,
-        vocabulary=f"{tokenizer.kind}, {sizes} ids, {'shared' if tokens.source is tokens.target else 'source / target'}",
+        vocabulary=(
+            f"{tokenizer.kind}, {sizes} ids, {'shared' if tokens.source is tokens.target else 'source / target'}"
+        ),
         vocabulary_folder=str(run.workdir / "tokenizer"),
         workdir=str(run.workdir),
         outputs=[

@@ -1,1 +1,1 @@
-"""Decoding (greedy, beam and sampling searches) and scoring its output: the math of the metrics and the registry of every score."""
+"""Decoding (greedy, beam, sampling) and scoring its output: the metrics' math and the score registry."""

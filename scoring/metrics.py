@@ -10,7 +10,7 @@ processes combine by addition; `summarize` turns the totals into means.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

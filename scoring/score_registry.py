@@ -25,7 +25,8 @@ check, the sweep's objective choices and the README's table (`markdown_table`) f
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from scoring import metrics
 from utils.errors import ConfigError

@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -179,7 +180,8 @@ def check_parameters(name: str, **params) -> None:
     unknown = sorted(set(params) - set(parameters_of(name)))
     if unknown:
         raise ConfigError(
-            f"unknown task parameter(s) for {name}: {', '.join(unknown)}; valid: {', '.join(sorted(parameters_of(name)))}"
+            f"unknown task parameter(s) for {name}: {', '.join(unknown)}; "
+            f"valid: {', '.join(sorted(parameters_of(name)))}"
         )
     if name in TASKS:
         TASKS[name].config_class.create(**params, **({"kind": name} if name in synthetic.KINDS else {}))

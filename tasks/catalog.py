@@ -182,7 +182,8 @@ def prepared_builder(name: str, data_dir: str):
         if builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
             raise DataError(
                 f"TFDS dataset {name!r} in {builder.data_path} is prepared as {builder.info.file_format.value}, "
-                f"not array_record (random access needs it): remove that folder and run {prepare_command(name, directory)}"
+                "not array_record (random access needs it): "
+                f"remove that folder and run {prepare_command(name, directory)}"
             )
         return builder
     raise DataError(

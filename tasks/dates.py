@@ -78,7 +78,7 @@ def ordinal(day: int) -> str:
     return f"{day}{suffix}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tokens(pattern: str) -> tuple:
     """Babel's pattern tokens, with `{o}` (an English ordinal day) as the field `('o', 1)`."""
     parts = pattern.split("{o}")
@@ -107,7 +107,7 @@ def render(date: datetime.date, pattern: str, locale: str) -> tuple[str, np.ndar
     return "".join(pieces), spans
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def formats(languages: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """Every (pattern, locale) the task draws from."""
     result = []

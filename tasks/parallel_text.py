@@ -27,8 +27,8 @@ import dataclasses
 import functools
 import hashlib
 import itertools
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import tensorflow_datasets as tfds
 

@@ -32,8 +32,9 @@ import logging
 import multiprocessing
 import operator
 import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 import tensorflow_datasets as tfds
 from array_record.python import array_record_module
@@ -67,7 +68,7 @@ class TaskConfig(tfds.core.BuilderConfig):
                 raise ConfigError(f"task.{name} must be at least 1, got {value}")
 
     @classmethod
-    def create(cls, **params) -> "TaskConfig":
+    def create(cls, **params) -> TaskConfig:
         """A config whose name is a digest of its parameters, e.g. `p3f9c2a1b0d4e`."""
         known = {f.name for f in dataclasses.fields(cls)} - {
             f.name for f in dataclasses.fields(tfds.core.BuilderConfig)

@@ -7,7 +7,8 @@
 
 Every later run with the same data and vocabulary, on this machine or any sharing the
 filesystem, reads the files instead of tokenizing: the starts memory-mapped, each example's ids
-read when it is (`IdsFile`), so a split of any size costs this process no memory beyond them. The folder is written whole or not at all (`files.write_whole`)
+read when it is (`IdsFile`), so a split of any size costs this process no memory beyond them.
+The folder is written whole or not at all (`files.write_whole`)
 by one process while the others wait on its lock (`files.exclusive`); a folder written by
 another `FORMAT_VERSION`, or for another number of examples, is made again, never misread.
 
@@ -30,8 +31,9 @@ import multiprocessing
 import os
 import shutil
 import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -61,7 +63,7 @@ class TokenIds:
     target_starts: np.ndarray
 
     @classmethod
-    def of(cls, source_texts: Sequence[Sequence[int]], target_texts: Sequence[Sequence[int]]) -> "TokenIds":
+    def of(cls, source_texts: Sequence[Sequence[int]], target_texts: Sequence[Sequence[int]]) -> TokenIds:
         def flat(sequences):
             sequences = list(sequences)
             starts = np.cumsum([0, *map(len, sequences)], dtype=np.int64)
@@ -291,8 +293,9 @@ class IdsFile:
 
 
 def read_split(folder: Path, count: int) -> TokenIds | None:
-    """The token ids kept in `folder` (the ids read by `IdsFile`, the starts memory-mapped); None where there are none, or they were written
-    by another format version, for another number of examples, or are unreadable (then they are made again)."""
+    """The token ids kept in `folder` (the ids read by `IdsFile`, the starts memory-mapped); None where there are none,
+    or they were written by another format version, for another number of examples, or are unreadable (then they are
+    made again)."""
     try:
         meta = json.loads((folder / "format.json").read_text())
     except FileNotFoundError:

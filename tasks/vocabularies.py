@@ -19,8 +19,9 @@ import io
 import json
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 import sentencepiece as spm
@@ -78,7 +79,7 @@ class CharTokenizer:
         self.vocab_size = len(SPECIAL_PIECES) + len(chars)
 
     @classmethod
-    def train(cls, texts: Iterable[str], max_corpus_chars: int) -> "CharTokenizer":
+    def train(cls, texts: Iterable[str], max_corpus_chars: int) -> CharTokenizer:
         return cls("".join(sorted(set("".join(_limited(texts, max_corpus_chars))))))
 
     def encode(self, text: str) -> np.ndarray:
@@ -97,7 +98,7 @@ class CharTokenizer:
         path.write_text(json.dumps({"kind": self.kind, "chars": self.chars}, ensure_ascii=False))
 
     @classmethod
-    def load(cls, path: Path) -> "CharTokenizer":
+    def load(cls, path: Path) -> CharTokenizer:
         return cls(json.loads(path.read_text())["chars"])
 
 
@@ -114,7 +115,7 @@ class WordTokenizer:
         self.vocab_size = len(SPECIAL_PIECES) + len(self.words)
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, max_corpus_chars: int) -> "WordTokenizer":
+    def train(cls, texts: Iterable[str], vocab_size: int, max_corpus_chars: int) -> WordTokenizer:
         counts = collections.Counter(word for text in _limited(texts, max_corpus_chars) for word in text.split())
         return cls([word for word, _ in counts.most_common(max(vocab_size - len(SPECIAL_PIECES), 0))])
 
@@ -134,7 +135,7 @@ class WordTokenizer:
         path.write_text(json.dumps({"kind": self.kind, "words": self.words}, ensure_ascii=False))
 
     @classmethod
-    def load(cls, path: Path) -> "WordTokenizer":
+    def load(cls, path: Path) -> WordTokenizer:
         return cls(json.loads(path.read_text())["words"])
 
 
@@ -151,7 +152,7 @@ class SentencePieceTokenizer:
     @classmethod
     def train(
         cls, texts: Iterable[str], vocab_size: int, model_type: str, max_corpus_chars: int
-    ) -> "SentencePieceTokenizer":
+    ) -> SentencePieceTokenizer:
         model = io.BytesIO()
         spm.SentencePieceTrainer.train(
             sentence_iterator=_limited(texts, max_corpus_chars),
@@ -192,7 +193,7 @@ class SentencePieceTokenizer:
         return type(self), (self.model_proto,)
 
     @classmethod
-    def load(cls, path: Path) -> "SentencePieceTokenizer":
+    def load(cls, path: Path) -> SentencePieceTokenizer:
         return cls(path.read_bytes())
 
 

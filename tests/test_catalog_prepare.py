@@ -47,7 +47,10 @@ def plain_files(path: str, pairs) -> dict[str, str]:
 def sgm(pairs, side: int) -> str:
     """A newstest SGML file: one `<seg id="N">` a sentence inside a document."""
     segments = "".join(f'<seg id="{i + 1}">{pair[side]}</seg>\n' for i, pair in enumerate(pairs))
-    return f'<srcset setid="newstest" srclang="any">\n<doc sysid="ref" docid="1" genre="news" origlang="de">\n<p>\n{segments}</p>\n</doc>\n</srcset>\n'
+    return (
+        '<srcset setid="newstest" srclang="any">\n<doc sysid="ref" docid="1" genre="news" origlang="de">\n<p>\n'
+        f"{segments}</p>\n</doc>\n</srcset>\n"
+    )
 
 
 def sgm_files(name: str, pairs) -> dict[str, str]:

@@ -39,7 +39,8 @@ def flip_a_bit(path: Path) -> None:
 
 
 def largest_file(folder: Path) -> Path:
-    """The largest data file of an Orbax folder (not its `_METADATA`-like JSON, which a flipped bit makes unreadable)."""
+    """The largest data file of an Orbax folder (not its `_METADATA`-like JSON, which a flipped bit makes
+    unreadable)."""
     return max(
         (p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("_")), key=lambda p: p.stat().st_size
     )
@@ -182,7 +183,7 @@ def two_processes(
 
 def finished(workers: list[subprocess.Popen]) -> list[str]:
     outputs = [worker.communicate(timeout=300)[0] for worker in workers]
-    for worker, output in zip(workers, outputs):
+    for worker in workers:
         assert worker.returncode == 0, "\n\n".join(outputs)
     return outputs
 
@@ -239,7 +240,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_
     shared_data_dir, tmp_path
 ):
     # JAX agrees on a step a little later: within a second of the signal, and the signalled process's
-    # later steps take 0.2 s each (helpers/two_process_worker.py); between two log rows (every 4), the resumed run completes the cut one
+    # later steps take 0.2 s each (helpers/two_process_worker.py); between two log rows (every 4), the resumed run
+    # completes the cut one
     steps, sigterm_at = 20, 9
     whole = tmp_path / "whole"
     outputs = finished(two_processes(whole, shared_data_dir, steps, coordinator="127.0.0.1:PORT"))

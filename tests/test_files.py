@@ -75,7 +75,9 @@ def test_digests(tmp_path):
 
 def test_the_workdir_lock_refuses_another_process_naming_it_and_is_free_once_it_is_killed(tmp_path):
     holder = python(
-        f"from utils import files; import pathlib, time; lock = files.WorkdirLock.acquire(pathlib.Path({str(tmp_path)!r})); print('held', flush=True); time.sleep(60)"
+        "from utils import files; import pathlib, time; "
+        f"lock = files.WorkdirLock.acquire(pathlib.Path({str(tmp_path)!r})); "
+        "print('held', flush=True); time.sleep(60)"
     )
     try:
         assert holder.stdout.readline() == "held\n"

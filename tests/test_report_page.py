@@ -248,7 +248,10 @@ def test_image_explorer_and_sweep_page(browser, tmp_path):
     assert page.locator("select.kind").input_value() == "grid"
     # word 0's cell 1 lies in its box
     assert "localisation accuracy: 1.000" in page.locator(".accuracy").inner_text()
-    pixels = "() => Array.from(document.querySelector('canvas.heatmap').getContext('2d').getImageData(0, 0, 999, 999).data).join()"
+    pixels = (
+        "() => Array.from(document.querySelector('canvas.heatmap').getContext('2d')"
+        ".getImageData(0, 0, 999, 999).data).join()"
+    )
     before = page.evaluate(pixels)
     page.locator(".queries .tok").nth(0).hover()
     # the word's attention laid over the image

@@ -331,7 +331,8 @@ def open_args(config: Path, workdir: Path, storage: str = "", study_name: str = 
 
 
 def queued_points(study: optuna.Study) -> list[tuple]:
-    """The params of every trial, queued or run, as sorted (name, value) tuples: a grid point queued twice shows twice."""
+    """The params of every trial, queued or run, as sorted (name, value) tuples: a grid point queued twice shows
+    twice."""
     return sorted(tuple(sorted(t.system_attrs.get("fixed_params", t.params).items())) for t in study.trials)
 
 
@@ -450,15 +451,18 @@ def test_visible_gpus_from_cuda_visible_devices_or_nvidia_smi(tmp_path):
     assert tuning.trial.visible_gpus({"PATH": str(tmp_path / "nothing")}) == []
 
 
-RECORD_TRAIN = """
+RECORD_TRAIN = (
+    """
 import os, runpy, sys
 from pathlib import Path
 
 workdir = Path(next(arg for arg in sys.argv if arg.startswith("--workdir=")).split("=", 1)[1])
 workdir.mkdir(parents=True, exist_ok=True)
-(workdir / "devices").write_text(" ".join(os.environ.get(k, "") for k in ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE")))
+(workdir / "devices").write_text(" ".join(os.environ.get(k, "") """
+    """for k in ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE")))
 runpy.run_path(FAKE_TRAIN, run_name="__main__")
 """
+)
 
 
 @pytest.mark.slow

@@ -158,7 +158,7 @@ def test_bfloat16_computes_in_bfloat16_with_float32_params_and_logits():
     graphdef, state = nnx.split(model16)
     hlo = jax.jit(lambda s, b: nnx.merge(graphdef, s)(b)).lower(state, batch).as_text()
     dots = [line for line in hlo.splitlines() if "stablehlo.dot_general" in line]
-    assert dots and all("xbf16>" in line.split("->")[0] for line in dots), [l for l in dots if "xbf16>" not in l]
+    assert dots and all("xbf16>" in line.split("->")[0] for line in dots), [dot for dot in dots if "xbf16>" not in dot]
     # same parameters (same seed): the logits differ by bfloat16 rounding (8 bits of mantissa,
     # relative 2^-8 per operation, over a few layers), not more
     scale = np.abs(np.asarray(logits32)).max()

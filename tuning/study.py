@@ -123,7 +123,8 @@ def objective_direction(path: str | Path, config, metric: str, given: str | None
         raise SweepError(f"sweep file {path}: {error}") from error
     if given not in (None, score.direction):
         raise SweepError(
-            f"sweep file {path}: direction {given!r} contradicts {metric!r}, which is better {'larger' if score.larger_is_better else 'smaller'}; "
+            f"sweep file {path}: direction {given!r} contradicts {metric!r}, "
+            f"which is better {'larger' if score.larger_is_better else 'smaller'}; "
             f"leave direction out or set {score.direction!r}"
         )
     return score.direction
@@ -294,7 +295,8 @@ def queue_lock(storage: str, workdir: Path):
         raise cannot_open(storage, error) from error
     backend = url.get_backend_name()
     if backend == "postgresql":
-        # The lock's name is the one sweep.py's queue_lock has always used, so that sweeps started by older code exclude these.
+        # The lock's name is the one sweep.py's queue_lock has always used, so that sweeps started by older code
+        # exclude these.
         key = int.from_bytes(hashlib.sha256(b"attend sweep.py queue_lock").digest()[:8], "big", signed=True)
         with contextlib.ExitStack() as stack:
             try:

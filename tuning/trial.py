@@ -146,7 +146,8 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
         error = (
             f"train.py exited with {process.returncode}: {last_lines(workdir / 'log.txt')}"
             if process.returncode
-            else f"no {sweep.objective} at step {num_train_steps} in {workdir / 'metrics.jsonl'} (have: {', '.join(have) or 'nothing'})"
+            else f"no {sweep.objective} at step {num_train_steps} in {workdir / 'metrics.jsonl'} "
+            f"(have: {', '.join(have) or 'nothing'})"
         )
         trial.set_user_attr("error", error)
         study.tell(trial, state=TrialState.FAIL)

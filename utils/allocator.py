@@ -132,7 +132,8 @@ chosen = "malloc's defaults"
 
 def set_up() -> str:
     """Before JAX starts its threads: nothing where huge pages are in effect, else `keep_freed_memory`;
-    and `collect_garbage_less_often`. Returns which ("huge pages", "freed memory kept" or "malloc's defaults"), kept in `chosen`."""
+    and `collect_garbage_less_often`. Returns which ("huge pages", "freed memory kept" or "malloc's defaults"), kept in
+    `chosen`."""
     global chosen
     collect_garbage_less_often()
     if huge_pages_in_effect():

@@ -13,8 +13,8 @@ import json
 import os
 import shutil
 import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import blake3
 import filelock
@@ -95,7 +95,7 @@ class WorkdirLock:
         self.lock = lock
 
     @classmethod
-    def acquire(cls, workdir: Path) -> "WorkdirLock":
+    def acquire(cls, workdir: Path) -> WorkdirLock:
         """The lock of `workdir` (which exists), or `WorkdirInUse` naming the holder; waits for nothing."""
         # The kernel's flock or nothing (no soft lock a killed run would leave held); any thread may release it.
         lock = filelock.FileLock(workdir / ".lock", blocking=False, thread_local=False, fallback_to_soft=False)
@@ -108,7 +108,8 @@ class WorkdirLock:
             except OSError:
                 named = ""
             raise WorkdirInUse(
-                f"{workdir} is in use by another run ({named or 'an unknown process'}); wait for it to end, or train in another workdir"
+                f"{workdir} is in use by another run ({named or 'an unknown process'}); "
+                "wait for it to end, or train in another workdir"
             ) from None
         named = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n"
         write_whole(holder, lambda temporary: temporary.write_text(named))

@@ -18,8 +18,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from tensorboardX import SummaryWriter
 

@@ -19,7 +19,8 @@ import contextlib
 import logging
 import sys
 import time
-from typing import Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 from tqdm import tqdm
 

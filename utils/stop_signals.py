@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -29,7 +29,7 @@ class StopSignals:
         self._message = message
         self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         for signum in self._signals:
             try:
                 self._previous[signum] = signal.signal(signum, self._handle)

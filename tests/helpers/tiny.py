@@ -10,7 +10,8 @@ def xla_flags(devices: int) -> str:
     tests compare bit for bit only runs made under these same flags. Training, evaluation and
     the benchmarks compile under XLA's defaults."""
     return (
-        f"--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1 "
+        "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
+        "--xla_cpu_parallel_codegen_split_count=1 "
         f"--xla_force_host_platform_device_count={devices}"
     )
 
