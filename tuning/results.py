@@ -43,11 +43,22 @@ def result_rows(study: optuna.Study, sweep: Sweep) -> list[dict]:
     return rows
 
 
+def trial_folder(recorded: str, workdir: Path) -> str:
+    """Where a trial's folder is now: the path the study recorded, or, where the sweep folder was
+    moved or copied since (the study keeps absolute paths), the folder of that name in its `trials/`."""
+    if not recorded or Path(recorded).exists():
+        return recorded
+    moved = workdir / "trials" / Path(recorded).name
+    return str(moved.absolute()) if moved.exists() else recorded
+
+
 def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = True) -> Path:
     """results.csv, results.md and report.html, and with `picture` objective_by_field.png; returns
     results.md's path."""
     workdir = Path(args.workdir)
     rows = result_rows(study, sweep)
+    for row in rows:
+        row["workdir"] = trial_folder(row["workdir"], workdir)
     columns = list(dict.fromkeys(k for row in rows for k in row))
     with open(workdir / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns)
