@@ -44,12 +44,14 @@ def result_rows(study: optuna.Study, sweep: Sweep) -> list[dict]:
 
 
 def trial_folder(recorded: str, workdir: Path) -> str:
-    """Where a trial's folder is now: the path the study recorded, or, where the sweep folder was
-    moved or copied since (the study keeps absolute paths), the folder of that name in its `trials/`."""
-    if not recorded or Path(recorded).exists():
+    """Where a trial's folder is: the folder of its name in this sweep's `trials/` where it is there
+    (the study records absolute paths, which a sweep folder moved or copied since no longer has;
+    trial folders are named by the study's trial numbers, so one of that name is that trial's),
+    else the path the study recorded (a trial another machine ran)."""
+    if not recorded:
         return recorded
-    moved = workdir / "trials" / Path(recorded).name
-    return str(moved.absolute()) if moved.exists() else recorded
+    here = workdir / "trials" / Path(recorded).name
+    return str(here.absolute()) if here.is_dir() else recorded
 
 
 def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = True) -> Path:

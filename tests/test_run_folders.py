@@ -1,0 +1,112 @@
+"""Run folders and a sweep written by the code before its modules moved into folders (d8b2e78,
+kept in tests/data/run_folders_before_the_move/): they evaluate, load, resume and are read as a
+run folder of today's code is.
+
+The run is 10 steps of the tiny Transformer on dates (tests/helpers/subprocess_runs.py's
+`TINY_FLAGS`, with `visualize_examples=2`), the sweep a grid of two 5-step trials of it
+(`sweep_file.py` beside them; their checkpoints left out, which a finished sweep does not read).
+Both were made under the tests' XLA flags on one device, with `--config.data_dir=/tmp/fixture_data`,
+the folder their config.json records (a resumed run must keep its task's fields, data_dir among
+them)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers.subprocess_runs import PROJECT_ROOT, TIMING, metric_rows, run_train_py
+from helpers.tiny import xla_flags
+
+import inference
+from configs import base
+from engine import evaluation
+from run_setup import compatibility, settings
+from tools import compare_runs
+
+BEFORE = Path(__file__).resolve().parent / "data" / "run_folders_before_the_move"
+DATA_DIR = "/tmp/fixture_data"
+RUN_FLAGS = [
+    "--config.visualize_examples=2",
+    "--config.eval_every_steps=10",
+    "--config.checkpoint_every_steps=10",
+]
+
+
+@pytest.fixture
+def old_run(tmp_path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(BEFORE / "run", copy)
+    return copy
+
+
+def test_an_old_run_folder_evaluates_to_its_own_final_scores(old_run):
+    """--mode=eval as train.py builds it: the run's config.json with the command's evaluation fields."""
+    saved = base.read_run_config(old_run)
+    requested = base.load(saved, [f"--config.data_dir={DATA_DIR}"])
+    run_settings = compatibility.for_evaluation(settings.parse(saved), settings.parse(requested), ["data_dir"])
+    results = evaluation.evaluate(run_settings, old_run)
+    before = json.loads((BEFORE / "run" / "eval" / "step_10.json").read_text())["test"]
+    for name in ("loss", "token_accuracy", "exact_match", "symbol_accuracy", "alignment_accuracy"):
+        assert results[name] == pytest.approx(before[name], rel=1e-6), name
+
+
+def test_an_old_run_folder_loads_and_translates_as_it_predicted(old_run):
+    translator = inference.load(old_run)
+    lines = (old_run / "predictions" / "step_10_test.tsv").read_text().splitlines()
+    assert lines[0] == "source\treference\thypothesis"
+    rows = [line.split("\t") for line in lines[1:]]
+    sources, hypotheses = [row[0] for row in rows[:8]], [row[2] for row in rows[:8]]
+    assert translator.translate(sources) == hypotheses
+
+
+def test_todays_code_trains_the_old_run_bit_for_bit_and_resumes_it(old_run, tmp_path):
+    """The same command run by today's code writes the same run as the old code did (metrics rows
+    but timing, evaluations, predictions, every checkpoint array); and the old run, resumed to step
+    15, goes on from its checkpoint at step 10 with its rows up to there kept."""
+    whole = run_train_py(tmp_path / "whole", DATA_DIR, *RUN_FLAGS, "--config.num_train_steps=10")
+    resumed = run_train_py(old_run, DATA_DIR, *RUN_FLAGS, "--config.num_train_steps=15")
+    for process in (whole, resumed):
+        output = process.communicate(timeout=300)[0]
+        assert process.returncode == 0, output
+    differ, same = compare_runs.differences(BEFORE / "run", tmp_path / "whole")
+    assert differ == [] and any(item.startswith("checkpoint 10") for item in same), same
+
+    assert "resuming from the checkpoint at step 10" in (old_run / "log.txt").read_text()
+    strip = lambda rows: [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+    old_rows, resumed_rows = strip(metric_rows(BEFORE / "run")), strip(metric_rows(old_run))
+    assert resumed_rows[: len(old_rows)] == old_rows
+    assert [r["step"] for r in resumed_rows[len(old_rows) :] if r["split"] == "train"] == [15]
+    assert (old_run / "checkpoints" / "15").is_dir() and (old_run / "eval" / "step_15.json").is_file()
+
+
+def test_an_old_sweep_is_read_by_sweep_py_without_rerunning_its_trials(tmp_path):
+    """Its study's name is its folder's, so the copy keeps the folder name `sweep`."""
+    workdir = tmp_path / "sweep"
+    shutil.copytree(BEFORE / "sweep", workdir)
+    journal_before = (workdir / "study.journal").read_text()
+    command = [
+        sys.executable,
+        str(PROJECT_ROOT / "sweep.py"),
+        "--config=configs/default.py",
+        f"--sweep={BEFORE / 'sweep_file.py'}",
+        f"--workdir={workdir}",
+    ]
+    environment = {**os.environ, "XLA_FLAGS": xla_flags(1)}
+    finished = subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "2 trials: 2 complete" in finished.stdout
+    # no trial ran again: every line the old study held is still its first lines
+    assert (workdir / "study.journal").read_text().startswith(journal_before)
+    assert not any((workdir / "trials" / name / "checkpoints").exists() for name in ("trial_0000", "trial_0001"))
+    rows = (workdir / "results.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("trial,state,dev/token_accuracy,learning_rate")
+    values = [float(row.split(",")[2]) for row in rows[1:]]
+    assert values == sorted(values, reverse=True)
+    # the trials' own folders, where the copy has them now, not where the study recorded them
+    page = (workdir / "report.html").read_text()
+    assert 'href="trials/trial_0000/report.html"' in page and "/work/ref/" not in page
+    assert np.isfinite(values).all()
