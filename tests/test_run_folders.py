@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.subprocess_runs import PROJECT_ROOT, TIMING, metric_rows, run_train_py
-from helpers.tiny import xla_flags
 
 import inference
 from configs import base
 from engine import evaluation
+from helpers.subprocess_runs import PROJECT_ROOT, TIMING, metric_rows, run_train_py
+from helpers.tiny import xla_flags
 from run_setup import compatibility, settings
 from tools import compare_runs
 
