@@ -45,7 +45,7 @@ lint: $(DEV_STAMP)
 
 # Preparing a TFDS catalog dataset (README, "Preparing a catalog dataset") runs in its own
 # environment: TFDS needs TensorFlow to download and extract, training does not. The tests of
-# tests/test_catalog_prepare.py use it too.
+# tests/test_prepare_catalog.py use it too.
 prepare-env: $(PREPARE_STAMP)
 
 $(PREPARE_STAMP): requirements-prepare.txt

@@ -1,1 +1,1 @@
-"""Scripts that measure speed, memory and quality and print a table; docs/ holds the tables with their commands."""
+"""Scripts that measure speed, memory and quality and print a table (timing.py: their shared timer)."""

@@ -1,6 +1,6 @@
 """Restoring a Transformer-big-sized checkpoint with and without checking its files' SHA-256 digest.
 
-    python benchmarks/restore.py [--params 214_000_000] [--repeats 3]
+    python benchmarks/checkpoint_restore_speed.py [--params 214_000_000] [--repeats 3]
 
 Saves one checkpoint of a train state the size of `configs/wmt14_transformer.py:big`'s (214M
 float32 parameters and Adam's two moments: 2.6 GB) in a temporary folder, then restores it

@@ -293,7 +293,7 @@ def split_target_tokens(config, workdir: Path) -> int:
 
 def copy_scores(config) -> dict:
     """BLEU and chrF of the test split's sources taken as their own translations, scored as the
-    models' outputs are (`scores.text_scores`): KJV and WEB share most of their words, so this is
+    models' outputs are (`score_registry.text_scores`): KJV and WEB share most of their words, so this is
     the floor a model has to clear before it has learnt anything of the translation."""
     settings = parse(config)
     task = tasks.load_task(settings.task.name, settings.task.data_dir, **settings.task.params)

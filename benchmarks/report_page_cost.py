@@ -4,13 +4,13 @@
 
 Builds a run folder whose latest evaluation drew `--examples` examples of a Transformer with
 `--layers` encoder and decoder layers of `--heads` heads, source and output `--tokens` long: every
-module's weights in the `.npz` as evaluation writes them (visualize.save_weights), 3 * layers *
+module's weights in the `.npz` as evaluation writes them (report.pictures.save_weights), 3 * layers *
 heads * tokens^2 numbers per example (cross, source self, target self). The weights are softmaxes
 of Gaussian logits (scale `--logit_scale`: the larger, the more peaked the heads and the better
 their uint8 bytes compress; random logits compress worse than a trained model's structured heads),
 plus a metrics.jsonl (a training run's metrics, each a panel of curves.png) and decoded examples. Then writes
-report.html (report.write), draws curves.png (report.draw_curves: what training redraws at most
-every `trainer.CURVES_EVERY_SECONDS`), and opens the page from disk in headless Chromium (Debian's,
+report.html (report.pages.write), draws curves.png (report.pages.draw_curves: what training redraws at most
+every `engine.training_loop.CURVES_EVERY_SECONDS`), and opens the page from disk in headless Chromium (Debian's,
 via Playwright) `--repeats` times: the time until the page has loaded, and until the first
 example's explorer has inflated its weights and drawn (the page opens it at once). Prints the medians.
 """

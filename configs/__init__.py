@@ -1,1 +1,1 @@
-"""Experiment configs: one get_config() file per experiment; every common field documented once in base.py."""
+"""Experiment configs, one get_config() file each: common fields in base.py, recurrent.py, sweeps/."""

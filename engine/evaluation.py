@@ -166,8 +166,8 @@ def evaluate_split(
     results.update(text_metrics(run, split, best_hypotheses(decoded)))
     results["decoded_examples"] = len(decoded)
     results.update(alignment_results(alignment))
-    # no caption with as many words as boxes: nothing scored, no accuracy
     if localizing:
+        # no caption with as many words as boxes: nothing scored, no accuracy
         results.update({"localization_accuracy": float(localized[0] / localized[1])} if localized[1] else {})
         results["localized_words"] = int(localized[1])
     return results, decoded

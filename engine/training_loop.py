@@ -269,7 +269,7 @@ def evaluate_during_training(
         if split == "dev" and settings.visualize_examples:
             evaluation.draw_attention(evaluator, params, "dev", step, reporter)
     if run.is_chief:
-        # nothing is written after it
+        # the run's last evaluation: nothing is written after it
         final = step == run.settings.optimization.num_train_steps and "test" in splits
         due = curves.due(final)
         # report.html as of this evaluation, and curves.png when due
@@ -336,7 +336,7 @@ class EarlyStopping:
 def train_and_evaluate(settings: Settings, workdir: str | Path) -> dict:
     """Trains (or resumes) in `workdir`; returns the final eval metrics by split.
 
-    A rerun on a workdir must be the same run: `run_setup.run_config.check_resume` refuses a changed model,
+    A rerun on a workdir must be the same run: `run_setup.compatibility.check_resume` refuses a changed model,
     task, tokenizer, data or seed field before anything is written; config.json records the rest.
     """
     check_resume(settings, Path(workdir))
@@ -403,7 +403,7 @@ def train(run: Run) -> dict:
     window_start = time.time()
     curves = CurvesPicture(run.workdir, enabled=run.is_chief and run.settings.evaluation.curves_png)
     try:
-        # then SIGTERM is JAX's preemption notice, which the processes agree on
+        # with several processes, SIGTERM is JAX's preemption notice, which the processes agree on
         several = jax.process_count() > 1
         with StopSignals(message="saving a checkpoint, then stopping", signals=() if several else SIGNALS) as stop:
             for step in range(start_step + 1, optimization.num_train_steps + 1):
@@ -463,8 +463,7 @@ def train(run: Run) -> dict:
             # waits for pending saves, which may still read the data iterator's state
             run.checkpoints.close()
         finally:
-            # also after a failed save
-            # stops the prefetch threads now, not at interpreter exit
+            # also after a failed save: stops the prefetch threads now, not at interpreter exit
             data_iterator.close()
             reporter.close()
             # also after an error (a diverged loss): the picture of every row written

@@ -1,13 +1,14 @@
-"""Model registry: `config.model.name` -> (hyperparameter dataclass, model class).
+"""Models: attention math and modules, shared layers, one file per family, their interface, the registry."""
 
-Models import nothing of training or data; the trainer builds one with
-`create_model(name, rngs=..., **fields)`. Each family's fields, their defaults
-and documentation live in its dataclass; `configs/base.py` `model()` starts
-from `fields_of(name)`.
-
-Every family is an `EncoderDecoder` and its dataclass a `ModelConfig`, which
-declares what the family does beyond that (`models/interface.py`).
-"""
+# Model registry: `config.model.name` -> (hyperparameter dataclass, model class).
+#
+# Models import nothing of training or data; the trainer builds one with
+# `create_model(name, rngs=..., **fields)`. Each family's fields, their defaults
+# and documentation live in its dataclass; `configs/base.py` `model()` starts
+# from `fields_of(name)`.
+#
+# Every family is an `EncoderDecoder` and its dataclass a `ModelConfig`, which
+# declares what the family does beyond that (`models/interface.py`).
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def create_model(name: str, *, rngs: nnx.Rngs, **fields) -> EncoderDecoder:
     return model_class(config_class(**fields), rngs=rngs)
 
 
-# ModelConfig.reads -> sources.KINDS
+# ModelConfig.reads -> run_setup.input_kinds.KINDS
 SOURCE_KINDS = {"tokens": "text", "pixels": "image", "features": "features"}
 
 

@@ -193,12 +193,12 @@ class Captioner(nnx.Module):
                     b,
                     (3, 3),
                     padding="SAME",
+                    # no bias: the centring would cancel it
                     use_bias=False,
                     kernel_init=he,
                     kernel_metadata=logical(None, None, "embed", "mlp"),
                     rngs=rngs,
                 )
-                # no bias: the centring would cancel it
                 for a, b in zip(widths, widths[1:])
             )
         else:

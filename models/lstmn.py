@@ -212,8 +212,9 @@ class Tapes(NamedTuple):
     memory: Array
     # W_h h_i, [B, L, A]
     keys: Array
-    written: Array  # [B, L], 1.0 where position i holds a real token's state (float, so that it has a gradient
-    #                 type in `tape_scan`; it is read only as a mask)
+    # [B, L], 1.0 where position i holds a real token's state (float, so that it has a gradient type in
+    # `tape_scan`; it is read only as a mask)
+    written: Array
     # h~_{t-1} [B, H], the previous adaptive summary (eq. 4's last term)
     summary: Array
 
@@ -469,9 +470,9 @@ class LSTMNMemory(NamedTuple):
     # W_gamma gamma_j [B, S', A], computed once per source
     keys: Array
     mask: Array  # [B, S'] bool
-    # per decoder layer, its tapes' first slot (h_0, c_0) [B, H]
+    # per decoder layer, its tapes' first slot (h_0, c_0) [B, H], each encoder layer l's final state
+    # (seed_tapes), or ()
     first: tuple[tuple[Array, Array], ...] = ()
-    #                                              each: encoder layer l's final state (seed_tapes), or ()
 
 
 class LSTMNDecodeState(NamedTuple):

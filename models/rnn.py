@@ -486,11 +486,11 @@ class ContextDecoderModel(RNNEncoderDecoder):
         return RNNDecodeState(layers, None), ReadoutFeatures(self._top_hidden(layers), context), weights
 
     def _readout(self, features: ReadoutFeatures, embedded: Array, deterministic: bool) -> Array:
+        # t~ [..., 2l]
         pre_maxout = (
             self.readout_hidden(features.hidden)
             + self.readout_embedding(embedded)
             + self.readout_context(features.context)
-            # t~ [..., 2l]
         )
         # t [..., l]
         maxout = pre_maxout.reshape(*pre_maxout.shape[:-1], -1, 2).max(axis=-1)
@@ -567,10 +567,8 @@ class Luong(RNNEncoderDecoder):
         hidden = config.hidden_dim
         self.encoder = Encoder(config, bidirectional=False, rngs=rngs)
         gates = self.decoder_cells[0].gates * hidden
-        self.feed_proj = nnx.data(
-            Linear(hidden, gates, use_bias=False, rngs=rngs) if config.input_feeding else None
-            # the h~_{t-1} half of the first layer's input weights
-        )
+        # the h~_{t-1} half of the first layer's input weights
+        self.feed_proj = nnx.data(Linear(hidden, gates, use_bias=False, rngs=rngs) if config.input_feeding else None)
         self.cross_attention = Attention(
             hidden, hidden, score=config.score, attention_dim=config.attention_dim or None, rngs=rngs
         )

@@ -65,7 +65,7 @@ class TransformerConfig(ModelConfig):
     share_embeddings: bool = True
     # the target embedding is also the pre-softmax projection
     tie_output: bool = True
-    # or "learned"
+    # positions: "sinusoidal" (section 3.5) or "learned"
     positional: str = "sinusoidal"
     # for learned positions
     max_length: int = 512
@@ -138,7 +138,7 @@ class DecodeState(NamedTuple):
     `PerSource`, so beam search does not reorder them)."""
 
     caches: tuple[KVCache, ...]
-    # of tuple[tuple[Array, Array], ...]
+    # each decoder layer's (keys, values) of the source: tuple[tuple[Array, Array], ...]
     cross_keys_values: PerSource
 
 

@@ -36,7 +36,7 @@ import sacrebleu
 
 from utils.files import write_whole
 
-# `metrics` (JAX) and `visualize` (matplotlib) are imported by the functions of the run's page that
+# `scoring.metrics` (JAX) and `report.pictures` (matplotlib) are imported by the functions of the run's page that
 # use them, not here: a sweep's processes write the sweep's page (`write_sweep`) without either.
 
 # deflated, before base64 (x 4/3): the page stays under ~10 MB

@@ -1,1 +1,1 @@
-"""A run's set-up: settings, input kinds, cluster and mesh, sharding, preflight checks, checkpoints, the Run."""
+"""A run's set-up: settings, flags, input kinds, checks, compatibility, mesh, sharding, checkpoints, the Run."""

@@ -33,7 +33,7 @@ from utils.files import file_digests, write_whole
 
 # in each checkpoint's folder: a flipped bit may read without an error
 DIGEST_FILE = "attend_digest.json"
-# files.HASHES: about five times SHA-256's speed (benchmarks/restore.py)
+# files.HASHES: about five times SHA-256's speed (benchmarks/checkpoint_restore_speed.py)
 DIGEST_ALGORITHM = "blake3"
 # what checkpoints saved before BLAKE3 hold: `{file: sha256}`, still verified
 SHA256_DIGEST_FILE = "attend_sha256.json"
@@ -168,7 +168,7 @@ class Checkpoints:
         self, abstract_state: Any, data_iterator: Any | None = None, *, step: int | None = None, verify: bool = True
     ) -> tuple[int, Any]:
         """Restores `step`, or the newest readable checkpoint (warning about any that is not), its
-        files checked against their digest unless `verify` is False (benchmarks/restore.py times both).
+        files checked against their digest unless `verify` is False (benchmarks/checkpoint_restore_speed.py times both).
 
         `data_iterator`, when given, is set to the saved position: a run resumes. Then the unreadable
         checkpoints newer than the one restored are moved aside (`<step>.unreadable`, kept for a

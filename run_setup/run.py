@@ -34,7 +34,7 @@ from tasks import token_cache, vocabularies
 from utils.errors import CheckpointError
 from utils.files import WorkdirLock, write_whole
 
-# of a device's memory: the most that a search's whole parameters may take (Run.search_shardings)
+# the share of a device's memory that a search's whole parameters may take (Run.search_shardings)
 SEARCH_GATHER_SHARE = 0.25
 
 

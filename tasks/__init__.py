@@ -1,15 +1,16 @@
-"""The task registry: `config.task.name` -> the examples of every split.
+"""The datasets: generated tasks, corpora, TFDS catalog, images; their builders, token cache, vocabularies."""
 
-`load_task(name, data_dir, **params)` returns a `Task`: random-access sources
-of records per split (`train`, `dev`, `test`), the record keys of source and
-target, what the source is (text, or an image), the task metric, and where the
-task knows them, the true alignment spans of a record (translation) or the
-boxes of its caption's words (captioning). Built data is cached under `data_dir`.
-
-Each task's parameters, with their defaults and documentation, live in its
-config dataclass (`parameters_of(name)` lists them); `configs/base.py` `task()`
-starts from there.
-"""
+# The task registry: `config.task.name` -> the examples of every split.
+#
+# `load_task(name, data_dir, **params)` returns a `Task`: random-access sources
+# of records per split (`train`, `dev`, `test`), the record keys of source and
+# target, what the source is (text, or an image), the task metric, and where the
+# task knows them, the true alignment spans of a record (translation) or the
+# boxes of its caption's words (captioning). Built data is cached under `data_dir`.
+#
+# Each task's parameters, with their defaults and documentation, live in its
+# config dataclass (`parameters_of(name)` lists them); `configs/base.py` `task()`
+# starts from there.
 
 from __future__ import annotations
 

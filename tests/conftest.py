@@ -75,8 +75,9 @@ def no_curves_unless_marked(request, monkeypatch):
     """In-process runs draw no `curves.png` unless the test is marked `curves`: drawing it is about
     a third of a tiny run's final evaluation, and only the tests of the picture look at it. The page
     (`report.html`) is still written. Runs in subprocesses are told so by their config
-    (`--config.curves_png=false`: test_training_loop.py's `TINY_FLAGS`, helpers/tiny.py's `two_process_config`), except
-    where a test looks at the picture and the README's commands, which run as users' do.
+    (`--config.curves_png=false`: helpers/subprocess_runs.py's `TINY_FLAGS`, helpers/tiny.py's
+    `two_process_config`), except where a test looks at the picture and the README's commands, which
+    run as users' do.
     (`finished_run`, set up before this, draws it.)"""
     if request.node.get_closest_marker("curves") is None:
         from report import pages

@@ -157,7 +157,7 @@ def test_the_root_holds_the_brief_names_and_folders():
         init = ROOT / folder / "__init__.py"
         docstring = ast.get_docstring(ast.parse(init.read_text())) if init.exists() else None
         assert docstring and docstring.strip(), f"{folder}/__init__.py has no docstring"
-        assert docstring.splitlines()[0].endswith("."), f"{folder}/__init__.py: its first line says what lives there"
+        assert len(docstring.splitlines()) == 1 and docstring.endswith("."), f"{folder}/__init__.py: one line"
 
 
 def test_no_two_module_names_read_alike():

@@ -187,7 +187,7 @@ def test_coco_captions_records_from_a_source_in_its_layout(tmp_path, monkeypatch
     """TFDS's coco_captions builder needs TensorFlow to be constructed (mock data included), which
     this project does not install; its records are checked here from a source in the builder's
     feature layout (an image of any size, `image/filename`, `captions: {text: [...]}`).
-    tests/test_catalog_prepare.py prepares and reads the real builder's output."""
+    tests/test_prepare_catalog.py prepares and reads the real builder's output."""
     from types import SimpleNamespace
 
     from tasks import catalog

@@ -19,7 +19,7 @@ def load_events(folder) -> event_accumulator.EventAccumulator:
     return accumulator
 
 
-def test_tensorboard_reads_the_metrics_and_the_attention_pictures(finished_run):
+def test_metric_writer_reads_the_metrics_and_the_attention_pictures(finished_run):
     _, workdir, _ = finished_run
     events = load_events(workdir / "tensorboard")
     # tag -> {step: value}, from metrics.jsonl: the numbers of each row but flags

@@ -27,7 +27,7 @@ from utils import files
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PREPARE_PYTHON = PROJECT_ROOT / ".venv-prepare" / "bin" / "python"
-WORKER = PROJECT_ROOT / "tests" / "helpers" / "catalog_prepare_worker.py"
+WORKER = PROJECT_ROOT / "tests" / "helpers" / "prepare_catalog_worker.py"
 
 STATMT = "http://www.statmt.org/"
 STATMT_DATA = "http://data.statmt.org/"

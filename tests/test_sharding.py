@@ -269,7 +269,7 @@ def test_a_mesh_that_does_not_fit_stops_naming_both_numbers(shared_data_dir, tmp
 
 def recurrent_config(data_dir, family, mode):
     """configs/<family>_dates.py's model at a tiny size (widths of 16); the captioner on digit strips
-    (tests/test_captioning.py's tiny one, its embedding widened to 16)."""
+    (tests/helpers/tiny.py's TINY_CAPTIONER, its embedding widened to 16)."""
     from configs import base, recurrent
 
     if family == "captioner":

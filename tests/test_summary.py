@@ -1,5 +1,5 @@
 """The start-up summary: the estimate of an epoch and the batch, and its text on a hand-made run
-(test_train_modes.py's README corpus command checks a real run's log for it)."""
+(test_train.py's README corpus command checks a real run's log for it)."""
 
 import dataclasses
 

@@ -1,6 +1,6 @@
 """Sweeps: a real 2x2 grid of tiny train.py runs on two workers; the study's bookkeeping
 (interrupt and resume, crashes, pruning, PostgreSQL, sweeps opening one study at once, GPUs
-per worker) with tests/fake_train.py standing in."""
+per worker) with tests/helpers/fake_train.py standing in."""
 
 import argparse
 import csv

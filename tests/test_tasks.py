@@ -317,7 +317,7 @@ def test_catalog_languages_from_names():
         catalog.languages_of("some_dataset")
 
 
-# Preparing catalog datasets with TFDS's real builders and reading them: tests/test_catalog_prepare.py.
+# Preparing catalog datasets with TFDS's real builders and reading them: tests/test_prepare_catalog.py.
 
 
 def test_config_classes_are_dataclasses():

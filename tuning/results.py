@@ -92,7 +92,7 @@ def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = Tr
     for row in rows:
         lines.append("| " + " | ".join(format_cell(row.get(c)) for c in shown) + " |")
     (workdir / "results.md").write_text("\n".join(lines) + "\n")
-    # matplotlib (and JAX, imported by visualize) only in the process that ends the sweep
+    # matplotlib (and JAX, imported by report.pictures) only in the process that ends the sweep
     if picture:
         plot_objective(rows, sweep, workdir / "objective_by_field.png")
     pages.write_sweep(workdir, rows, sweep.objective, sweep.space)

@@ -1,1 +1,1 @@
-"""Small shared pieces below everything: errors, files and locks, progress, stop signals, metric writer, allocator."""
+"""Below everything: errors, files and locks, progress, stop signals, metric writer, allocator, TFDS names."""

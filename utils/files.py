@@ -41,7 +41,7 @@ def write_whole(path: Path, write: Callable[[Path], None]) -> None:
 
 
 # Digest algorithms by name: SHA-256 for the small files (vocabularies), BLAKE3 for checkpoints
-# (benchmarks/restore.py: a 2.6 GB checkpoint hashes about five times faster than with SHA-256).
+# (benchmarks/checkpoint_restore_speed.py: a 2.6 GB checkpoint hashes about five times faster than with SHA-256).
 HASHES = {"sha256": hashlib.sha256, "blake3": blake3.blake3}
 # read in pieces: a checkpoint file may be gigabytes
 CHUNK_BYTES = 8 * 2**20

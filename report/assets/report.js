@@ -1,4 +1,4 @@
-// The report pages' script (report.py inlines it): sortable tables and the attention explorer.
+// The report pages' script (report/pages.py inlines it): sortable tables and the attention explorer.
 "use strict";
 const REPORT = JSON.parse(document.getElementById("report-data").textContent);
 

@@ -1,1 +1,1 @@
-"""Helpers the tests share: tiny configs, NumPy references, the workers tests start as processes."""
+"""What the tests share: tiny configs, NumPy references, subprocess runs, source reading, the workers."""

@@ -1,6 +1,6 @@
-"""train.py, killed (SIGKILL) by itself at a point the test chooses; for tests/test_faults.py.
+"""train.py, killed (SIGKILL) by itself at a point the test chooses; for tests/test_crash_recovery.py.
 
-    python tests/fault_worker.py POINT TRAIN_PY_FLAGS...
+    python tests/helpers/fault_worker.py POINT TRAIN_PY_FLAGS...
 
 POINT is `step:N` (while train step N runs; N=1 is the first step, before anything is saved),
 `save:N` (inside the save of step N: its files written, Orbax's commit not yet done) or `eval`

@@ -1,7 +1,7 @@
 """prepare_catalog.prepare with the network fetch replaced by fixture files; for
-tests/test_catalog_prepare.py, run in the preparation environment (.venv-prepare).
+tests/test_prepare_catalog.py, run in the preparation environment (.venv-prepare).
 
-    .venv-prepare/bin/python tests/catalog_prepare_worker.py DOWNLOADS_JSON DATA_DIR NAME [NAME ...]
+    .venv-prepare/bin/python tests/helpers/prepare_catalog_worker.py DOWNLOADS_JSON DATA_DIR NAME [NAME ...]
 
 DOWNLOADS_JSON maps each URL a builder fetches to a local file standing in for what that URL
 serves. Only TFDS's downloader (the HTTP fetch) is replaced: the download manager, its

@@ -39,7 +39,7 @@ TINY_FLAGS = [
 def run_train_py(
     workdir, data_dir, *flags, env=None, tiny=TINY_FLAGS, script=PROJECT_ROOT / "train.py", point=None, **popen
 ):
-    """train.py (or `script`, given `point` first: tests/fault_worker.py) on the tiny config in a subprocess."""
+    """train.py (or `script`, given `point` first: tests/helpers/fault_worker.py) on the tiny config in a subprocess."""
     command = [
         sys.executable,
         str(script),

@@ -55,7 +55,7 @@ def first_devices_mesh(count: int):
 
 
 def two_process_config(data_dir, steps: int, sharding: str = "replicated", **overrides):
-    """tests/two_process_worker.py's config: `tiny_config` with a log row every 4 steps, saving and
+    """tests/helpers/two_process_worker.py's config: `tiny_config` with a log row every 4 steps, saving and
     evaluating only at the end, no curves.png (as `TINY_FLAGS`); no dropout under a sharded mode (its
     runs are compared with one process's, to rounding)."""
     dropout = {} if sharding == "replicated" else {"model.dropout_rate": 0.0}

@@ -1,6 +1,7 @@
-"""One of two processes training the tiny config together, for tests/test_faults.py.
+"""One of two processes training the tiny config together, for tests/test_crash_recovery.py.
 
-    python tests/two_process_worker.py PROCESS_ID COORDINATOR WORKDIR DATA_DIR NUM_TRAIN_STEPS SIGTERM_AT_STEP SHARDING
+    python tests/helpers/two_process_worker.py PROCESS_ID COORDINATOR WORKDIR DATA_DIR NUM_TRAIN_STEPS \
+        SIGTERM_AT_STEP SHARDING
 
 COORDINATOR is `host:port` (the config's coordinator fields), or `cluster` to leave the config's
 empty and let the environment (a faked SLURM job) name the cluster. With SIGTERM_AT_STEP > 0 the
