@@ -60,7 +60,7 @@ from configs import base
 from run_setup import command_line
 from tuning.results import write_results
 from tuning.study import SweepError, load_sweep, open_study, trials_toward_the_count
-from tuning.trial import visible_gpus, work, worker_environment
+from tuning.trial import run_worker, visible_gpus, worker_environment
 from utils import progress
 from utils.errors import ConfigError
 from utils.stop_signals import StopSignals
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
         base.load(args.config)
         sweep = load_sweep(args.sweep, args.config)
         if args.worker_index is not None:
-            work(args, sweep)
+            run_worker(args, sweep)
             return 0
         gpus = visible_gpus(os.environ)
         environments = [worker_environment(index, args.parallel, os.environ, gpus) for index in range(args.parallel)]

@@ -297,8 +297,8 @@ def evaluate(settings: Settings, workdir: str | Path) -> dict:
             outcome[name], decoded = evaluate_split(evaluator, params, split, max_decoded=max_decoded)
             # the decoded examples, for the report page
             if run.is_chief:
-                write_predictions(run, split, decoded, run.workdir / "predictions" / f"step_{step}_{name}.tsv")
-        report(run, step, outcome)
+                write_best_hypotheses(run, split, decoded, run.workdir / "predictions" / f"step_{step}_{name}.tsv")
+        write_eval_results(run, step, outcome)
     return outcome[split] if len(outcome) == 1 else outcome
 
 
@@ -318,7 +318,7 @@ def predict(settings: Settings, workdir: str | Path) -> Path:
     path = run.workdir / "predictions" / f"step_{step}.tsv"
     if run.is_chief:
         kind = settings.source
-        write_predictions(run, split, decoded, path)
+        write_best_hypotheses(run, split, decoded, path)
         if settings.decode.num_hypotheses > 1:
             metric_writer.write_n_best(
                 path.with_suffix(".nbest.tsv"), [(kind.shown(run.task, split, i), n_best) for i, n_best in decoded]
@@ -327,11 +327,11 @@ def predict(settings: Settings, workdir: str | Path) -> Path:
             results["by_source_length"] = scores_by_length(
                 run, split, best_hypotheses(decoded), settings.evaluation.length_bucket_width
             )
-    report(run, step, {name: results})
+    write_eval_results(run, step, {name: results})
     return path
 
 
-def write_predictions(run: Run, split: str, decoded: list[tuple[int, list[tuple[str, float]]]], path: Path) -> None:
+def write_best_hypotheses(run: Run, split: str, decoded: list[tuple[int, list[tuple[str, float]]]], path: Path) -> None:
     """The best hypothesis of each decoded example of `split` as `source<TAB>reference<TAB>hypothesis` lines
     (`evaluate_split`'s second result): `--mode=predict`'s file, and each training evaluation's for report/pages.py."""
     records, kind = run.task.splits[split], run.settings.source
@@ -351,7 +351,7 @@ def check_split(run: Run, split: str) -> None:
         )
 
 
-def report(run: Run, step: int, outcome: dict[str, dict]) -> None:
+def write_eval_results(run: Run, step: int, outcome: dict[str, dict]) -> None:
     """Eval results of a checkpoint into `eval/step_<N>.json` and metrics.jsonl (kept, not truncated;
     the rows say `"mode": "eval"`, so that training's early stopping does not count them); the
     report page rewritten."""

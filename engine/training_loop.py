@@ -265,7 +265,9 @@ def evaluate_during_training(
         reporter.write(step, split, results[split])
         if run.is_chief:
             metric_writer.write_eval(run.workdir, step, split, results[split])
-            evaluation.write_predictions(run, split, decoded, run.workdir / "predictions" / f"step_{step}_{split}.tsv")
+            evaluation.write_best_hypotheses(
+                run, split, decoded, run.workdir / "predictions" / f"step_{step}_{split}.tsv"
+            )
         if split == "dev" and settings.visualize_examples:
             evaluation.draw_attention(evaluator, params, "dev", step, reporter)
     if run.is_chief:
@@ -359,7 +361,7 @@ def train(run: Run) -> dict:
         write_run_config(run.settings, run.workdir)
     tx = make_optimizer(optimization)
     state, start_step = initial_state(run, tx), 0
-    logging.info(sharding.describe(run.mesh, run.settings.cluster.sharding, state["params"], state["opt_state"]))
+    logging.info(sharding.memory_line(run.mesh, run.settings.cluster.sharding, state["params"], state["opt_state"]))
     train_step = compile_train_step(run, tx, state)
     evaluator = evaluation.Evaluator(run)
     train_data, length_report = input_pipeline.train_dataset(

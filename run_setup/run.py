@@ -110,7 +110,7 @@ def build_model(settings: Settings, tokens: vocabularies.Tokenizers) -> nnx.Modu
     return models.create_model(settings.model.name, rngs=rngs, **model_fields(settings, tokens))
 
 
-def create_model(
+def create_placed_model(
     settings: Settings, tokens: vocabularies.Tokenizers, mesh: Mesh
 ) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
     """`(graphdef, params, rngs)` of the run's model, the parameters placed on `mesh` by the rules of
@@ -269,7 +269,7 @@ def prepare_run(
             task, tokens = load_task_and_tokenizers(settings, workdir)
         else:
             task, tokens = None, vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer)
-        graphdef, params, rngs = create_model(settings, tokens, mesh)
+        graphdef, params, rngs = create_placed_model(settings, tokens, mesh)
         evaluation = settings.evaluation
         checkpoints = Checkpoints(
             workdir / "checkpoints",

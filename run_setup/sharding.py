@@ -148,7 +148,7 @@ def bytes_per_device(tree: Any) -> int:
     )
 
 
-def describe(mesh: Mesh, mode: str, params: Any, opt_state: Any) -> str:
+def memory_line(mesh: Mesh, mode: str, params: Any, opt_state: Any) -> str:
     """One start-up line: the mode, the mesh, and the parameter and optimizer bytes per device."""
     mib = lambda tree: bytes_per_device(tree) / 2**20  # noqa: E731
     shape = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())

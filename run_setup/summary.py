@@ -1,7 +1,7 @@
 """The start-up summary a run logs before its first step: where it runs, what it trains, on what
 data, with which batch and vocabulary, and where its outputs go.
 
-`log_start(run, start_step)` is the one call (engine/training_loop.py's); `describe` gathers the facts (nothing is
+`log_start(run, start_step)` is the one call (engine/training_loop.py's); `gather_facts` gathers the facts (nothing is
 tokenized for them: the train lengths come from the token-id cache the pipeline filled), and
 `format_summary(facts)` is the pure text of them.
 """
@@ -125,10 +125,10 @@ def device_kinds(devices: Sequence[jax.Device]) -> list[str]:
 def log_start(run, start_step: int) -> None:
     """Logs the summary of a prepared `run_setup.run.Run` about to train from `start_step` (first process)."""
     if run.is_chief:
-        logging.info("%s", format_summary(describe(run, start_step)))
+        logging.info("%s", format_summary(gather_facts(run, start_step)))
 
 
-def describe(run, start_step: int) -> Facts:
+def gather_facts(run, start_step: int) -> Facts:
     """The `Facts` of a prepared `run_setup.run.Run` (its train lengths come from the token-id cache
     the pipeline filled, so nothing is tokenized again)."""
     settings = run.settings

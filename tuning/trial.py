@@ -163,7 +163,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
 # ---------------------------------------------------------------- a worker
 
 
-def work(args, sweep: Sweep) -> None:
+def run_worker(args, sweep: Sweep) -> None:
     """One worker: takes queued or new trials until the sweep's trials are all done or taken."""
     with StopSignals() as stop:
         work_until_done(args, sweep, stop)
