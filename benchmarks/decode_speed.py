@@ -1,6 +1,6 @@
 """Decoding speed: greedy and beam 4, with and without the key/value cache, at source lengths 16, 64, 256.
 
-    python benchmarks/decode_speed.py [--lengths 16,64,256] [--batch 8] [--repeats 3]
+    python benchmarks/decode_speed.py [--lengths 16,64,256] [--batch 8] [--repeats 3] [--cache=yes|no|both]
     python benchmarks/decode_speed.py --workdir=RUN [--split data/kjv_web/test.tsv] [--beams 1,4]
 
 With `--workdir`, a trained run's latest checkpoint decodes every source of a
@@ -38,7 +38,7 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from absl import flags  # noqa: E402
 
 import models  # noqa: E402
-from benchmarks.timing import median_seconds  # noqa: E402
+from benchmarks.timing import matmul_peak_flops, median_seconds  # noqa: E402
 from run_setup import command_line  # noqa: E402
 from scoring import decoding  # noqa: E402
 from tasks.vocabularies import EOS_ID  # noqa: E402
@@ -109,6 +109,9 @@ flags.DEFINE_integer("repeats", 3, "", flag_values=FLAGS)
 flags.DEFINE_string("workdir", None, "a trained run: decode --split with its latest checkpoint", flag_values=FLAGS)
 flags.DEFINE_string("split", str(PROJECT_ROOT / "data" / "kjv_web" / "test.tsv"), "", flag_values=FLAGS)
 flags.DEFINE_string("beams", "1,4", "", flag_values=FLAGS)
+flags.DEFINE_enum(
+    "cache", "both", ["yes", "no", "both"], "the rows with the key/value cache, without it, or both", flag_values=FLAGS
+)
 
 
 def main() -> None:
@@ -129,13 +132,14 @@ def main() -> None:
     )
     graphdef, params = nnx.split(model)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; batch {args.batch}; output length = source length")
+    print(f"float32 matmul peak (2048^3, median of 10): {matmul_peak_flops() / 1e9:.0f} GFLOP/s")
     print("| source length | search | cache | sentences/s | generated tokens/s |")
     print("|---:|---|---|---:|---:|")
     for length in (int(x) for x in args.lengths.split(",")):
         inputs = jnp.asarray(np.random.default_rng(length).integers(4, 8000, (args.batch, length)), jnp.int32)
         limits = jnp.full((args.batch,), length)
         for search, beam in (("greedy", 1), ("beam 4", 4)):
-            for cached in (True, False):
+            for cached in {"yes": (True,), "no": (False,), "both": (True, False)}[args.cache]:
 
                 def run(params, inputs):
                     model = nnx.merge(graphdef, params)

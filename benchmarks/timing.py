@@ -1,4 +1,4 @@
-"""Timing for the benchmarks: medians of repeated runs of compiled functions."""
+"""Timing for the benchmarks: medians of repeated runs of compiled functions, the matmul peak."""
 
 from __future__ import annotations
 
@@ -18,6 +18,21 @@ def median_seconds(fn: Callable, args: tuple, repeats: int) -> float:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def matmul_peak_flops(size: int = 2048, repeats: int = 10, dtype: str = "float32") -> float:
+    """Median FLOP/s of a jitted square matmul in `dtype`."""
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32).astype(dtype)
+    matmul = jax.jit(lambda a: a @ a)
+    matmul(a).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times)
 
 
 def train_step_of(model, vocab_size: int, rows: int, length: int, seed: int = 0):

@@ -47,24 +47,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 from absl import flags  # noqa: E402
 
+from benchmarks.timing import matmul_peak_flops  # noqa: E402
 from run_setup import command_line  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
-
-
-def matmul_peak_flops(size: int = 2048, repeats: int = 10, dtype: str = "float32") -> float:
-    """Median FLOP/s of a jitted square matmul in `dtype`."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32).astype(dtype)
-    matmul = jax.jit(lambda a: a @ a)
-    matmul(a).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / statistics.median(times)
 
 
 def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> dict:

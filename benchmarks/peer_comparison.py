@@ -1,0 +1,154 @@
+"""attend against the strongest peers on this machine, back to back in one run, as ratios.
+
+    python benchmarks/peer_comparison.py --torch_python=PEERS/torch/bin/python --ct2_python=PEERS/ct2/bin/python
+    python benchmarks/peer_comparison.py --part=decode --lengths=16,64 ...
+
+Training (`--part=train`): the kjv_web Transformer's step (64 rows of 128 + 128 tokens, 3+3 layers,
+d_model 256), in this order: PyTorch eager float32, attend float32 (train.py's loop: the median of
+its logged rows from step 20, `benchmarks/train_throughput.py --train_py`), PyTorch `torch.compile`
+float32, PyTorch eager bfloat16 autocast, attend `--config.model.dtype=bfloat16`, PyTorch compiled
+bfloat16 (`../shared/peers/torch_transformer_cpu.py`). Each row prints its own matmul rate, measured
+in the same process as its step.
+
+Decoding (`--part=decode`): `benchmarks/decode_speed.py --cache=yes` (random weights, batch 8,
+output length = source length) against `../shared/peers/ct2_decode_cpu.py` (CTranslate2 float32) on
+the same work, greedy and beam 4, generated tokens/s.
+
+The peers run in environments of their own (`pip install torch numpy`, `pip install ctranslate2
+numpy`; `../shared/peers/README.md`), named by `--torch_python` and `--ct2_python` or the
+environment variables ATTEND_TORCH_PYTHON and ATTEND_CT2_PYTHON; a peer without one is skipped
+with one line saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("torch_python", os.environ.get("ATTEND_TORCH_PYTHON", ""), "PyTorch's python", flag_values=FLAGS)
+flags.DEFINE_string("ct2_python", os.environ.get("ATTEND_CT2_PYTHON", ""), "CTranslate2's python", flag_values=FLAGS)
+flags.DEFINE_string("peers", str(PROJECT_ROOT.parent / "shared" / "peers"), "the peers' scripts", flag_values=FLAGS)
+flags.DEFINE_enum("part", "both", ["train", "decode", "both"], "what to compare", flag_values=FLAGS)
+flags.DEFINE_integer("train_steps", 40, "attend's train.py steps (rows from step 20 are timed)", flag_values=FLAGS)
+flags.DEFINE_integer("torch_steps", 10, "PyTorch's timed steps (after 5 untimed)", flag_values=FLAGS)
+flags.DEFINE_string("lengths", "16,64,256", "decoding: source lengths", flag_values=FLAGS)
+flags.DEFINE_integer("batch", 8, "decoding: sentences per call", flag_values=FLAGS)
+flags.DEFINE_integer("repeats", 3, "decoding: timed calls per row", flag_values=FLAGS)
+
+# "| 16 | greedy | yes | 136.16 | 2,179 |": a decoding row of both scripts
+DECODE_ROW = re.compile(r"^\| (\d+) \| (greedy|beam 4) \| yes \| [\d,.]+ \| ([\d,]+) \|$", re.M)
+
+
+def run(command: list[str]) -> str:
+    """`command`'s standard output; a failure ends the benchmark with the command's own output."""
+    done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def peer_python(name: str, path: str) -> str | None:
+    """The peer's interpreter, or None (said in one line) where none is named or it does not exist."""
+    if path and Path(path).is_file():
+        return path
+    print(f"skipped: {name} (no interpreter: --{name}_python or ATTEND_{name.upper()}_PYTHON)", flush=True)
+    return None
+
+
+def torch_step(python: str, *options: str) -> tuple[float, float]:
+    """`(median s/step, matmul GFLOP/s)` of the PyTorch peer with `options`."""
+    script = str(Path(FLAGS.peers) / "torch_transformer_cpu.py")
+    output = run([python, script, "--threads", "2", "--steps", str(FLAGS.torch_steps), *options])
+    step = float(re.search(r"step ([\d.]+) s median", output).group(1))
+    return step, float(re.search(r"matmul peak (\d+) GFLOP/s", output).group(1))
+
+
+def attend_step(*overrides: str) -> tuple[float, float]:
+    """`(median s/step, matmul GFLOP/s of the step's dtype)` of train.py on kjv_web_transformer."""
+    command = [sys.executable, "benchmarks/train_throughput.py", "--train_py", "--steps", str(FLAGS.train_steps)]
+    output = run([*command, *overrides])
+    row = next(line for line in output.splitlines() if line.startswith("| train.py"))
+    step = float(row.split("|")[3])
+    return step, float(re.search(r"\): (\d+) GFLOP/s", output).group(1))
+
+
+def compare_training() -> None:
+    python = peer_python("torch", FLAGS.torch_python)
+    rows = []
+    plan = [
+        ("PyTorch eager, float32", "torch", ()),
+        ("attend, float32 (train.py)", "attend", ()),
+        ("PyTorch torch.compile, float32", "torch", ("--compile",)),
+        ("PyTorch eager, bfloat16 autocast", "torch", ("--bf16",)),
+        ("attend, --config.model.dtype=bfloat16", "attend", ("--config.model.dtype=bfloat16",)),
+        ("PyTorch torch.compile, bfloat16", "torch", ("--compile", "--bf16")),
+    ]
+    for name, who, options in plan:
+        if who == "torch" and python is None:
+            continue
+        step, peak = torch_step(python, *options) if who == "torch" else attend_step(*options)
+        rows.append((name, step, peak))
+        print(f"  {name}: {step:.2f} s/step (matmul {peak:.0f} GFLOP/s)", flush=True)
+    print("\n| run, in the order run | s/step | its matmul GFLOP/s | attend float32's step / this step |")
+    print("|---|---:|---:|---:|")
+    attend32 = next(step for name, step, _ in rows if name.startswith("attend, float32"))
+    for name, step, peak in rows:
+        print(f"| {name} | {step:.2f} | {peak:.0f} | {step / attend32:.2f} |")
+    by_name = {name: step for name, step, _ in rows}
+    if python is not None:
+        best_attend = min(step for name, step, _ in rows if name.startswith("attend"))
+        best_torch = min(step for name, step, _ in rows if name.startswith("PyTorch"))
+        eager = by_name["PyTorch eager, float32"]
+        compiled = by_name["PyTorch torch.compile, float32"]
+        print(f"\nattend float32 against PyTorch eager float32: {eager / attend32:.2f}x (target >= 2.0)")
+        print(f"attend float32 against PyTorch compiled float32: {compiled / attend32:.2f}x (target >= 1.0)")
+        print(f"attend's best step against PyTorch's best step: {best_torch / best_attend:.2f}x (target >= 1.3)")
+
+
+def decode_rows(output: str) -> dict[tuple[int, str], float]:
+    return {(int(m[0]), m[1]): float(m[2].replace(",", "")) for m in DECODE_ROW.findall(output)}
+
+
+def compare_decoding() -> None:
+    common = ["--lengths", FLAGS.lengths, "--batch", str(FLAGS.batch), "--repeats", str(FLAGS.repeats)]
+    ours = run([sys.executable, "benchmarks/decode_speed.py", "--cache=yes", *common])
+    peak = re.search(r"matmul peak .*?: (\d+) GFLOP/s", ours).group(1)
+    python = peer_python("ct2", FLAGS.ct2_python)
+    theirs = run([python, str(Path(FLAGS.peers) / "ct2_decode_cpu.py"), "--threads", "2", *common]) if python else ""
+    attend, ct2 = decode_rows(ours), decode_rows(theirs)
+    print(f"\nattend's float32 matmul rate in the same run: {peak} GFLOP/s")
+    for line in theirs.splitlines():
+        if "matmul" in line:
+            print(line)
+    print("\n| source length | search | attend tokens/s | CTranslate2 float32 tokens/s | attend / CTranslate2 |")
+    print("|---:|---|---:|---:|---:|")
+    for key, rate in attend.items():
+        other = ct2.get(key)
+        ratio = f"{rate / other:.2f}" if other else "-"
+        print(f"| {key[0]} | {key[1]} | {rate:,.0f} | {f'{other:,.0f}' if other else '-'} | {ratio} |")
+    beams = [rate / ct2[key] for key, rate in attend.items() if key[1] == "beam 4" and key in ct2]
+    if beams:
+        print(f"\nbeam 4: the slowest ratio {min(beams):.2f}, median {statistics.median(beams):.2f} (target >= 1.0)")
+
+
+def main() -> None:
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    if FLAGS.part in ("train", "both"):
+        compare_training()
+    if FLAGS.part in ("decode", "both"):
+        compare_decoding()
+
+
+if __name__ == "__main__":
+    main()
