@@ -100,7 +100,7 @@ def compare_training() -> None:
         step, peak = torch_step(python, *options) if who == "torch" else attend_step(*options)
         rows.append((name, step, peak))
         print(f"  {name}: {step:.2f} s/step (matmul {peak:.0f} GFLOP/s)", flush=True)
-    print("\n| run, in the order run | s/step | its matmul GFLOP/s | attend float32's step / this step |")
+    print("\n| run, in the order run | s/step | its matmul GFLOP/s | this step / attend float32's |")
     print("|---|---:|---:|---:|")
     attend32 = next(step for name, step, _ in rows if name.startswith("attend, float32"))
     for name, step, peak in rows:
