@@ -93,16 +93,17 @@ def default_workdir() -> Path:
     return PROJECT_ROOT / "runs" / f"{'-'.join(filter(None, (path.stem, argument)))}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def settings_for(mode: str, workdir: Path) -> settings.Settings:
-    """Training: the config file with the overrides, parsed. Eval and predict: the run's config.json
-    with the evaluation fields of the overrides (or of `--config`, when given)."""
+def settings_for(mode: str, workdir: Path, config_file: str | None, overrides: list[str]) -> settings.Settings:
+    """Training: the config file with the `--config.a.b=value` overrides, parsed. Eval and predict:
+    the run's config.json with the evaluation fields of the overrides (or of `config_file`, when
+    one is given)."""
     if mode == "train":
-        return settings.parse(base.load(FLAGS.config, OVERRIDES))
+        return settings.parse(base.load(config_file, overrides))
     saved = base.read_run_config(workdir)
     if saved is None:
         raise ConfigError(f"--mode={mode} needs a run folder, and {workdir} holds no config.json")
-    requested = base.load(FLAGS.config if FLAGS["config"].present else saved, OVERRIDES)
-    overridden = [arg.removeprefix("--config.").split("=", 1)[0] for arg in OVERRIDES]
+    requested = base.load(config_file or saved, overrides)
+    overridden = [arg.removeprefix("--config.").split("=", 1)[0] for arg in overrides]
     return compatibility.for_evaluation(settings.parse(saved), settings.parse(requested), overridden)
 
 
@@ -137,7 +138,9 @@ def main(argv) -> int:
             logging.getLogger(library).setLevel(logging.WARNING)
     workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
     try:
-        result = run_mode(settings_for(FLAGS.mode, workdir), workdir)
+        # --config counts for eval and predict only where given: they read the run's own config.json
+        config_file = FLAGS.config if FLAGS.mode == "train" or FLAGS["config"].present else None
+        result = run_mode(settings_for(FLAGS.mode, workdir, config_file, OVERRIDES), workdir)
     except UserError as error:
         # the message names the culprit; anything else is a bug and keeps its traceback
         exit_with_error(error)

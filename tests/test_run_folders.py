@@ -20,11 +20,10 @@ import numpy as np
 import pytest
 
 import inference
-from configs import base
+import train
 from engine import evaluation
 from helpers.subprocess_runs import PROJECT_ROOT, TIMING, metric_rows, run_train_py
 from helpers.tiny import xla_flags
-from run_setup import compatibility, settings
 from tools import compare_runs
 
 BEFORE = Path(__file__).resolve().parent / "data" / "run_folders_before_the_move"
@@ -44,10 +43,9 @@ def old_run(tmp_path) -> Path:
 
 
 def test_an_old_run_folder_evaluates_to_its_own_final_scores(old_run):
-    """--mode=eval as train.py builds it: the run's config.json with the command's evaluation fields."""
-    saved = base.read_run_config(old_run)
-    requested = base.load(saved, [f"--config.data_dir={DATA_DIR}"])
-    run_settings = compatibility.for_evaluation(settings.parse(saved), settings.parse(requested), ["data_dir"])
+    """--mode=eval's settings, as train.py makes them: the run's config.json with the command's
+    evaluation fields."""
+    run_settings = train.settings_for("eval", old_run, None, [f"--config.data_dir={DATA_DIR}"])
     results = evaluation.evaluate(run_settings, old_run)
     before = json.loads((BEFORE / "run" / "eval" / "step_10.json").read_text())["test"]
     for name in ("loss", "token_accuracy", "exact_match", "symbol_accuracy", "alignment_accuracy"):
