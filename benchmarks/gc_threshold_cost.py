@@ -1,7 +1,7 @@
 """Python's garbage collector during tracing: at its default thresholds against
 `allocator.collect_garbage_less_often`.
 
-    python benchmarks/garbage_collector.py [--runs 6]
+    python benchmarks/gc_threshold_cost.py [--runs 6]
 
 Trains configs/default.py's Transformer shrunk to seconds (`small_config`: 20 steps of 16
 examples, two evaluations, one device) `--runs` times in one process, alternating the collector's settings run by

@@ -243,7 +243,7 @@ def finalists(chosen: dict) -> list[float]:
     return [best, others[0][1]] if tied else [best]
 
 
-def test_scores(config, workdir: Path) -> dict:
+def scores_on_test_split(config, workdir: Path) -> dict:
     """BLEU, chrF and sentences/s of the whole test split with beam 4, measured in a fresh process
     (`test.json`, read back once written)."""
     path = workdir / "test.json"
@@ -326,7 +326,15 @@ def main() -> None:
             label = f"{rate:g}{edge}" if tuned else f"{rate:g} (runner-up: tied in tuning)"
             epochs = trained["target_tokens"] / split_target_tokens(config, workdir)
             rows.append(
-                (column, label, chosen, trained, epochs, test_scores(config, workdir), parameter_count(config, workdir))
+                (
+                    column,
+                    label,
+                    chosen,
+                    trained,
+                    epochs,
+                    scores_on_test_split(config, workdir),
+                    parameter_count(config, workdir),
+                )
             )
     print(
         f"kjv_web, {args.minutes:g} minutes of training each (steps fixed from the measured speed); "

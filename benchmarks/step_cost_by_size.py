@@ -1,6 +1,6 @@
 """Train-step time and peak memory against sequence length and against model size.
 
-    python benchmarks/scaling.py [--lengths 64,128,256,512,1024,2048] [--tokens 4096]
+    python benchmarks/step_cost_by_size.py [--lengths 64,128,256,512,1024,2048] [--tokens 4096]
                                  [--sizes 128,256,512,1024] [--repeats 2]
 
 A train step here is forward, backward (NLL) and Adam on random token batches,

@@ -1,7 +1,7 @@
 """A corpus of WMT14's size through configs/kjv_web_transformer.py: time to the first step, memory, cache.
 
-    python benchmarks/wmt_scale.py                  # 4.5M pairs, ~24 words a side (WMT14 en-de's size)
-    python benchmarks/wmt_scale.py --pairs=200000   # a quick check
+    python benchmarks/wmt_sized_corpus.py                  # 4.5M pairs, ~24 words a side (WMT14 en-de's size)
+    python benchmarks/wmt_sized_corpus.py --pairs=200000   # a quick check
 
 Makes a `.tsv` of `--pairs` pairs from the shipped corpus (data/kjv_web/train.tsv: its verses
 as they are, then each further pair the first half of one verse joined to the second half of

@@ -176,7 +176,7 @@ def additive_scores(query_proj: Array, key_proj: Array, v: Array, *, query_chunk
     the backward pass, so peak memory is `B * N * chunk * S * A`, in both passes.
     Up to one chunk of queries (the RNN decoders' one query a step) the tensor is
     made directly and kept for the backward pass, like any activation: recomputing
-    it would add a tanh pass to every RNNsearch step (benchmarks/scaling.py shows
+    it would add a tanh pass to every RNNsearch step (benchmarks/step_cost_by_size.py shows
     both regimes).
 
     Args:
