@@ -326,3 +326,87 @@ def test_an_lstmn_gets_an_explorer_of_its_kinds(browser, tmp_path):
             )
     opened.check_clean()
     page.close()
+
+
+# What users' corpora, run folders and sweeps may hold: markup that would run a script, a link that
+# would, quotes and angle brackets everywhere, a right-to-left override, a 10,000-character token.
+HOSTILE = (
+    "</script><script>window.pwned=1</script>",
+    '<img src=x onerror="window.pwned=1">',
+    '<a href="javascript:window.pwned=1">javascript:window.pwned=1</a>',
+    "\"'<>&\"'<>",
+    "\u202eevil\u202c",
+    "x" * 10_000,
+)
+
+
+def hostile_run(folder: Path) -> Path:
+    """A run folder written by the writers evaluation uses (eval scores, predictions, an explorer's
+    `.npz`, metrics.jsonl) with every `HOSTILE` string as a source, reference, hypothesis, token,
+    config value and metric split, and the page written from it."""
+    from utils import metric_writer
+
+    tokens = list(HOSTILE)
+    rows = [(text, text[::-1], f"{text} {other}") for text, other in zip(HOSTILE, reversed(HOSTILE))]
+    metric_writer.write_predictions(folder / "predictions" / "step_4_dev.tsv", rows)
+    metric_writer.write_eval(folder, 4, "dev", {"loss": 1.5, "bleu": 3.0, "bleu_signature": HOSTILE[0]})
+    weights = np.full((1, len(tokens), len(tokens)), 1 / len(tokens))
+    (folder / "attention" / "step_4").mkdir(parents=True)
+    pictures.save_weights(
+        folder / "attention" / "step_4" / "example_0.npz",
+        {"decoder_layers/0/cross_attention": weights},
+        {"decoder_layers/0/cross_attention": AttentionRole.CROSS},
+        tokens,
+        tokens,
+    )
+    (folder / "config.json").write_text(json.dumps({"task": {"name": HOSTILE[0]}, "note": HOSTILE[1]}))
+    lines = [{"step": s, "split": split, "loss": 2.0 / s} for s in (2, 4) for split in ("train", HOSTILE[1])]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return pages.write(folder)
+
+
+def assert_shown_as_text(opened: OpenPage, strings) -> None:
+    """No script ran and no element was injected; each string is in the page's text as it is."""
+    page = opened.page
+    assert page.evaluate("typeof window.pwned") == "undefined"
+    injected = (
+        "Array.from(document.querySelectorAll('*')).filter(e => e.tagName === 'IMG'"
+        " || Array.from(e.attributes).some(a => a.name.startsWith('on'))"
+        " || (e.tagName === 'A' && (e.getAttribute('href') || '').startsWith('javascript:'))"
+        " || (e.tagName === 'SCRIPT' && !e.type && e.textContent.includes('pwned'))).length"
+    )
+    assert page.evaluate(injected) == 0
+    text = page.evaluate("document.body.innerText")
+    for string in strings:
+        assert string.replace("\u202e", "").replace("\u202c", "") in text.replace("\u202e", "").replace("\u202c", "")
+    opened.check_clean()
+
+
+def test_hostile_text_on_the_run_and_sweep_pages_stays_text(browser, tmp_path):
+    # a folder name can hold neither "/" nor a closing tag, but quotes and an opening tag
+    folder = tmp_path / 'run "quoted" \'single\' <b onmouseover="window.pwned=1">'
+    opened = OpenPage(browser, hostile_run(folder))
+    page = opened.page
+    page.wait_for_selector("details.example .explorer[data-rendered]")
+    # open every decoded example and the explorer's tokens, so that their text is in the page's text
+    page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+    assert_shown_as_text(opened, [folder.name, *HOSTILE])
+    # still usable: the explorer answers a hover over the 10,000-character token, the table sorts
+    explorer = page.locator("details.example").first.locator(".explorer")
+    explorer.locator(".queries .tok").nth(5).hover()
+    assert opened.weights("details.example >> nth=0 >> .keys .tok") == pytest.approx([1 / 6] * 6, abs=1 / 255)
+    page.click("#worst-first")
+    assert page.locator("#examples tbody tr").count() == len(HOSTILE)
+    page.close()
+
+    sweep = tmp_path / "sweep <i onclick='window.pwned=1'> \"s\""
+    sweep.mkdir()
+    rows = [
+        {"trial": 0, "state": "complete", "dev/loss": 1.0, HOSTILE[1]: HOSTILE[0], "workdir": str(folder)},
+        {"trial": 1, "state": "fail", "dev/loss": None, HOSTILE[1]: HOSTILE[2], "error": HOSTILE[3], "workdir": ""},
+    ]
+    opened = OpenPage(browser, pages.write_sweep(sweep, rows, "dev/loss", {HOSTILE[1]: ("categorical", HOSTILE[:3])}))
+    assert_shown_as_text(opened, [sweep.name, HOSTILE[0], HOSTILE[1], HOSTILE[2], HOSTILE[3]])
+    opened.page.click("#trials th:has-text('dev/loss')")
+    assert opened.page.locator("#trials tbody tr").count() == 2
+    opened.page.close()
