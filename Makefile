@@ -43,7 +43,7 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Preparing a TFDS catalog dataset (README, "Preparing a catalog dataset") runs in its own
+# Preparing a TFDS catalog dataset (docs/usage.md, "Preparing a catalog dataset") runs in its own
 # environment: TFDS needs TensorFlow to download and extract, training does not. The tests of
 # tests/test_prepare_catalog.py use it too.
 prepare-env: $(PREPARE_STAMP)

@@ -216,7 +216,7 @@ def get_config() -> ml_collections.ConfigDict:
     # "replicated" (each device holds all of them; right while a model fits one device),
     # "fsdp" (each split along `data` over all devices, ZeRO-3: the most memory saved, one
     # all-gather per layer), or "fsdp_tp" (also heads, feed-forward and vocabulary split along
-    # `model`, Megatron style). README "Models past one device's memory" says how to pick.
+    # `model`, Megatron style). docs/usage.md, "Models past one device's memory", says how to pick.
     config.sharding = "replicated"
     # fsdp_tp: the `model` axis's size (a divisor of the device count, the heads and d_ff; the
     # `data` axis takes the rest of the devices). 1 for the other modes.

@@ -6,7 +6,7 @@
     python train.py --config=configs/wmt14_transformer.py:big --workdir=runs/wmt14_big ...
 
 Needs `wmt14_translate/de-en` prepared as array_record in data_dir (or in $TFDS_DATA_DIR),
-which the first command does (README, "Preparing a catalog dataset"). Shared 37000-piece
+which the first command does (docs/usage.md, "Preparing a catalog dataset"). Shared 37000-piece
 vocabulary (the paper's BPE), 100k steps, warmup 4000, peak rate
 d_model^-0.5 * warmup^-0.5 = 7e-4, dropout 0.1, label smoothing 0.1, beam 4 with
 length penalty 0.6 (section 5 and 6.1).

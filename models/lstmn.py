@@ -51,7 +51,7 @@ Choices where the paper leaves room, and why:
   inter-attention works as Bahdanau et al.'s, whose query is the decoder's previous state. So
   shallow fusion defaults to eq. 11' above ("previous_state") and deep fusion keeps eq. 11
   ("word_and_context"); shallow fusion with eq. 11 is there for comparison (it does not learn
-  to copy long sources: README, the length experiment). Deep fusion with Bahdanau's query is
+  to copy long sources: docs/experiments.md, the length experiment). Deep fusion with Bahdanau's query is
   refused: the paper gives deep fusion eq. 11 alone. `gamma~_{t-1}` is not added to eq. 11':
   Bahdanau's query has no such term, and no measurement of ours shows that it helps.
 - The tapes' first state (`model.seed_tapes`). The paper starts every tape empty: at t = 1
@@ -65,7 +65,7 @@ Choices where the paper leaves room, and why:
   the decoder's tapes. That code has one layer each; here decoder layer l starts with the
   final state of encoder layer l (the layer counts must then be equal). The paper's variant
   is the default: it is what the paper specifies, with Bahdanau's query it copies long
-  sources better than the seeded tapes under the same budget (README, the length
+  sources better than the seeded tapes under the same budget (docs/experiments.md, the length
   experiment: 1.0 against 0.94 at 30-39 symbols, 0.91 against 0.08 at 80-89), and it keeps
   existing runs' tapes as they were. Pictures and recorded weights leave the first slots out, so that they stay aligned
   with the tokens.

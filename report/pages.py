@@ -550,7 +550,7 @@ def examples_table(examples: Sequence[Mapping]) -> str:
 
 def write_sweep(workdir: str | Path, rows: Sequence[Mapping], objective: str, space: Mapping[str, tuple]) -> Path:
     """`workdir/report.html` of a sweep: the trial table (sortable, each trial linked to its report), the
-    objective against the trial and against each swept field. `rows`: `sweeps.results.result_rows`."""
+    objective against the trial and against each swept field. `rows`: `tuning.results.result_rows`."""
     workdir = Path(workdir)
     page = sweep_page(workdir, rows, objective, space)
     path = workdir / "report.html"

@@ -1,5 +1,5 @@
 """The layout's rules, read from the source: what may import what, where a ConfigDict may be seen,
-which modules name an input kind, one lock implementation, and modules of a readable size."""
+which modules name an input kind, one lock implementation, and root modules of a readable size."""
 
 import ast
 import itertools
@@ -138,6 +138,16 @@ def test_nothing_imports_upward():
     assert {name: sorted(graph[name] & SCRIPTS) for name in graph if graph[name] & SCRIPTS} == {}
     # The reading sees imports, type-only ones included.
     assert graph["tasks.catalog"] >= {"utils.tfds_names"} and graph["models.transformer"] >= {"models.attention"}
+
+
+def test_no_relative_imports():
+    """Every import names its module from the root, so the floors' reading sees every edge."""
+    relative = [
+        str(path.relative_to(ROOT))
+        for path in project_modules()
+        if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(path.read_text())))
+    ]
+    assert relative == []
 
 
 def test_the_floor_test_catches_an_upward_import(tmp_path):

@@ -350,7 +350,9 @@ def hostile_run(folder: Path) -> Path:
     rows = [(text, text[::-1], f"{text} {other}") for text, other in zip(HOSTILE, reversed(HOSTILE))]
     metric_writer.write_predictions(folder / "predictions" / "step_4_dev.tsv", rows)
     metric_writer.write_eval(folder, 4, "dev", {"loss": 1.5, "bleu": 3.0, "bleu_signature": HOSTILE[0]})
-    weights = np.full((1, len(tokens), len(tokens)), 1 / len(tokens))
+    # each output token attends most to the source token at its own position
+    weights = np.full((1, len(tokens), len(tokens)), 0.5 / (len(tokens) - 1))
+    weights[0, np.arange(len(tokens)), np.arange(len(tokens))] = 0.5
     (folder / "attention" / "step_4").mkdir(parents=True)
     pictures.save_weights(
         folder / "attention" / "step_4" / "example_0.npz",
@@ -365,9 +367,8 @@ def hostile_run(folder: Path) -> Path:
     return pages.write(folder)
 
 
-def assert_shown_as_text(opened: OpenPage, strings) -> None:
-    """No script ran and no element was injected; each string is in the page's text as it is."""
-    page = opened.page
+def assert_nothing_ran_or_was_injected(page) -> None:
+    """No script of the hostile strings ran, and none of their markup became an element."""
     assert page.evaluate("typeof window.pwned") == "undefined"
     injected = (
         "Array.from(document.querySelectorAll('*')).filter(e => e.tagName === 'IMG'"
@@ -376,6 +377,12 @@ def assert_shown_as_text(opened: OpenPage, strings) -> None:
         " || (e.tagName === 'SCRIPT' && !e.type && e.textContent.includes('pwned'))).length"
     )
     assert page.evaluate(injected) == 0
+
+
+def assert_shown_as_text(opened: OpenPage, strings) -> None:
+    """No script ran and no element was injected; each string is in the page's text as it is."""
+    page = opened.page
+    assert_nothing_ran_or_was_injected(page)
     text = page.evaluate("document.body.innerText")
     for string in strings:
         assert string.replace("\u202e", "").replace("\u202c", "") in text.replace("\u202e", "").replace("\u202c", "")
@@ -391,12 +398,20 @@ def test_hostile_text_on_the_run_and_sweep_pages_stays_text(browser, tmp_path):
     # open every decoded example and the explorer's tokens, so that their text is in the page's text
     page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
     assert_shown_as_text(opened, [folder.name, *HOSTILE])
-    # still usable: the explorer answers a hover over the 10,000-character token, the table sorts
+    # each where it belongs: the folder's name as the title, the config as JSON
+    assert page.locator("h1").first.inner_text() == folder.name
+    assert json.loads(page.locator("pre").first.inner_text())["task"]["name"] == HOSTILE[0]
+    # still usable: the explorer shows the hovered token's row, the 10,000-character one too
     explorer = page.locator("details.example").first.locator(".explorer")
-    explorer.locator(".queries .tok").nth(5).hover()
-    assert opened.weights("details.example >> nth=0 >> .keys .tok") == pytest.approx([1 / 6] * 6, abs=1 / 255)
+    for row in (5, 1):
+        explorer.locator(".queries .tok").nth(row).hover()
+        expected = [0.5 if key == row else 0.1 for key in range(len(HOSTILE))]
+        assert opened.weights("details.example >> nth=0 >> .keys .tok") == pytest.approx(expected, abs=1 / 255)
+    # and the decoded examples sort, worst sentence chrF first
     page.click("#worst-first")
-    assert page.locator("#examples tbody tr").count() == len(HOSTILE)
+    chrf = [float(t) for t in page.locator("#examples tbody tr td:nth-child(4)").all_text_contents()]
+    assert len(chrf) == len(HOSTILE) and chrf == sorted(chrf)
+    assert_nothing_ran_or_was_injected(page)
     page.close()
 
     sweep = tmp_path / "sweep <i onclick='window.pwned=1'> \"s\""
@@ -404,9 +419,12 @@ def test_hostile_text_on_the_run_and_sweep_pages_stays_text(browser, tmp_path):
     rows = [
         {"trial": 0, "state": "complete", "dev/loss": 1.0, HOSTILE[1]: HOSTILE[0], "workdir": str(folder)},
         {"trial": 1, "state": "fail", "dev/loss": None, HOSTILE[1]: HOSTILE[2], "error": HOSTILE[3], "workdir": ""},
+        {"trial": 2, "state": "complete", "dev/loss": 0.5, HOSTILE[1]: HOSTILE[4], "error": HOSTILE[5], "workdir": ""},
     ]
     opened = OpenPage(browser, pages.write_sweep(sweep, rows, "dev/loss", {HOSTILE[1]: ("categorical", HOSTILE[:3])}))
-    assert_shown_as_text(opened, [sweep.name, HOSTILE[0], HOSTILE[1], HOSTILE[2], HOSTILE[3]])
+    assert_shown_as_text(opened, [sweep.name, *HOSTILE])
     opened.page.click("#trials th:has-text('dev/loss')")
-    assert opened.page.locator("#trials tbody tr").count() == 2
+    # ascending, the failed trial last
+    assert opened.page.locator("#trials tbody tr td:nth-child(1)").all_text_contents() == ["2", "0", "1"]
+    assert_nothing_ran_or_was_injected(opened.page)
     opened.page.close()

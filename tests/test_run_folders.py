@@ -9,6 +9,7 @@ Both were made under the tests' XLA flags on one device, with `--config.data_dir
 the folder their config.json records (a resumed run must keep its task's fields, data_dir among
 them)."""
 
+import csv
 import json
 import os
 import shutil
@@ -85,6 +86,9 @@ def test_an_old_sweep_is_read_by_sweep_py_without_rerunning_its_trials(tmp_path)
     """Its study's name is its folder's, so the copy keeps the folder name `sweep`."""
     workdir = tmp_path / "sweep"
     shutil.copytree(BEFORE / "sweep", workdir)
+    # what sweep.py writes from the study, gone: the run must write it again
+    for written in ("results.csv", "results.md", "report.html", "objective_by_field.png"):
+        (workdir / written).unlink()
     journal_before = (workdir / "study.journal").read_text()
     command = [
         sys.executable,
@@ -97,14 +101,18 @@ def test_an_old_sweep_is_read_by_sweep_py_without_rerunning_its_trials(tmp_path)
     finished = subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "2 trials: 2 complete" in finished.stdout
-    # no trial ran again: every line the old study held is still its first lines
-    assert (workdir / "study.journal").read_text().startswith(journal_before)
+    # no trial ran again: the journal only gained the workers' "open the study" records (op code 0)
+    journal = (workdir / "study.journal").read_text()
+    assert journal.startswith(journal_before)
+    added = [json.loads(line) for line in journal[len(journal_before) :].splitlines()]
+    assert {record["op_code"] for record in added} <= {0}
     assert not any((workdir / "trials" / name / "checkpoints").exists() for name in ("trial_0000", "trial_0001"))
-    rows = (workdir / "results.csv").read_text().splitlines()
-    assert len(rows) == 3 and rows[0].startswith("trial,state,dev/token_accuracy,learning_rate")
-    values = [float(row.split(",")[2]) for row in rows[1:]]
-    assert values == sorted(values, reverse=True)
+    with open(workdir / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["trial"] for row in rows] == ["1", "0"] and rows[0]["learning_rate"] == "0.003"
+    values = [float(row["dev/token_accuracy"]) for row in rows]
+    assert values == sorted(values, reverse=True) and np.isfinite(values).all()
     # the trials' own folders, where the copy has them now, not where the study recorded them
+    assert [Path(row["workdir"]) for row in rows] == [workdir / "trials" / f"trial_000{row['trial']}" for row in rows]
     page = (workdir / "report.html").read_text()
     assert 'href="trials/trial_0000/report.html"' in page and "/work/ref/" not in page
-    assert np.isfinite(values).all()
