@@ -18,7 +18,7 @@ def xla_flags(devices: int) -> str:
 
 def tiny_config(data_dir, **overrides):
     """configs/default.py shrunk to seconds: a 1+1-layer Transformer on 600 dates."""
-    from configs import base, default
+    from configs import default
 
     config = default.get_config()
     config.data_dir = str(data_dir)
@@ -34,6 +34,13 @@ def tiny_config(data_dir, **overrides):
         schedule="rsqrt",
         visualize_examples=0,
     )
+    return locked_with(config, overrides)
+
+
+def locked_with(config, overrides: dict):
+    """`config` with each `{"a.b": value}` of `overrides` set as `--config.a.b=value` sets it, locked."""
+    from configs import base
+
     for dotted_name, value in overrides.items():
         base.set_field(config, dotted_name, value)
     config.lock()
@@ -94,7 +101,4 @@ def captioning_config(data_dir, attention="soft", **overrides):
         warmup_steps=2,
         visualize_examples=1,
     )
-    for name, value in overrides.items():
-        base.set_field(config, name, value)
-    config.lock()
-    return config
+    return locked_with(config, overrides)
