@@ -18,12 +18,13 @@ import pytest
 from orbax.checkpoint._src.path import atomicity
 
 from engine import training_loop
-from helpers.subprocess_runs import TIMING, assert_same_final_state, final_state, metric_rows, run_train_py
+from helpers.subprocess_runs import assert_same_final_state, final_state, metric_rows, run_train_py
 from helpers.tiny import first_devices_mesh, tiny_config, two_process_config, xla_flags
 from run_setup import checkpoints, cluster
 from run_setup import run as run_module
 from run_setup.run import prepare_run
 from run_setup.settings import parse
+from tools import compare_runs
 from utils import files
 from utils.errors import CheckpointError
 
@@ -128,8 +129,7 @@ def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_ste
     # --config.curves_png=false (TINY_FLAGS)
     assert not (cut / "curves.png").exists()
 
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
-    assert strip(metric_rows(cut)) == strip(metric_rows(tmp_path / "whole"))
+    assert compare_runs.metric_rows(cut) == compare_runs.metric_rows(tmp_path / "whole")
     assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=60), tmp_path / "whole", cut, 60)
 
 
@@ -257,8 +257,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_
 
     outputs = finished(two_processes(cut, shared_data_dir, steps))
     assert f"resuming from the checkpoint at step {stopped[0]}" in (cut / "log.txt").read_text()
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
-    assert strip(metric_rows(cut)) == strip(metric_rows(whole))
+    assert compare_runs.metric_rows(cut) == compare_runs.metric_rows(whole)
     assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=steps), whole, cut, steps)
 
 
@@ -288,7 +287,7 @@ def test_two_processes_under_fsdp_train_as_one_process_on_four_devices(shared_da
     assert sum("loss" in r for r in pair) >= 4
     for a, b in zip(pair, one):
         assert a.keys() == b.keys()
-        for name in a.keys() - {"step", "split", *TIMING}:
+        for name in a.keys() - {"step", "split", *compare_runs.TIMING_COLUMNS}:
             np.testing.assert_allclose(
                 a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=f"{name} at step {a['step']} {a['split']}"
             )

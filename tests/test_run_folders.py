@@ -23,7 +23,7 @@ import pytest
 import inference
 import train
 from engine import evaluation
-from helpers.subprocess_runs import PROJECT_ROOT, TIMING, metric_rows, run_train_py
+from helpers.subprocess_runs import PROJECT_ROOT, run_train_py
 from helpers.tiny import xla_flags
 from tools import compare_runs
 
@@ -75,8 +75,7 @@ def test_todays_code_trains_the_old_run_bit_for_bit_and_resumes_it(old_run, tmp_
     assert differ == [] and any(item.startswith("checkpoint 10") for item in same), same
 
     assert "resuming from the checkpoint at step 10" in (old_run / "log.txt").read_text()
-    strip = lambda rows: [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
-    old_rows, resumed_rows = strip(metric_rows(BEFORE / "run")), strip(metric_rows(old_run))
+    old_rows, resumed_rows = compare_runs.metric_rows(BEFORE / "run"), compare_runs.metric_rows(old_run)
     assert resumed_rows[: len(old_rows)] == old_rows
     assert [r["step"] for r in resumed_rows[len(old_rows) :] if r["split"] == "train"] == [15]
     assert (old_run / "checkpoints" / "15").is_dir() and (old_run / "eval" / "step_15.json").is_file()

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 # Columns that measure the machine, not the run.
-TIMING_COLUMNS = frozenset({"tokens_per_second", "steps_per_second", "seconds", "wall_seconds", "decode_seconds"})
+TIMING_COLUMNS = frozenset({"tokens_per_second", "steps_per_second"})
 
 
 def metric_rows(workdir: Path) -> list[dict]:

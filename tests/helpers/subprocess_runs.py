@@ -1,7 +1,6 @@
 """Running train.py in tests: the tiny flags, a subprocess on them, its metrics rows, the state it saved,
 and a whole run against one killed and rerun."""
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,8 @@ from engine import training_loop
 from helpers.tiny import xla_flags
 from run_setup.run import prepare_run
 from run_setup.settings import parse
+from tools import compare_runs
+from utils import metric_writer
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,11 +56,9 @@ def run_train_py(
     )
 
 
-def metric_rows(workdir):
-    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-
-
-TIMING = ("tokens_per_second", "steps_per_second")
+def metric_rows(workdir) -> list[dict]:
+    """The run's metrics.jsonl rows, as the report page reads them."""
+    return metric_writer.read_jsonl(Path(workdir))
 
 
 def final_state(config, workdir, step):
@@ -108,6 +107,5 @@ def sigkill_and_rerun(tmp_path, data_dir, flags, *, kill_after: int, checkpoint:
     assert resumed.returncode == 0, output
     assert "resuming from the checkpoint at step" in output
 
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
-    assert strip(metric_rows(tmp_path / "cut")) == strip(metric_rows(tmp_path / "whole"))
+    assert compare_runs.metric_rows(tmp_path / "cut") == compare_runs.metric_rows(tmp_path / "whole")
     return tmp_path / "whole", tmp_path / "cut"
