@@ -1,20 +1,22 @@
-"""The families on real text for the same planned time: Transformer, RNNsearch and LSTMN (shallow and
-deep fusion) trained on the shipped kjv_web corpus, scored on its test split with beam 4.
+"""The families on real text for the same planned time: Transformer, RNNsearch, RNNencdec (RNNsearch
+without attention: Bahdanau's contrast) and LSTMN (shallow and deep fusion) trained on the shipped
+kjv_web corpus, three seeds each, scored on its test split with beam 4.
 
     python benchmarks/kjv_comparison.py --workdir=runs/kjv_comparison              # 30 minutes each
-    python benchmarks/kjv_comparison.py --workdir=runs/kjv_comparison --minutes=30 --tune_minutes=2
+    python benchmarks/kjv_comparison.py --workdir=runs/kjv_comparison --minutes=30 --tune_minutes=6 --seeds=3
 
 Each column starts from its kjv_web config (configs/kjv_web_transformer.py, rnnsearch_kjv_web.py,
-lstmn_kjv_web.py, the last with `fusion="deep"` and `inter_query="word_and_context"` for
-`lstmn_deep`) and goes through three stages:
+rnnencdec_kjv_web.py, lstmn_kjv_web.py, the last with `fusion="deep"` and
+`inter_query="word_and_context"` for `lstmn_deep`) and goes through three stages:
 
 1. **Its learning rate.** Short runs at the config's rate times 1/2, 1 and 2 (then doubled or
-   halved again, up to 5 rates, while the best is at an edge), each as many steps as
+   halved again, up to 8 rates, while the best is at an edge), each as many steps as
    `--tune_minutes` allow at the family's speed (measured first by a 40-step probe, after
-   compilation); the rate whose run ends with the lowest dev loss is kept. Where the runner-up's
-   dev loss is within 1% of it, the short runs did not tell the two apart (the Transformer's end on
-   its early loss plateau: 6.00 and 6.01), and both rates get the full budget (stage 2), each a row
-   of the table (a third rate within 1% is not trained).
+   compilation); the rate whose run ends with the lowest dev loss is kept. 6 minutes, a fifth of
+   the budget: 2-minute runs left the Transformer on its early loss plateau (dev loss 6.00 and
+   6.01 at two rates). Where the runner-up's dev loss is still within 1% of it, the short runs did
+   not tell the two apart, and both rates get the full budget (stage 2), each a row of the table
+   (a third rate within 1% is not trained).
 2. **The budget.** One run of `--minutes` worth of steps at the speed the tuning runs measured
    (the median over the runs of each one's steps over its seconds, its first logged window, which
    holds the compilation, left out): every family is planned the same
@@ -23,7 +25,12 @@ lstmn_kjv_web.py, the last with `fusion="deep"` and `inter_query="word_and_conte
    set for runs many times longer); everything else is the config's.
 3. **The test split**, evaluated whole with beam 4 (a first call, decoding one example, compiles
    the programs): BLEU and chrF (sacrebleu), and sentences per second of the timed call (its
-   teacher-forced loss pass included, a small part beside the search).
+   teacher-forced loss pass included, a small part beside the search); each sentence's best
+   hypothesis is kept (`test_hypotheses.json`) for the scores by source length and the paired
+   bootstrap.
+
+The tuned rate is trained at `--seeds` seeds (parameters, dropout and data order), every column's
+seed 0 first, so that a benchmark stopped early has whole rows to show.
 
 A last row scores the test split's sources as their own translations (no model): KJV and WEB
 share most of their words, so that is the floor a model has to clear.
@@ -68,19 +75,22 @@ from run_setup.run import model_fields, prepare_run  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
 from scoring import score_registry  # noqa: E402
 from tasks import vocabularies  # noqa: E402
-from utils import metric_writer  # noqa: E402
+from utils import files, metric_writer  # noqa: E402
 from utils.errors import NonFiniteLoss  # noqa: E402
 
 # column: (config module, model fields over the config's)
 COLUMNS = {
     "transformer": ("kjv_web_transformer", {}),
     "rnnsearch": ("rnnsearch_kjv_web", {}),
+    # Bahdanau's contrast: RNNsearch's sizes without attention
+    "rnnencdec": ("rnnencdec_kjv_web", {}),
     "lstmn_shallow": ("lstmn_kjv_web", {"fusion": "shallow"}),
     "lstmn_deep": ("lstmn_kjv_web", {"fusion": "deep", "inter_query": "word_and_context"}),
 }
 RATE_FACTORS = (0.5, 1.0, 2.0)
-# the grid grows by doubling (or halving) while its best rate is at an edge
-MAX_RATES = 5
+# the grid grows by doubling (or halving) while its best rate is at an edge (a diverged run is the
+# worst, so the grid stops growing where the rates start to diverge)
+MAX_RATES = 8
 # steps: a probe or tuning run below it checkpoints only at its end
 SHORT_RUN = 200
 # tuning runs whose dev losses are this close (relative) do not tell their rates apart
@@ -91,12 +101,13 @@ BEAM = 4
 FLAGS = flags.FlagValues()
 flags.DEFINE_string("workdir", "runs/kjv_comparison", "", flag_values=FLAGS)
 flags.DEFINE_float("minutes", 30.0, "training wall time of each column's run", flag_values=FLAGS)
-flags.DEFINE_float("tune_minutes", 2.0, "training wall time of each learning-rate trial", flag_values=FLAGS)
+flags.DEFINE_float("tune_minutes", 6.0, "training wall time of each learning-rate trial", flag_values=FLAGS)
+flags.DEFINE_integer("seeds", 3, "runs of each column's tuned rate, seeds 0, 1, ...", flag_values=FLAGS)
 flags.DEFINE_string("columns", ",".join(COLUMNS), f"comma-separated, of: {', '.join(COLUMNS)}", flag_values=FLAGS)
 flags.DEFINE_string("data_dir", "data/tfds", "", flag_values=FLAGS)
 
 
-def column_config(column: str, learning_rate: float | None, steps: int, data_dir: str):
+def column_config(column: str, learning_rate: float | None, steps: int, data_dir: str, seed: int = 0):
     """The column's config with `steps` under the shared schedule rule, its rate (the config's when
     None), evaluating and checkpointing only at the end (and every tenth, to resume). Every column
     asks for the same vocabulary: the first run trains it, the others take it from the shelf
@@ -108,6 +119,7 @@ def column_config(column: str, learning_rate: float | None, steps: int, data_dir
     if learning_rate is not None:
         config.learning_rate = learning_rate
     config.num_train_steps = steps
+    config.seed = seed
     config.warmup_steps = max(1, steps // 10)
     config.schedule = "cosine"
     config.log_every_steps = max(1, min(50, steps // 20))
@@ -266,6 +278,10 @@ def write_test_scores(config, workdir: Path) -> None:
     start = time.perf_counter()
     results, decoded = evaluation.evaluate_split(evaluator, params, "test")
     seconds = time.perf_counter() - start
+    # the best hypothesis of each test sentence, by record index: the figure's buckets and the
+    # paired bootstrap read them
+    hypotheses = json.dumps(evaluation.best_hypotheses(decoded), ensure_ascii=False)
+    files.write_whole(workdir / "test_hypotheses.json", lambda temporary: temporary.write_text(hypotheses))
     measured = {
         "bleu": results["bleu"],
         "chrf": results["chrf"],
@@ -305,6 +321,16 @@ def copy_scores(config) -> dict:
     )
 
 
+def final_runs(column: str, chosen: dict, seeds: int, workdir: Path) -> list[tuple[float, int, Path]]:
+    """`(rate, seed, run folder)` of the column's runs of the full budget: the tuned rate at seeds
+    0 .. seeds - 1, then a runner-up tied in tuning (`finalists`) at seed 0."""
+    tuned, *tied = finalists(chosen)
+    folder = lambda seed: workdir / column / ("final" if seed == 0 else f"final_seed{seed}")  # noqa: E731
+    return [(tuned, seed, folder(seed)) for seed in range(seeds)] + [
+        (rate, 0, workdir / column / f"final_{rate:g}") for rate in tied
+    ]
+
+
 def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
     # as train.py's runs: the allocator, the collector and the compilation cache
@@ -314,46 +340,54 @@ def main() -> None:
     unknown = [c for c in columns if c not in COLUMNS]
     if unknown:
         raise SystemExit(f"--columns: unknown {', '.join(unknown)}; valid: {', '.join(COLUMNS)}")
+    plans = {column: plan(column, args) for column in columns}
+    runs = [
+        (column, *run)
+        for column in columns
+        for run in final_runs(column, plans[column], args.seeds, Path(args.workdir))
+    ]
+    # every column's first seed before any column's second: a stopped benchmark has whole rows to show
+    runs.sort(key=lambda run: run[2])
     rows = []
-    for column in columns:
-        chosen = plan(column, args)
-        for place, rate in enumerate(finalists(chosen)):
-            config = column_config(column, rate, chosen["steps"], args.data_dir)
-            tuned = place == 0
-            workdir = Path(args.workdir) / column / ("final" if tuned else f"final_{rate:g}")
-            trained = train(config, workdir)
-            edge = " (the grid's edge)" if tuned and chosen["best_at_edge"] else ""
-            label = f"{rate:g}{edge}" if tuned else f"{rate:g} (runner-up: tied in tuning)"
-            epochs = trained["target_tokens"] / split_target_tokens(config, workdir)
-            rows.append(
-                (
-                    column,
-                    label,
-                    chosen,
-                    trained,
-                    epochs,
-                    scores_on_test_split(config, workdir),
-                    parameter_count(config, workdir),
-                )
+    for column, rate, seed, workdir in runs:
+        chosen = plans[column]
+        config = column_config(column, rate, chosen["steps"], args.data_dir, seed)
+        trained = train(config, workdir)
+        tuned = rate == chosen["learning_rate"]
+        edge = " (the grid's edge)" if tuned and chosen["best_at_edge"] else ""
+        label = f"{rate:g}{edge}" if tuned else f"{rate:g} (runner-up: tied in tuning)"
+        epochs = trained["target_tokens"] / split_target_tokens(config, workdir)
+        rows.append(
+            (
+                column,
+                seed,
+                label,
+                chosen,
+                trained,
+                epochs,
+                scores_on_test_split(config, workdir),
+                parameter_count(config, workdir),
             )
+        )
+    rows.sort(key=lambda row: (columns.index(row[0]), row[2], row[1]))
     print(
         f"kjv_web, {args.minutes:g} minutes of training each (steps fixed from the measured speed); "
-        f"test split ({rows[0][5]['sentences'] if rows else 0} verses), beam {BEAM}"
+        f"test split ({rows[0][6]['sentences'] if rows else 0} verses), beam {BEAM}"
     )
     print(
-        "| model | parameters | learning rate (tuned) | steps | epochs | train min | dev loss | test BLEU | test chrF "
-        "| decode sentences/s |"
+        "| model | seed | parameters | learning rate (tuned) | steps | epochs | train min | dev loss | test BLEU "
+        "| test chrF | decode sentences/s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for column, rate, chosen, trained, epochs, test, parameters in rows:
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for column, seed, rate, chosen, trained, epochs, test, parameters in rows:
         print(
-            f"| {column} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {epochs:.1f} "
+            f"| {column} | {seed} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {epochs:.1f} "
             f"| {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} | {test['bleu']:.2f} "
             f"| {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |"
         )
     if rows:
         floor = copy_scores(column_config(columns[0], None, 1, args.data_dir))
-        print(f"| the source copied (no model) | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
+        print(f"| the source copied (no model) | | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
 
 
 if __name__ == "__main__":
