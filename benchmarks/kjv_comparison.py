@@ -18,8 +18,8 @@ rnnencdec_kjv_web.py, lstmn_kjv_web.py, the last with `fusion="deep"` and
    not tell the two apart, and both rates get the full budget (stage 2), each a row of the table
    (a third rate within 1% is not trained).
 2. **The budget.** One run of `--minutes` worth of steps at the speed the tuning runs measured
-   (the median over the runs of each one's steps over its seconds, its first logged window, which
-   holds the compilation, left out): every family is planned the same
+   (the fastest run's steps over its seconds, its first logged window, which holds the
+   compilation, left out: other work on the machine only ever slows a run down): every family is planned the same
    time, however fast its step. All runs share one schedule rule: linear warmup over the
    first tenth of the steps, then cosine decay to 0 at the last (each family's own schedule was
    set for runs many times longer); everything else is the config's.
@@ -56,7 +56,6 @@ import json
 import math
 import multiprocessing
 import signal
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -226,10 +225,8 @@ def plan(column: str, args) -> dict:
     while best in (min(trials), max(trials)) and len(trials) < MAX_RATES:
         try_rate(best * 2 if best == max(trials) else best / 2)
         best = min(trials, key=lambda rate: trials[rate]["dev_loss"])
-    # of 3 to 5 runs
-    speed = statistics.median(
-        trial["steps_per_second"] for trial in trials.values() if math.isfinite(trial["steps_per_second"])
-    )
+    # the fastest of 3 to 8 runs: other work on the machine only ever slows a run down
+    speed = max(trial["steps_per_second"] for trial in trials.values() if math.isfinite(trial["steps_per_second"]))
     result = {
         "learning_rate": best,
         "steps": max(20, round(args.minutes * 60 * speed)),
