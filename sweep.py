@@ -61,9 +61,8 @@ from run_setup import command_line
 from tuning.results import write_results
 from tuning.study import SweepError, load_sweep, open_study, trials_toward_the_count
 from tuning.trial import run_worker, visible_gpus, worker_environment
-from utils import progress
+from utils import progress, stop_signals
 from utils.errors import ConfigError
-from utils.stop_signals import StopSignals
 
 PROJECT_ROOT = Path(__file__).resolve().parent
 
@@ -114,7 +113,10 @@ def launch_workers(argv: list[str], environments: list[dict[str, str]], study: o
     (`progress.phase`); SIGTERM/SIGINT are passed on to the workers."""
     workers = [
         subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), *argv, f"--worker_index={index}"], env=environment
+            [sys.executable, str(Path(__file__).resolve()), *argv, f"--worker_index={index}"],
+            env=environment,
+            # a Ctrl-C reaches this process only, which passes it on once (a second one ends them at once)
+            start_new_session=True,
         )
         for index, environment in enumerate(environments)
     ]
@@ -126,8 +128,10 @@ def launch_workers(argv: list[str], environments: list[dict[str, str]], study: o
 
     # a resumed sweep: what earlier runs finished
     done_before = finished_trials(study)
+    # the workers stop their trials (which save), then end; the watcher ends this process at a second signal
     with (
-        StopSignals(on_signal=forward),
+        stop_signals.handled(on_signal=forward),
+        stop_signals.deferred(),
         progress.phase("sweep", total=max(num_trials - done_before, 0), unit="trials") as shown,
     ):
         while running := [worker for worker in workers if worker.poll() is None]:

@@ -44,7 +44,7 @@ from run_setup import (  # noqa: E402
     compatibility,
     settings,  # noqa: E402
 )
-from utils import allocator  # noqa: E402
+from utils import allocator, stop_signals  # noqa: E402
 from utils.errors import ConfigError, UserError  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent
@@ -138,12 +138,18 @@ def main(argv) -> int:
             logging.getLogger(library).setLevel(logging.WARNING)
     workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
     try:
-        # --config counts for eval and predict only where given: they read the run's own config.json
-        config_file = FLAGS.config if FLAGS.mode == "train" or FLAGS["config"].present else None
-        result = run_mode(settings_for(FLAGS.mode, workdir, config_file, OVERRIDES), workdir)
+        # SIGTERM/SIGINT stop every phase within seconds (utils/stop_signals.py)
+        with stop_signals.handled():
+            # --config counts for eval and predict only where given: they read the run's own config.json
+            config_file = FLAGS.config if FLAGS.mode == "train" or FLAGS["config"].present else None
+            result = run_mode(settings_for(FLAGS.mode, workdir, config_file, OVERRIDES), workdir)
     except UserError as error:
         # the message names the culprit; anything else is a bug and keeps its traceback
         exit_with_error(error)
+    except stop_signals.Stopped as stopped:
+        # one line saying what was kept; 128 + the signal's number, as a shell reports a process it stopped
+        print(stopped.line(), file=sys.stderr, flush=True)
+        return stopped.exit_code
     if FLAGS.mode == "eval":
         print({k: v for k, v in result.items() if not k.endswith("signature")})
     elif FLAGS.mode == "predict":

@@ -38,10 +38,9 @@ from run_setup.compatibility import check_init, check_resume
 from run_setup.run import Run, prepare_run
 from run_setup.settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
 from scoring import metrics, score_registry
-from utils import metric_writer
+from utils import metric_writer, stop_signals
 from utils.errors import ConfigError, NonFiniteLoss
 from utils.metric_writer import Reporter
-from utils.stop_signals import SIGNALS, StopSignals
 
 # {"step": int32 [], "params": nnx.State, "opt_state": optax state[, "model_state": dict]}
 TrainState = dict
@@ -262,12 +261,15 @@ def evaluate_during_training(
         results[split], decoded = evaluation.evaluate_split(
             evaluator, params, split, max_decoded=settings.eval_decode_examples
         )
-        reporter.write(step, split, results[split])
-        if run.is_chief:
-            metric_writer.write_eval(run.workdir, step, split, results[split])
-            evaluation.write_best_hypotheses(
-                run, split, decoded, run.workdir / "predictions" / f"step_{step}_{split}.tsv"
-            )
+        # the row and the files together: a rerun redoes a split without its eval file
+        with stop_signals.deferred():
+            reporter.write(step, split, results[split])
+            if run.is_chief:
+                metric_writer.write_eval(run.workdir, step, split, results[split])
+                evaluation.write_best_hypotheses(
+                    run, split, decoded, run.workdir / "predictions" / f"step_{step}_{split}.tsv"
+                )
+        stop_signals.check()
         if split == "dev" and settings.visualize_examples:
             evaluation.draw_attention(evaluator, params, "dev", step, reporter)
     if run.is_chief:
@@ -279,6 +281,57 @@ def evaluate_during_training(
         if due:
             curves.drawn(final)
     return results
+
+
+def evaluate_at_step(
+    evaluator: evaluation.Evaluator,
+    params: nnx.State,
+    step: int,
+    splits: Sequence[str],
+    *,
+    reporter: Reporter,
+    curves: CurvesPicture,
+    early_stopping: EarlyStopping,
+) -> tuple[dict[str, dict], bool]:
+    """`(results by split, stop early)`: `splits` evaluated at `step`; where the dev results end the
+    run early (`early_stopping`), the test split too."""
+    run = evaluator.run
+    results = evaluate_during_training(evaluator, params, step, splits, reporter, curves)
+    last = step == run.settings.optimization.num_train_steps
+    stop_early = "dev" in results and early_stopping.update(step, results["dev"]) and not last
+    if stop_early:
+        logging.info(
+            "early stopping at step %d: dev %s has not improved for %d evaluations (best %.4g at step %d)",
+            step,
+            early_stopping.metric,
+            early_stopping.waited,
+            early_stopping.best,
+            early_stopping.best_step,
+        )
+        results.update(evaluate_during_training(evaluator, params, step, ("test",), reporter, curves))
+    return results, stop_early
+
+
+def unfinished_evaluation(run: Run, step: int, stopped_early: bool) -> tuple[str, ...]:
+    """The splits of the evaluation due at `step` (the checkpoint resumed from) that have no results
+    in `eval/step_<step>.json`: a stop cut that evaluation short, and saved the checkpoint without it."""
+    optimization = run.settings.optimization
+    last = step == optimization.num_train_steps
+    if step == 0 or not (step % run.settings.evaluation.eval_every_steps == 0 or last):
+        return ()
+    due = ("dev", "test") if last or stopped_early else ("dev",)
+    return tuple(split for split in due if split not in evaluated_splits(run.workdir, step))
+
+
+def evaluated_splits(workdir: Path, step: int) -> dict[str, dict]:
+    """The results by split in `eval/step_<step>.json` (none when it does not exist)."""
+    path = workdir / "eval" / f"step_{step}.json"
+    return {k: v for k, v in json.loads(path.read_text()).items() if k != "step"} if path.exists() else {}
+
+
+def kept_metrics(results: dict[str, dict]) -> dict | None:
+    """The dev results a checkpoint keeps (its best-checkpoint ranking)."""
+    return {k: v for k, v in results.get("dev", {}).items() if isinstance(v, float)} or None
 
 
 CURVES_EVERY_SECONDS = 300.0
@@ -344,14 +397,16 @@ def train_and_evaluate(settings: Settings, workdir: str | Path) -> dict:
     check_resume(settings, Path(workdir))
     # a run to start from that does not fit stops here, before anything is written
     check_init(settings, Path(workdir))
-    # a second run on the workdir stops here, having written nothing
-    run = prepare_run(settings, workdir, lock=True)
-    try:
-        with metric_writer.log_file(run.workdir, enabled=run.is_chief):
-            return train(run)
-    finally:
-        if run.lock is not None:
-            run.lock.release()
+    # SIGTERM and SIGINT: stopped within seconds wherever they land (utils/stop_signals.py)
+    with stop_signals.handled():
+        # a second run on the workdir stops here, having written nothing
+        run = prepare_run(settings, workdir, lock=True)
+        try:
+            with metric_writer.log_file(run.workdir, enabled=run.is_chief):
+                return train(run)
+        finally:
+            if run.lock is not None:
+                run.lock.release()
 
 
 def train(run: Run) -> dict:
@@ -386,6 +441,8 @@ def train(run: Run) -> dict:
         if r["split"] == "dev" and "mode" not in r and r["step"] <= start_step
     ]
     early_stopping = EarlyStopping(evaluation_settings, training_dev_rows)
+    # the checkpoint's step
+    resumed_step = start_step
     # a rerun of a run that stopped early: nothing more to train
     if early_stopping.stopped:
         logging.info(
@@ -404,28 +461,58 @@ def train(run: Run) -> dict:
     window, seconds_before = unfinished_window(run.workdir, start_step)
     window_start = time.time()
     curves = CurvesPicture(run.workdir, enabled=run.is_chief and run.settings.evaluation.curves_png)
+    evaluate_at = functools.partial(
+        evaluate_at_step, evaluator, reporter=reporter, curves=curves, early_stopping=early_stopping
+    )
+    stopped_at, cut_evaluation = None, False
     try:
-        # with several processes, SIGTERM is JAX's preemption notice, which the processes agree on
+        # a stop during the evaluation of the step resumed from: done first, before any training
+        unfinished = unfinished_evaluation(run, resumed_step, early_stopping.stopped)
+        if unfinished:
+            try:
+                with stop_signals.abortable(f"evaluating {', '.join(unfinished)} at step {resumed_step}"):
+                    final, stop_early = evaluate_at(state["params"], resumed_step, unfinished)
+            except stop_signals.Stopped as stopped:
+                stopped.kept = f"the checkpoint at step {resumed_step} (its evaluation is redone first)"
+                raise
+            # its checkpoint was saved without the evaluation's metrics (its best-checkpoint ranking)
+            with stop_signals.deferred():
+                final = {**evaluated_splits(run.workdir, resumed_step), **final}
+                run.checkpoints.save_again(resumed_step, state, data_iterator, metrics=kept_metrics(final))
+            if stop_early:
+                start_step = optimization.num_train_steps
         several = jax.process_count() > 1
-        with StopSignals(message="saving a checkpoint, then stopping", signals=() if several else SIGNALS) as stop:
+        # a signal during a step or a save: the loop saves after the step, then stops
+        with stop_signals.deferred(), stop_signals.phase("training"):
             for step in range(start_step + 1, optimization.num_train_steps + 1):
-                state, step_metrics = train_step(state, run.global_batch(next(data_iterator)))
+                # the first step compiles it: stopped there, nothing is lost
+                first = step == start_step + 1
+                # the step's name for the messages (and the test hook)
+                with (
+                    stop_signals.abortable("compiling the train step")
+                    if first
+                    else stop_signals.phase(f"training step {step}")
+                ):
+                    state, step_metrics = train_step(state, run.global_batch(next(data_iterator)))
+                # with several processes, SIGTERM is JAX's preemption notice, which the processes agree on
                 if several and multihost_utils.reached_preemption_sync_point(step):
                     logging.warning(
                         "a process was sent SIGTERM: every process saves a checkpoint after step %d, then stops", step
                     )
-                    stop.requested = True
+                    stop_signals.request()
                 window.append((step, step_metrics))
                 last = step == optimization.num_train_steps
                 evaluate_now = step % evaluation_settings.eval_every_steps == 0 or last
-                save_now = step % run.settings.checkpoints.checkpoint_every_steps == 0 or last or stop.requested
+                save_now = (
+                    step % run.settings.checkpoints.checkpoint_every_steps == 0 or last or stop_signals.requested()
+                )
                 if step % optimization.log_every_steps == 0 or evaluate_now or save_now:
                     window = jax.device_get(window)
                     # before any save: a checkpoint never holds a diverged state
                     check_finite(window)
                     seconds = seconds_before + time.time() - window_start
                     row = summarize_window(window, float(schedule(step - 1)), seconds)
-                    if not stop.requested or step % optimization.log_every_steps == 0:
+                    if not stop_signals.requested() or step % optimization.log_every_steps == 0:
                         reporter.write(step, "train", row)
                     elif run.is_chief:
                         # stopped between two rows: the rerun's next row takes these steps in
@@ -436,30 +523,28 @@ def train(run: Run) -> dict:
                     window, window_start, seconds_before = [], time.time(), 0.0
                 eval_metrics, stop_early = None, False
                 if evaluate_now:
-                    final = evaluate_during_training(
-                        evaluator, state["params"], step, ("dev", "test") if last else ("dev",), reporter, curves
-                    )
-                    eval_metrics = {k: v for k, v in final["dev"].items() if isinstance(v, float)}
-                    stop_early = early_stopping.update(step, final["dev"]) and not last
-                    if stop_early:
-                        logging.info(
-                            "early stopping at step %d: dev %s has not improved for %d evaluations "
-                            "(best %.4g at step %d)",
-                            step,
-                            evaluation_settings.best_metric,
-                            early_stopping.waited,
-                            early_stopping.best,
-                            early_stopping.best_step,
-                        )
-                        final.update(
-                            evaluate_during_training(evaluator, state["params"], step, ("test",), reporter, curves)
-                        )
+                    try:
+                        with stop_signals.abortable(f"evaluating at step {step}"):
+                            splits = ("dev", "test") if last else ("dev",)
+                            final, stop_early = evaluate_at(state["params"], step, splits)
+                        eval_metrics = kept_metrics(final)
+                    except stop_signals.Stopped:
+                        # saved below without it; the rerun evaluates the step first
+                        cut_evaluation = True
                 # a signal may have come during this step's eval
-                if save_now or stop.requested or stop_early:
-                    run.checkpoints.save(step, state, data_iterator, metrics=eval_metrics)
-                if stop.requested or stop_early:
+                if save_now or stop_signals.requested() or stop_early:
+                    with stop_signals.phase(f"saving the checkpoint at step {step}"):
+                        run.checkpoints.save(step, state, data_iterator, metrics=eval_metrics)
+                if stop_signals.requested():
+                    stopped_at = step
+                    break
+                if stop_early:
                     logging.info("stopped at step %d after saving a checkpoint", step)
                     break
+    except stop_signals.Stopped as stopped:
+        # compiling the first step: nothing trained since the checkpoint resumed from
+        stopped.kept = stopped.kept or (f"the checkpoint at step {resumed_step}" if resumed_step else "the data built")
+        raise
     finally:
         try:
             # waits for pending saves, which may still read the data iterator's state
@@ -470,6 +555,11 @@ def train(run: Run) -> dict:
             reporter.close()
             # also after an error (a diverged loss): the picture of every row written
             curves.finish()
+    if stopped_at is not None:
+        redone = " (its evaluation is redone first)" if cut_evaluation else ""
+        raise stop_signals.Stopped(
+            stop_signals.signum(), stop_signals.where(), f"the checkpoint at step {stopped_at}{redone}"
+        )
     if run.is_chief:
         print_outputs(run.workdir)
     return final

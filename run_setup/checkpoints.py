@@ -111,6 +111,16 @@ class Checkpoints:
             self.manager.save(step, args=ocp.args.Composite(**items), metrics=usable, force=True)
         self._saved = True
 
+    def save_again(self, step: int, state: Any, data_iterator: Any | None, metrics: dict | None) -> None:
+        """Replaces the checkpoint at `step` with one of the same state that keeps `metrics` (a stop cut
+        its evaluation short, and it was saved without them); nothing to do without `best_metric`."""
+        if not metrics or self.best_metric not in metrics:
+            return
+        with self._writing():
+            self.manager.wait_until_finished()
+            self.manager.delete(step)
+        self.save(step, state, data_iterator, metrics)
+
     @contextlib.contextmanager
     def _writing(self):
         """Turns a failed write (Orbax's own thread's error included) into a `CheckpointError`."""

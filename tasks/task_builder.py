@@ -40,7 +40,7 @@ import tensorflow_datasets as tfds
 from array_record.python import array_record_module
 from google.protobuf import json_format
 
-from utils import progress
+from utils import progress, stop_signals
 from utils.errors import ConfigError, DataError
 
 SPLITS = ("train", "dev", "test")
@@ -159,7 +159,9 @@ class TextPairBuilder(tfds.core.ShardBasedBuilder):
         with progress.phase(f"building {self.name}", total=total, unit="examples") as shown:
             # a split of several shards: worth a pool's start
             if len(jobs) > len(shards):
-                with multiprocessing.get_context("spawn").Pool(min(os.cpu_count() or 1, len(jobs))) as pool:
+                with stop_signals.children_leave_ctrl_c_to_us():
+                    pool = multiprocessing.get_context("spawn").Pool(min(os.cpu_count() or 1, len(jobs)))
+                with pool:
                     counts = [shown.advance(count) or count for count in pool.imap(write_shard, jobs)]
             else:
                 counts = [shown.advance(count) or count for count in map(write_shard, jobs)]

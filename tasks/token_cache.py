@@ -40,7 +40,7 @@ import sentencepiece as spm
 
 from tasks.task_builder import rebuild_fix
 from tasks.vocabularies import EOS_ID, Tokenizers
-from utils import progress
+from utils import progress, stop_signals
 from utils.errors import DataError
 from utils.files import exclusive, write_whole
 
@@ -217,7 +217,9 @@ def encoded_chunks(task: Any, split: str, tokenizers: Tokenizers) -> Iterator[tu
             yield encoded(tokenizers, chunk_texts(task, pieces, split, start, stop))
     else:
         # spawn: the parent may hold JAX's threads, which a fork would copy mid-flight
-        with multiprocessing.get_context("spawn").Pool(workers, _start_worker, (pieces, keys, tokenizers)) as pool:
+        with stop_signals.children_leave_ctrl_c_to_us():
+            pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (pieces, keys, tokenizers))
+        with pool:
             yield from pool.imap(_encode_chunk, bounds)
 
 

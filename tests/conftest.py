@@ -104,3 +104,17 @@ def finished_run(shared_data_dir, tmp_path_factory):
         patch.setattr(run, "make_mesh", first_devices_mesh(1))
         final = training_loop.train_and_evaluate(parse(config), workdir)
     return config, workdir, final
+
+
+@pytest.fixture(scope="session")
+def whole_tiny_run(shared_data_dir, tmp_path_factory):
+    """train.py on the tiny flags and `WHOLE_RUN_FLAGS` (60 steps, checkpoints every 20, evaluations at
+    30 and 60), uninterrupted, in a subprocess: the run folder that runs cut by a kill or a stop are
+    compared with. Read only."""
+    from helpers.subprocess_runs import WHOLE_RUN_FLAGS, run_train_py
+
+    workdir = tmp_path_factory.mktemp("whole") / "run"
+    process = run_train_py(workdir, shared_data_dir, *WHOLE_RUN_FLAGS)
+    output = process.communicate(timeout=300)[0]
+    assert process.returncode == 0, output
+    return workdir

@@ -18,7 +18,13 @@ import pytest
 from orbax.checkpoint._src.path import atomicity
 
 from engine import training_loop
-from helpers.subprocess_runs import assert_same_final_state, final_state, metric_rows, run_train_py
+from helpers.subprocess_runs import (
+    WHOLE_RUN_FLAGS,
+    assert_same_final_state,
+    final_state,
+    metric_rows,
+    run_train_py,
+)
 from helpers.tiny import first_devices_mesh, tiny_config, two_process_config, xla_flags
 from run_setup import checkpoints, cluster
 from run_setup import run as run_module
@@ -104,17 +110,9 @@ def test_a_failed_checkpoint_write_names_the_folder_and_the_run_resumes_once_fix
 
 @pytest.mark.slow
 def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_step_then_a_rerun_equals_a_whole_run(
-    shared_data_dir, tmp_path
+    whole_tiny_run, shared_data_dir, tmp_path
 ):
-    flags = [
-        "--config.num_train_steps=60",
-        "--config.checkpoint_every_steps=20",
-        "--config.eval_every_steps=30",
-        "--config.visualize_examples=0",
-    ]
-    whole = run_train_py(tmp_path / "whole", shared_data_dir, *flags)
-    assert whole.wait(timeout=300) == 0, whole.stdout.read()
-
+    flags = WHOLE_RUN_FLAGS
     cut = tmp_path / "cut"
     # after the checkpoint at 40
     random_step = random.Random(0).randint(41, 59)
@@ -129,8 +127,8 @@ def test_sigkill_in_the_first_step_inside_a_save_during_eval_and_at_a_random_ste
     # --config.curves_png=false (TINY_FLAGS)
     assert not (cut / "curves.png").exists()
 
-    assert compare_runs.metric_rows(cut) == compare_runs.metric_rows(tmp_path / "whole")
-    assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=60), tmp_path / "whole", cut, 60)
+    assert compare_runs.metric_rows(cut) == compare_runs.metric_rows(whole_tiny_run)
+    assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=60), whole_tiny_run, cut, 60)
 
 
 # ---------------------------------------------------------------- several processes
@@ -181,10 +179,11 @@ def two_processes(
     return workers
 
 
-def finished(workers: list[subprocess.Popen]) -> list[str]:
+def finished(workers: list[subprocess.Popen], exit_code: int = 0) -> list[str]:
+    """The workers' outputs, once each has exited with `exit_code` (stopped: 128 + SIGTERM)."""
     outputs = [worker.communicate(timeout=300)[0] for worker in workers]
     for worker in workers:
-        assert worker.returncode == 0, "\n\n".join(outputs)
+        assert worker.returncode == exit_code, "\n\n".join(outputs)
     return outputs
 
 
@@ -248,7 +247,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_
     assert "process 0 of 2 on 4 devices" in outputs[0] and "process 1 of 2 on 4 devices" in outputs[1]
 
     cut = tmp_path / "cut"
-    outputs = finished(two_processes(cut, shared_data_dir, steps, sigterm_at=sigterm_at))
+    outputs = finished(two_processes(cut, shared_data_dir, steps, sigterm_at=sigterm_at), 128 + signal.SIGTERM)
     stopped = [re.search(r"saves a checkpoint after step (\d+)", output) for output in outputs]
     assert all(stopped), outputs
     stopped = [int(match.group(1)) for match in stopped]

@@ -5,6 +5,7 @@ per worker) with tests/helpers/fake_train.py standing in."""
 import argparse
 import csv
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -150,6 +151,58 @@ def test_grid_of_four_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
     for trial in trials:
         link = Path(trial.user_attrs["workdir"]).relative_to(workdir) / "report.html"
         assert f'href="{link}"' in page and (workdir / link).is_file()
+
+
+@pytest.mark.slow
+def test_a_stop_during_a_real_trial_ends_the_sweep_within_the_limit_and_the_same_command_finishes_it(
+    shared_data_dir, tmp_path
+):
+    """SIGTERM to sweep.py while its trial's train.py trains: passed on to the worker, then to train.py,
+    which saves; every process has ended within 30 s (README "What survives what"), the trial is queued
+    again, and the same command resumes it from its checkpoint to the budget's last step."""
+    config = write(
+        tmp_path / "tiny_config.py",
+        (
+            f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom helpers.tiny import tiny_config\n\n"
+            f"def get_config():\n    return tiny_config({str(shared_data_dir)!r}, curves_png=False)\n"
+        ),
+    )
+    path = sweep_file(
+        tmp_path,
+        method="grid",
+        objective="dev/token_accuracy",
+        direction="maximize",
+        space={"learning_rate": ("categorical", [1e-3])},
+        budget={"num_train_steps": 200, "eval_every_steps": 100, "checkpoint_every_steps": 100},
+        pruning=False,
+    )
+    train_py = PROJECT_ROOT / "train.py"
+    process = run_sweep(tmp_path, path, config=config, train_script=train_py, wait=False)
+    trial = tmp_path / "sweep" / "trials" / "trial_0000"
+    deadline = time.time() + 120
+    # training: its first row written
+    while time.time() < deadline and not (
+        (trial / "metrics.jsonl").exists() and '"train"' in (trial / "metrics.jsonl").read_text()
+    ):
+        time.sleep(0.05)
+    sent = time.time()
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    seconds = time.time() - sent
+    print(f"a sweep trial: {seconds:.2f} s from the signal to the exit")
+    assert seconds < 30, output
+    stopped, queued = load_study(tmp_path / "sweep").trials
+    assert stopped.state.name == "FAIL" and "interrupted" in stopped.user_attrs["error"], output
+    assert queued.state.name == "WAITING"
+    assert re.search(
+        r"stopped by SIGTERM while training( step \d+)?: kept the checkpoint at step", (trial / "log.txt").read_text()
+    )
+
+    status, output = run_sweep(tmp_path, path, config=config, train_script=train_py)
+    assert status == 0, output
+    finished = [t for t in load_study(tmp_path / "sweep").trials if t.state.name == "COMPLETE"]
+    assert len(finished) == 1 and finished[0].user_attrs["steps"] == 200, output
+    assert "resuming from the checkpoint at step" in (trial / "log.txt").read_text()
 
 
 # ---------------------------------------------------------------- bookkeeping, with the fake trainer

@@ -4,10 +4,8 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -258,27 +256,6 @@ def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
     assert set(run.checkpoints.steps()) == {best, 40}
 
 
-def test_sigterm_saves_and_stops(shared_data_dir, tmp_path):
-    process = run_train_py(
-        tmp_path,
-        shared_data_dir,
-        "--config.num_train_steps=100000",
-        "--config.checkpoint_every_steps=100000",
-        "--config.curves_png=true",
-    )
-    deadline = time.time() + 300
-    while time.time() < deadline and not ((tmp_path / "metrics.jsonl").exists() and len(metric_rows(tmp_path)) >= 3):
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    output = process.communicate(timeout=120)[0]
-    assert process.returncode == 0, output
-    saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
-    assert len(saved) == 1 and 10 <= saved[0] < 100000
-    assert "SIGTERM" in output
-    # drawn as the run stopped: no evaluation was the last one or 5 minutes in
-    assert (tmp_path / "curves.png").exists()
-
-
 def test_a_window_cut_by_a_stop_keeps_its_seconds_for_the_resumed_row(tmp_path):
     """The resumed run's first row counts the steps trained before the stop at the seconds they took:
     32 steps in 45.7 s, then 18 in 29.3 s, log 50 / 75 s, not 50 / 29.3 s (a speed 2.6 times too fast)."""
@@ -335,22 +312,6 @@ def test_curves_png_is_drawn_once_its_interval_has_passed_and_when_the_run_ends(
     assert not off.due() and not off.due(final=True)
     off.finish()
     assert drawn == [tmp_path]
-
-
-def test_sigterm_during_eval_still_saves(shared_data_dir, tmp_path, monkeypatch):
-    """The signal lands after the step has decided not to save: the run still saves a checkpoint
-    before it stops."""
-    evaluate_split = evaluation.evaluate_split
-
-    def evaluate_then_signal(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return evaluate_split(*args, **kwargs)
-
-    monkeypatch.setattr(evaluation, "evaluate_split", evaluate_then_signal)
-    config = tiny_config(shared_data_dir, num_train_steps=1000, checkpoint_every_steps=1000, eval_every_steps=10)
-    training_loop.train_and_evaluate(parse(config), tmp_path)
-    assert prepare_run(parse(config), tmp_path).checkpoints.steps() == [10]
-    assert max(row["step"] for row in metric_rows(tmp_path)) == 10
 
 
 # ------------------------------------------------------------ bad input

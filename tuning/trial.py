@@ -33,7 +33,7 @@ from tuning.study import (
     trials_toward_the_count,
     with_overrides,
 )
-from utils.stop_signals import StopSignals
+from utils import stop_signals
 
 # a running trial's worker says it is alive this often
 HEARTBEAT_S = 30
@@ -91,7 +91,7 @@ def last_lines(path: Path, count: int = 3) -> str:
     return " | ".join((errors or lines)[-count:])[-1000:] or "no output"
 
 
-def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop: StopSignals) -> None:
+def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep) -> None:
     """Runs train.py for the trial, reports the objective, prunes, and tells the study the outcome.
     A stop request (SIGTERM/SIGINT) stops the trial, which saves its checkpoint."""
     workdir = Path(trial.user_attrs.get("workdir") or Path(args.workdir) / "trials" / f"trial_{trial.number:04d}")
@@ -109,6 +109,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True
         )
+        TRAINING[:] = [process]
         while True:
             running = process.poll() is None
             for row in metrics.poll():
@@ -120,9 +121,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
                         outcome = "pruned"
             if not running:
                 break
-            if outcome or stop.requested:
-                # train.py saves a checkpoint and stops
-                process.send_signal(signal.SIGTERM)
+            if outcome or stop_signals.requested():
+                # train.py saves a checkpoint and stops (told once: a second SIGTERM would end it at once)
+                pass_on(signal.SIGTERM, count=1)
                 process.wait()
                 # read the rows it wrote on the way out
                 continue
@@ -137,7 +138,7 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
         trial.set_user_attr("metrics", {k: v for k, v in final[-1].items() if isinstance(v, (int, float))})
     if outcome == "pruned":
         study.tell(trial, state=TrialState.PRUNED)
-    elif stop.requested and not final:
+    elif stop_signals.requested() and not final:
         trial.set_user_attr("error", "interrupted; queued again, to resume from its checkpoint")
         study.tell(trial, state=TrialState.FAIL)
         requeue(study, trial)
@@ -163,16 +164,33 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, stop
 # ---------------------------------------------------------------- a worker
 
 
+# the trial's train.py process, while it runs, and the SIGTERMs it was sent
+TRAINING: list[subprocess.Popen] = []
+TOLD: dict[int, int] = {}
+
+
+def pass_on(signum: int, count: int | None = None) -> None:
+    """The worker's `count`-th stop signal (default: as many as it was sent) goes to its trial's train.py,
+    in a session of its own which a Ctrl-C does not reach: the first makes it save and stop, a second
+    ends it at once. Each is sent once, however many times it is passed on."""
+    count = stop_signals.count() if count is None else count
+    for process in TRAINING:
+        while process.poll() is None and TOLD.get(process.pid, 0) < count:
+            process.send_signal(signal.SIGTERM)
+            TOLD[process.pid] = TOLD.get(process.pid, 0) + 1
+
+
 def run_worker(args, sweep: Sweep) -> None:
-    """One worker: takes queued or new trials until the sweep's trials are all done or taken."""
-    with StopSignals() as stop:
-        work_until_done(args, sweep, stop)
+    """One worker: takes queued or new trials until the sweep's trials are all done or taken. A stop
+    signal stops its trial (which saves) and the worker."""
+    with stop_signals.handled(on_signal=pass_on), stop_signals.deferred():
+        work_until_done(args, sweep)
 
 
-def work_until_done(args, sweep: Sweep, stop: StopSignals) -> None:
+def work_until_done(args, sweep: Sweep) -> None:
     study = open_study(args, sweep)
     space = distributions(sweep)
-    while not stop.requested:
+    while not stop_signals.requested():
         recover_dead_trials(study)
         trials = study.get_trials(deepcopy=False)
         waiting = any(t.state == TrialState.WAITING for t in trials)
@@ -185,7 +203,7 @@ def work_until_done(args, sweep: Sweep, stop: StopSignals) -> None:
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.FAIL)
             continue
-        run_trial(study, trial, args, sweep, stop)
+        run_trial(study, trial, args, sweep)
         # the sweep's page and tables as of this trial; the picture at the end
         write_results(study, sweep, args, picture=False)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import blake3
 import filelock
 
+from utils import stop_signals
 from utils.errors import WorkdirInUse
 
 
@@ -29,8 +30,10 @@ def write_whole(path: Path, write: Callable[[Path], None]) -> None:
     temporary is removed as well when `write` raises anything else, which goes on up."""
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        write(temporary)
-        os.replace(temporary, path)
+        # a process ended at once (a second stop signal) removes it too
+        with stop_signals.temporary(temporary):
+            write(temporary)
+            os.replace(temporary, path)
     except BaseException:
         # an OSError, or whatever `write` raised (bad data, Ctrl-C): nothing is left
         if temporary.is_dir():

@@ -24,6 +24,7 @@ from typing import Any
 
 from tensorboardX import SummaryWriter
 
+from utils import files
 from utils.progress import _clock
 
 
@@ -140,26 +141,28 @@ def write_eval(workdir: Path, step: int, split: str, results: dict) -> None:
     path.parent.mkdir(exist_ok=True)
     existing = json.loads(path.read_text()) if path.exists() else {"step": step}
     existing[split] = results
-    path.write_text(json.dumps(existing, indent=2) + "\n")
+    text = json.dumps(existing, indent=2) + "\n"
+    files.write_whole(path, lambda temporary: temporary.write_text(text))
 
 
 def write_predictions(path: Path, rows: Sequence[tuple[str, str, str]]) -> None:
     """`source<TAB>reference<TAB>hypothesis` lines under a header (tabs inside a text become spaces)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        f.write("source\treference\thypothesis\n")
-        for row in rows:
-            f.write("\t".join(text.replace("\t", " ") for text in row) + "\n")
+    lines = ["source\treference\thypothesis\n"] + [
+        "\t".join(text.replace("\t", " ") for text in row) + "\n" for row in rows
+    ]
+    files.write_whole(path, lambda temporary: temporary.write_text("".join(lines), encoding="utf-8"))
 
 
 def write_n_best(path: Path, rows: Sequence[tuple[str, Sequence[tuple[str, float]]]]) -> None:
     """`source<TAB>rank<TAB>score<TAB>hypothesis` lines, ranks from 1 (best) for each source."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        f.write("source\trank\tscore\thypothesis\n")
-        for source, hypotheses in rows:
-            for rank, (text, score) in enumerate(hypotheses, start=1):
-                f.write(f"{source.replace(chr(9), ' ')}\t{rank}\t{score:.6f}\t{text.replace(chr(9), ' ')}\n")
+    lines = ["source\trank\tscore\thypothesis\n"] + [
+        f"{source.replace(chr(9), ' ')}\t{rank}\t{score:.6f}\t{text.replace(chr(9), ' ')}\n"
+        for source, hypotheses in rows
+        for rank, (text, score) in enumerate(hypotheses, start=1)
+    ]
+    files.write_whole(path, lambda temporary: temporary.write_text("".join(lines), encoding="utf-8"))
 
 
 @contextlib.contextmanager

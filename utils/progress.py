@@ -24,6 +24,8 @@ from typing import TypeVar
 
 from tqdm import tqdm
 
+from utils import stop_signals
+
 Item = TypeVar("Item")
 
 
@@ -71,12 +73,18 @@ class Phase:
             text += f", {_clock((self.total - self.done) / rate)} left"
         return text
 
-    def close(self) -> None:
+    def close(self, ended: str = "done") -> None:
+        """Ends the phase: `ended` is "done", or "stopped" where an error or a stop signal cut it short."""
         if self.bar is not None:
             self.bar.close()
         if self.enabled:
             logging.info(
-                "%s: done, %s %s in %s", self.what, f"{self.done:,}", self.unit, _clock(time.monotonic() - self.start)
+                "%s: %s, %s %s in %s",
+                self.what,
+                ended,
+                f"{self.done:,}",
+                self.unit,
+                _clock(time.monotonic() - self.start),
             )
 
 
@@ -86,10 +94,13 @@ def phase(
 ) -> Iterator[Phase]:
     """A `Phase` closed at the end of the block (`enabled=False`: counts silently, e.g. on a
     process other than the first)."""
-    shown = Phase(what, total, unit, interactive=sys.stderr.isatty(), log_every=log_every, enabled=enabled)
-    try:
-        yield shown
-    finally:
+    with stop_signals.phase(what):
+        shown = Phase(what, total, unit, interactive=sys.stderr.isatty(), log_every=log_every, enabled=enabled)
+        try:
+            yield shown
+        except BaseException:
+            shown.close("stopped")
+            raise
         shown.close()
 
 

@@ -37,6 +37,15 @@ TINY_FLAGS = [
 ]
 
 
+# the whole run that the runs cut by a kill or a stop are compared with (the `whole_tiny_run` fixture)
+WHOLE_RUN_FLAGS = [
+    "--config.num_train_steps=60",
+    "--config.checkpoint_every_steps=20",
+    "--config.eval_every_steps=30",
+    "--config.visualize_examples=0",
+]
+
+
 def run_train_py(
     workdir, data_dir, *flags, env=None, tiny=TINY_FLAGS, script=PROJECT_ROOT / "train.py", point=None, **popen
 ):

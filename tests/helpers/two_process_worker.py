@@ -24,7 +24,7 @@ from helpers.fault_worker import signal_at_step  # noqa: E402
 from helpers.tiny import two_process_config  # noqa: E402
 from run_setup.cluster import setup_distributed  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
-from utils import allocator  # noqa: E402
+from utils import allocator, stop_signals  # noqa: E402
 
 # the trainer's INFO lines (resuming, ...) in log.txt, as train.py logs them
 logging.getLogger().setLevel(logging.INFO)
@@ -45,4 +45,9 @@ settings = parse(two_process_config(data_dir, int(steps), sharding, **joining))
 setup_distributed(settings.cluster)
 assert jax.process_count() == 2 and jax.process_index() == int(process_id), "the two processes did not join"
 print(f"process {jax.process_index()} of {jax.process_count()} on {jax.device_count()} devices", flush=True)
-training_loop.train_and_evaluate(settings, workdir)
+try:
+    training_loop.train_and_evaluate(settings, workdir)
+except stop_signals.Stopped as stopped:
+    # as train.py ends (its line, 128 + the signal's number)
+    print(stopped.line(), flush=True)
+    sys.exit(stopped.exit_code)
