@@ -49,11 +49,13 @@ than the budget where the machine was busy with other work meanwhile.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
 import multiprocessing
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -70,7 +72,7 @@ from engine import (
 from run_setup import command_line, preflight  # noqa: E402
 from run_setup.run import model_fields, prepare_run  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
-from scoring import score_registry  # noqa: E402
+from scoring import score_registry, significance  # noqa: E402
 from tasks import vocabularies  # noqa: E402
 from utils import files, metric_writer, stop_signals  # noqa: E402
 from utils.errors import NonFiniteLoss  # noqa: E402
@@ -120,6 +122,9 @@ flags.DEFINE_bool(
 flags.DEFINE_integer("seeds", 3, "runs of each column's tuned rate, seeds 0, 1, ...", flag_values=FLAGS)
 flags.DEFINE_string("columns", ",".join(COLUMNS), f"comma-separated, of: {', '.join(COLUMNS)}", flag_values=FLAGS)
 flags.DEFINE_string("data_dir", "data/tfds", "", flag_values=FLAGS)
+flags.DEFINE_string(
+    "figure", "docs/bleu_by_source_length.png", "where to draw BLEU by source length", flag_values=FLAGS
+)
 
 
 def column_config(column: str, learning_rate: float | None, steps: int, data_dir: str, seed: int = 0):
@@ -354,6 +359,29 @@ def final_runs(column: str, chosen: dict, seeds: int, workdir: Path) -> list[tup
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One run of the budget, trained and decoded."""
+
+    column: str
+    seed: int
+    rate: float
+    tuned: bool
+    plan: dict
+    trained: dict
+    epochs: float
+    test: dict
+    parameters: int
+    workdir: Path
+
+    @property
+    def rate_label(self) -> str:
+        if not self.tuned:
+            return f"{self.rate:g} (runner-up: tied in tuning)"
+        edge = " (the grid's edge)" if self.plan["best_at_edge"] else ""
+        return f"{self.rate:g}{edge}"
+
+
 def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
     # as train.py's runs: the allocator, the collector and the compilation cache
@@ -376,41 +404,149 @@ def main() -> None:
         chosen = plans[column]
         config = column_config(column, rate, chosen["steps"], args.data_dir, seed)
         trained = train(config, workdir)
-        tuned = rate == chosen["learning_rate"]
-        edge = " (the grid's edge)" if tuned and chosen["best_at_edge"] else ""
-        label = f"{rate:g}{edge}" if tuned else f"{rate:g} (runner-up: tied in tuning)"
         epochs = trained["target_tokens"] / split_target_tokens(config, workdir)
-        rows.append(
-            (
-                column,
-                seed,
-                label,
-                chosen,
-                trained,
-                epochs,
-                scores_on_test_split(config, workdir),
-                parameter_count(config, workdir),
-            )
-        )
-    rows.sort(key=lambda row: (columns.index(row[0]), row[2], row[1]))
+        test, parameters = scores_on_test_split(config, workdir), parameter_count(config, workdir)
+        tuned = rate == chosen["learning_rate"]
+        rows.append(Row(column, seed, rate, tuned, chosen, trained, epochs, test, parameters, workdir))
+    rows.sort(key=lambda row: (columns.index(row.column), not row.tuned, row.seed))
+    print_runs(rows, args)
+    if rows:
+        config = column_config(columns[0], None, 1, args.data_dir)
+        floor = copy_scores(config)
+        print(f"| the source copied (no model) | | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
+        texts = test_texts(config)
+        print_seed_summary(rows, texts)
+        print_and_draw_by_length(rows, texts, Path(args.figure))
+
+
+def print_runs(rows: list[Row], args) -> None:
+    """The table of every run."""
     print(
-        f"kjv_web, {args.minutes:g} minutes of training each (steps fixed from the measured speed); "
-        f"test split ({rows[0][6]['sentences'] if rows else 0} verses), beam {BEAM}"
+        f"kjv_web, {args.minutes:g} minutes of training each (steps from each family's speed); "
+        f"test split ({rows[0].test['sentences'] if rows else 0} verses), beam {BEAM}"
     )
     print(
         "| model | seed | parameters | learning rate (tuned) | steps | epochs | train min | dev loss | test BLEU "
         "| test chrF | decode sentences/s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for column, seed, rate, chosen, trained, epochs, test, parameters in rows:
+    for row in rows:
         print(
-            f"| {column} | {seed} | {parameters / 1e6:.1f} M | {rate} | {chosen['steps']:,} | {epochs:.1f} "
-            f"| {trained['train_seconds'] / 60:.1f} | {trained['dev_loss']:.3f} | {test['bleu']:.2f} "
-            f"| {test['chrf']:.2f} | {test['sentences_per_second']:.1f} |"
+            f"| {row.column} | {row.seed} | {row.parameters / 1e6:.1f} M | {row.rate_label} | {row.plan['steps']:,} "
+            f"| {row.epochs:.1f} | {row.trained['train_seconds'] / 60:.1f} | {row.trained['dev_loss']:.3f} "
+            f"| {row.test['bleu']:.2f} | {row.test['chrf']:.2f} | {row.test['sentences_per_second']:.1f} |"
         )
-    if rows:
-        floor = copy_scores(column_config(columns[0], None, 1, args.data_dir))
-        print(f"| the source copied (no model) | | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
+
+
+def test_texts(config) -> tuple[list[str], list[str], str]:
+    """The test split's sources and references, by record index, and the BLEU tokenizer the runs use."""
+    settings = parse(config)
+    task = tasks.load_task(settings.task.name, settings.task.data_dir, **settings.task.params)
+    indices = range(len(task.splits["test"]))
+    sources = [task.pair(task.splits["test"][i])[0] for i in indices]
+    references = [r if isinstance(r, str) else r[0] for r in task.references("test", indices)]
+    return sources, references, settings.evaluation.bleu_tokenize
+
+
+def hypotheses_of(row: Row, count: int) -> list[str]:
+    """The run's best hypothesis of each test sentence, by record index (`test_hypotheses.json`)."""
+    by_index = dict(json.loads((row.workdir / "test_hypotheses.json").read_text()))
+    return [by_index[i] for i in range(count)]
+
+
+def seeds_by_column(rows: list[Row]) -> dict[str, list[Row]]:
+    """Each column's runs of its tuned rate, by seed."""
+    by_column: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.tuned:
+            by_column.setdefault(row.column, []).append(row)
+    return by_column
+
+
+def print_seed_summary(rows: list[Row], texts: tuple[list[str], list[str], str]) -> None:
+    """Mean and standard deviation over seeds of test BLEU and chrF per column, and the paired bootstrap
+    (sacrebleu's) of each column against the leader (the best mean BLEU), seed k against seed k: the
+    largest p-value of the seeds (a gap is called real only where every seed's is)."""
+    _, references, tokenize = texts
+    by_column = seeds_by_column(rows)
+    mean = {column: statistics.mean(row.test["bleu"] for row in runs) for column, runs in by_column.items()}
+    leader = max(mean, key=mean.get)
+    print(f"\nSeeds: mean (standard deviation) of the tuned rate's runs; paired bootstrap against {leader}")
+    print("| model | seeds | test BLEU | test chrF | BLEU p (largest of the seeds) | chrF p |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for column, runs in by_column.items():
+        bleu, chrf = [row.test["bleu"] for row in runs], [row.test["chrf"] for row in runs]
+        spread = lambda values: statistics.stdev(values) if len(values) > 1 else math.nan  # noqa: E731
+        p_values = {"bleu_p": "", "chrf_p": ""}
+        if column != leader:
+            tests = [
+                significance.paired_bootstrap(
+                    hypotheses_of(best, len(references)),
+                    hypotheses_of(row, len(references)),
+                    references,
+                    tokenize=tokenize,
+                )
+                for best, row in zip(by_column[leader], runs)
+            ]
+            p_values = {name: f"{max(t[name] for t in tests):.4f}" for name in p_values}
+        print(
+            f"| {column} | {len(runs)} | {statistics.mean(bleu):.2f} ({spread(bleu):.2f}) "
+            f"| {statistics.mean(chrf):.2f} ({spread(chrf):.2f}) | {p_values['bleu_p']} | {p_values['chrf_p']} |"
+        )
+
+
+def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str], str], figure: Path) -> None:
+    """Bahdanau et al.'s figure 2 on the test split: corpus BLEU of each bucket of 10 source words per
+    column (its seeds' outputs scored as one corpus, sentence by sentence), with the 95% bootstrap
+    interval (resampling the bucket's sentences); printed as a table and drawn into `figure`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    sources, references, tokenize = texts
+    lengths = [len(source.split()) for source in sources]
+    by_column = {
+        column: significance.bleu_by_length(
+            sum(
+                significance.sentence_statistics(hypotheses_of(row, len(references)), references, tokenize)
+                for row in runs
+            ),
+            lengths,
+            tokenize=tokenize,
+        )
+        for column, runs in seeds_by_column(rows).items()
+    }
+    buckets = next(iter(by_column.values()))
+    print("\nBLEU by source length (words), the seeds' outputs together; [95% bootstrap interval]")
+    print("| source words | sentences | " + " | ".join(by_column) + " |")
+    print("|---|---:|" + "---:|" * len(by_column))
+    for k, bucket in enumerate(buckets):
+        cells = [
+            f"{scores[k].bleu:.1f} [{scores[k].interval[0]:.1f}, {scores[k].interval[1]:.1f}]"
+            if scores[k].bleu is not None
+            else ""
+            for scores in by_column.values()
+        ]
+        print(f"| {bucket.low}-{bucket.high} | {bucket.sentences} | " + " | ".join(cells) + " |")
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    axes = pyplot.figure(figsize=(7.5, 4.5)).add_subplot()
+    for column, scores in by_column.items():
+        shown = [b for b in scores if b.bleu is not None]
+        middles = [(b.low + b.high) / 2 for b in shown]
+        errors = [[b.bleu - b.interval[0] for b in shown], [b.interval[1] - b.bleu for b in shown]]
+        axes.errorbar(middles, [b.bleu for b in shown], yerr=errors, marker="o", capsize=3, label=column)
+    for bucket in buckets:
+        axes.annotate(
+            f"n={bucket.sentences}", ((bucket.low + bucket.high) / 2, 0), ha="center", va="bottom", fontsize=7
+        )
+    axes.set_xlabel("source sentence length (words, buckets of 10)")
+    axes.set_ylabel("BLEU of the bucket's sentences")
+    axes.set_title("kjv_web test split: BLEU by source length (Bahdanau et al., figure 2)")
+    axes.set_ylim(bottom=0)
+    axes.legend()
+    axes.figure.savefig(figure, dpi=120, bbox_inches="tight")
+    print(f"\nfigure: {figure}")
 
 
 if __name__ == "__main__":
