@@ -107,14 +107,24 @@ def finished_run(shared_data_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def whole_tiny_run(shared_data_dir, tmp_path_factory):
+def whole_tiny_run(tmp_path_factory):
     """train.py on the tiny flags and `WHOLE_RUN_FLAGS` (60 steps, checkpoints every 20, evaluations at
     30 and 60), uninterrupted, in a subprocess: the run folder that runs cut by a kill or a stop are
-    compared with. Read only."""
+    compared with. Read only. Made once for the whole session, both xdist workers included (the first
+    to ask makes it under a lock, in their shared base folder, with its data beside it: `.parent / "data"`)."""
+    import filelock
+
     from helpers.subprocess_runs import WHOLE_RUN_FLAGS, run_train_py
 
-    workdir = tmp_path_factory.mktemp("whole") / "run"
-    process = run_train_py(workdir, shared_data_dir, *WHOLE_RUN_FLAGS)
-    output = process.communicate(timeout=300)[0]
-    assert process.returncode == 0, output
+    # the session's folder: an xdist worker's base folder is one of its subfolders
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+    workdir = shared / "whole_tiny_run" / "run"
+    with filelock.FileLock(str(shared / "whole_tiny_run.lock")):
+        if not (workdir / "eval" / "step_60.json").exists():
+            shutil.rmtree(workdir, ignore_errors=True)
+            workdir.parent.mkdir(exist_ok=True)
+            process = run_train_py(workdir, workdir.parent / "data", *WHOLE_RUN_FLAGS)
+            output = process.communicate(timeout=300)[0]
+            assert process.returncode == 0, output
     return workdir
