@@ -529,8 +529,9 @@ def train(run: Run) -> dict:
                             final, stop_early = evaluate_at(state["params"], step, splits)
                         eval_metrics = kept_metrics(final)
                     except stop_signals.Stopped:
-                        # saved below without it; the rerun evaluates the step first
-                        cut_evaluation = True
+                        # saved below with what its files hold (the rerun evaluates the rest first)
+                        eval_metrics = kept_metrics(evaluated_splits(run.workdir, step))
+                        cut_evaluation = bool(unfinished_evaluation(run, step, early_stopping.stopped))
                 # a signal may have come during this step's eval
                 if save_now or stop_signals.requested() or stop_early:
                     with stop_signals.phase(f"saving the checkpoint at step {step}"):
@@ -555,7 +556,8 @@ def train(run: Run) -> dict:
             reporter.close()
             # also after an error (a diverged loss): the picture of every row written
             curves.finish()
-    if stopped_at is not None:
+    # a signal after the last step's evaluation, or after an early stop's: the run is complete
+    if stopped_at is not None and (cut_evaluation or (stopped_at < optimization.num_train_steps and not stop_early)):
         redone = " (its evaluation is redone first)" if cut_evaluation else ""
         raise stop_signals.Stopped(
             stop_signals.signum(), stop_signals.where(), f"the checkpoint at step {stopped_at}{redone}"

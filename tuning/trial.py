@@ -176,8 +176,9 @@ def pass_on(signum: int, count: int | None = None) -> None:
     count = stop_signals.count() if count is None else count
     for process in TRAINING:
         while process.poll() is None and TOLD.get(process.pid, 0) < count:
-            process.send_signal(signal.SIGTERM)
+            # counted first: a signal to this worker between the two would send it again
             TOLD[process.pid] = TOLD.get(process.pid, 0) + 1
+            process.send_signal(signal.SIGTERM)
 
 
 def run_worker(args, sweep: Sweep) -> None:

@@ -14,7 +14,8 @@ What the first signal does depends on where it lands:
 
 A watcher thread, woken through `signal.set_wakeup_fd` (so also while the main thread is inside
 XLA's compiler or SentencePiece's trainer, which release the GIL but run no Python handler until
-they return), ends the process at once on a second signal, and `LIMIT_SECONDS` after the first if
+they return), ends the process at once on a second signal (a second or more after the first: sooner, it is the
+same stop delivered twice), and `LIMIT_SECONDS` after the first if
 it is still running (25, or `ATTEND_STOP_LIMIT_SECONDS` where a scheduler grants another grace
 period); it first removes the temporaries of writes under way and stops the child processes (a
 pool's workers), then prints one line.
@@ -42,6 +43,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # saying what was kept is printed
 LIMIT_SECONDS = float(os.environ.get("ATTEND_STOP_LIMIT_SECONDS", 25.0))
 TEST_HOOK = "ATTEND_SIGNAL_AT"
+# a second signal sooner than this after the first is the same stop, delivered twice
+SAME_STOP_SECONDS = 1.0
 
 
 class Stopped(BaseException):
@@ -69,6 +72,8 @@ class _State:
         self.signum: int | None = None
         # signals received: the watcher counts the second
         self.count = 0
+        # the first signal as the watcher read it
+        self.watched: int | None = None
         self.deferring = 0
         self.phase = "setting up"
         # the phase the first signal came in
@@ -92,7 +97,7 @@ def request(signum: int = signal.SIGTERM) -> None:
 
 
 def signum() -> int:
-    return _state.signum or signal.SIGTERM
+    return _state.signum or _state.watched or signal.SIGTERM
 
 
 def count() -> int:
@@ -132,7 +137,7 @@ def handled(*, on_signal: Callable[[int], None] | None = None, limit: float | No
     os.set_blocking(write_end, False)
     previous = {signum: signal.signal(signum, _handle) for signum in _signals_to_handle()}
     previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    _state.installed, _state.signum, _state.count = 1, None, 0
+    _state.installed, _state.signum, _state.count, _state.watched = 1, None, 0, None
     watcher = threading.Thread(
         target=_watch,
         args=(read_end, LIMIT_SECONDS if limit is None else limit),
@@ -256,10 +261,18 @@ def _watch(read_end: int, limit: float) -> None:
             if not data:
                 # handled() ended
                 return
-            # the handlers' signals only (the fd is ours)
-            count += sum(byte in SIGNALS for byte in data)
-            if count and first_at is None:
-                first_at = time.monotonic()
+            for byte in data:
+                # the handlers' signals only (the fd is ours)
+                if byte not in SIGNALS:
+                    continue
+                if first_at is None:
+                    first_at, count = time.monotonic(), 1
+                    # for the exit code, where the handler has not run yet (the main thread in compiled code)
+                    _state.watched = byte
+                # within SAME_STOP_SECONDS: the same stop delivered twice (a scheduler signals every
+                # process of a job, and sweep.py and its workers pass it on as well)
+                elif time.monotonic() - first_at >= SAME_STOP_SECONDS:
+                    count = 2
             if count >= 2:
                 _state.count = 2
                 for call in list(_state.on_signal):
