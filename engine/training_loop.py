@@ -271,7 +271,10 @@ def evaluate_during_training(
                 )
         stop_signals.check()
         if split == "dev" and settings.visualize_examples:
-            evaluation.draw_attention(evaluator, params, "dev", step, reporter)
+            # whole or not at all: a picture folder cut short would stop every later report page
+            with stop_signals.deferred():
+                evaluation.draw_attention(evaluator, params, "dev", step, reporter)
+            stop_signals.check()
     if run.is_chief:
         # the run's last evaluation: nothing is written after it
         final = step == run.settings.optimization.num_train_steps and "test" in splits

@@ -113,13 +113,17 @@ class Checkpoints:
 
     def save_again(self, step: int, state: Any, data_iterator: Any | None, metrics: dict | None) -> None:
         """Replaces the checkpoint at `step` with one of the same state that keeps `metrics` (a stop cut
-        its evaluation short, and it was saved without them); nothing to do without `best_metric`."""
+        its evaluation short, and it was saved without them); nothing to do without `best_metric`.
+        Waits for the new one: until it is committed, the run has no checkpoint at `step` (a kill
+        then resumes from the one before)."""
         if not metrics or self.best_metric not in metrics:
             return
         with self._writing():
             self.manager.wait_until_finished()
             self.manager.delete(step)
         self.save(step, state, data_iterator, metrics)
+        with self._writing():
+            self.manager.wait_until_finished()
 
     @contextlib.contextmanager
     def _writing(self):
