@@ -262,19 +262,17 @@ def evaluate_during_training(
             evaluator, params, split, max_decoded=settings.eval_decode_examples
         )
         # the row and the files together: a rerun redoes a split without its eval file
-        with stop_signals.deferred():
+        with stop_signals.uninterrupted():
             reporter.write(step, split, results[split])
             if run.is_chief:
                 metric_writer.write_eval(run.workdir, step, split, results[split])
                 evaluation.write_best_hypotheses(
                     run, split, decoded, run.workdir / "predictions" / f"step_{step}_{split}.tsv"
                 )
-        stop_signals.check()
         if split == "dev" and settings.visualize_examples:
             # whole or not at all: a picture folder cut short would stop every later report page
-            with stop_signals.deferred():
+            with stop_signals.uninterrupted():
                 evaluation.draw_attention(evaluator, params, "dev", step, reporter)
-            stop_signals.check()
     if run.is_chief:
         # the run's last evaluation: nothing is written after it
         final = step == run.settings.optimization.num_train_steps and "test" in splits

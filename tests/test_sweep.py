@@ -70,6 +70,17 @@ def run_sweep(tmp_path, sweep_path, *extra, config=None, workdir=None, train_scr
     return process.returncode, output
 
 
+def tiny_config_file(tmp_path, data_dir) -> Path:
+    """A config file of the tests' tiny run (helpers/tiny.py), for trials of the real train.py."""
+    return write(
+        tmp_path / "tiny_config.py",
+        (
+            f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom helpers.tiny import tiny_config\n\n"
+            f"def get_config():\n    return tiny_config({str(data_dir)!r}, curves_png=False)\n"
+        ),
+    )
+
+
 def load_study(workdir: Path, storage: str = "") -> optuna.Study:
     storage = storage or optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(workdir / "study.journal"))
@@ -100,13 +111,7 @@ def grid_params(study):
 
 @pytest.mark.slow
 def test_grid_of_two_tiny_trials_on_two_workers(shared_data_dir, tmp_path):
-    config = write(
-        tmp_path / "tiny_config.py",
-        (
-            f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom helpers.tiny import tiny_config\n\n"
-            f"def get_config():\n    return tiny_config({str(shared_data_dir)!r}, curves_png=False)\n"
-        ),
-    )
+    config = tiny_config_file(tmp_path, shared_data_dir)
     path = sweep_file(
         tmp_path,
         method="grid",
@@ -159,13 +164,7 @@ def test_a_stop_during_a_real_trial_ends_the_sweep_within_the_limit_and_queues_t
     which saves; every process has ended within 30 s (README "What survives what") and the trial is
     queued again, to resume from its checkpoint (the resume itself: test_interrupted_sweep_resumes_...,
     and train.py's in tests/test_stopping.py)."""
-    config = write(
-        tmp_path / "tiny_config.py",
-        (
-            f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom helpers.tiny import tiny_config\n\n"
-            f"def get_config():\n    return tiny_config({str(shared_data_dir)!r}, curves_png=False)\n"
-        ),
-    )
+    config = tiny_config_file(tmp_path, shared_data_dir)
     path = sweep_file(
         tmp_path,
         method="grid",

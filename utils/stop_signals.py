@@ -182,6 +182,15 @@ def deferred() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A block that a signal does not cut (files written together): in stoppable work, a signal that
+    came during it stops the work once the block is done."""
+    with deferred():
+        yield
+    check()
+
+
+@contextlib.contextmanager
 def abortable(where: str) -> Iterator[None]:
     """Inside a `deferred()` block, a part that a signal stops at once (`Stopped`): an evaluation.
     A signal that came before it stops it before it starts."""
