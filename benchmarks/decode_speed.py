@@ -49,6 +49,7 @@ class NoEos:
 
     def __init__(self, model):
         self.model = model
+        self.memory_per_source = getattr(model, "memory_per_source", False)
 
     def encode(self, inputs):
         return self.model.encode(inputs)

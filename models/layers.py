@@ -60,11 +60,15 @@ def as_rows(x: Array) -> Array:
 
 
 class PerSource(NamedTuple):
-    """Decode-state arrays of a source row that no hypothesis changes (the Transformer's
+    """Decode-state arrays of a source that no hypothesis changes (the Transformer's
     cross-attention keys and values): beam search leaves them in place instead of
-    reordering them with the hypotheses at every step (`decoding._gather_beams`)."""
+    reordering them with the hypotheses at every step (`decoding.reorder_hypotheses`)."""
 
     arrays: Any
+
+    def reorder_hypotheses(self, origins: Array) -> PerSource:
+        del origins
+        return self
 
 
 class Embed(nnx.Module):

@@ -134,8 +134,8 @@ class Memory(NamedTuple):
 
 
 class DecodeState(NamedTuple):
-    """Per decoder layer: the self-attention cache and the source's keys/values (computed once;
-    `PerSource`, so beam search does not reorder them)."""
+    """Per decoder layer: the self-attention cache and the source's keys/values (computed once, one
+    row per source, heads-major `[G, N, S, H]`; `PerSource`, so beam search does not reorder them)."""
 
     caches: tuple[KVCache, ...]
     # each decoder layer's (keys, values) of the source: tuple[tuple[Array, Array], ...]
@@ -208,30 +208,36 @@ class DecoderLayer(nnx.Module):
         """Teacher-forced: `x [B, T, D]`, `memory [B, S, D]`, masks `[B, 1, T, T]` / `[B, 1, T, S]` -> `[B, T, D]`."""
         y = self.self_attention(self.self_attention_residual.inputs(x), mask=self_mask, deterministic=deterministic)
         x = self.self_attention_residual.outputs(x, y, deterministic=deterministic)
-        cross_key, cross_value = self.cross_attention.project_key_value(memory)
-        return self._cross_attend_and_feed_forward(x, cross_key, cross_value, cross_mask, deterministic)
+        y = self.cross_attention(
+            self.cross_attention_residual.inputs(x), memory, mask=cross_mask, deterministic=deterministic
+        )
+        x = self.cross_attention_residual.outputs(x, y, deterministic=deterministic)
+        return self._through_feed_forward(x, deterministic)
 
     def decode(
         self, x: Array, cache: KVCache, cross_key: Array, cross_value: Array, cross_mask: Array
     ) -> tuple[Array, KVCache]:
-        """One step: `x [B, 1, D]` -> `([B, 1, D], cache one position longer)`."""
+        """One step of G sources' K hypotheses each: `x [G*K, 1, D]`, the sources' keys and values
+        `[G, N, S, H]`, `cross_mask [G, 1, 1, S]` -> `([G*K, 1, D], cache one position longer)`."""
         y, cache = self.self_attention.decode(self.self_attention_residual.inputs(x), cache)
         x = self.self_attention_residual.outputs(x, y, deterministic=True)
-        return self._cross_attend_and_feed_forward(x, cross_key, cross_value, cross_mask, True), cache
-
-    def _cross_attend_and_feed_forward(
-        self, x: Array, cross_key: Array, cross_value: Array, cross_mask: Array, deterministic: bool
-    ) -> Array:
-        y = self.cross_attention.attend(
-            self.cross_attention_residual.inputs(x), cross_key, cross_value, cross_mask, deterministic=deterministic
+        y = self.cross_attention.attend_per_group(
+            self.cross_attention_residual.inputs(x), cross_key, cross_value, cross_mask
         )
-        x = self.cross_attention_residual.outputs(x, y, deterministic=deterministic)
+        x = self.cross_attention_residual.outputs(x, y, deterministic=True)
+        return self._through_feed_forward(x, True), cache
+
+    def _through_feed_forward(self, x: Array, deterministic: bool) -> Array:
         y = self.feed_forward(self.feed_forward_residual.inputs(x), deterministic=deterministic)
         return self.feed_forward_residual.outputs(x, y, deterministic=deterministic)
 
 
 class Transformer(nnx.Module):
     """Encoder-decoder Transformer behind the common model interface (models/interface.py `EncoderDecoder`)."""
+
+    # The decode steps take one memory row per source, however many hypotheses of it they extend:
+    # the hypotheses of a source read its keys and values once, together (`attend_per_group`).
+    memory_per_source = True
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -347,19 +353,25 @@ class Transformer(nnx.Module):
         )
 
     def init_decode_state(self, memory: Memory, batch_size: int, max_len: int) -> DecodeState:
-        """Empty self-attention caches and each layer's keys/values of the source."""
+        """Empty self-attention caches and each layer's keys/values of the source, for `batch_size`
+        rows: the hypotheses of `memory`'s sources, as many of each (`memory_per_source`)."""
+        sources = memory.encoded.shape[0]
+        if batch_size % sources:
+            raise ValueError(f"{batch_size} decoding rows are not a number of hypotheses for each of {sources} sources")
+        hypotheses = batch_size // sources
         caches = tuple(
-            layer.self_attention.init_cache(batch_size, max_len, self.config.compute_dtype)
+            layer.self_attention.init_cache(batch_size, max_len, self.config.compute_dtype, hypotheses=hypotheses)
             for layer in self.decoder_layers
         )
-        cross = tuple(layer.cross_attention.project_key_value(memory.encoded) for layer in self.decoder_layers)
+        cross = tuple(layer.cross_attention.project_source(memory.encoded) for layer in self.decoder_layers)
         return DecodeState(caches, PerSource(cross))
 
     def decode_step(self, memory: Memory, token: Array, state: DecodeState) -> tuple[Array, DecodeState]:
-        """Next-token logits: `token [B]` (the previous output, bos first) -> `(logits [B, V], state)`."""
+        """Next-token logits: `token [G*K]` (the previous output of K hypotheses of each of `memory`'s
+        G sources, bos first) -> `(logits [G*K, V], state)`."""
         position = state.caches[0].index
-        x = self._embed(self.target_embed, token[:, None], jnp.full(token.shape + (1,), position), True)  # [B, 1, D]
-        cross_mask = memory.mask[:, None, None, :]  # [B, 1, 1, S]
+        x = self._embed(self.target_embed, token[:, None], jnp.full(token.shape + (1,), position), True)  # [G*K, 1, D]
+        cross_mask = memory.mask[:, None, None, :]  # [G, 1, 1, S]
         caches = []
         for layer, cache, (cross_key, cross_value) in zip(
             self.decoder_layers, state.caches, state.cross_keys_values.arrays

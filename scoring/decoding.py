@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from models.attention import hypothesis_rows
 from models.interface import TeacherForcedDecoder
-from models.layers import PerSource
 from tasks.vocabularies import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 Array = jax.Array
@@ -173,18 +173,28 @@ class Beams(NamedTuple):
     state: Any
 
 
-def _gather_beams(tree: Any, origins: Array, batch: int, beams: int) -> Any:
-    """Reorders the `[B*K, ...]` rows of every array of `tree` by `origins [B, K]` (beam index per row)."""
-    flat = (origins + beams * jnp.arange(batch)[:, None]).reshape(-1)  # [B*K]
+def reorder_hypotheses(tree: Any, origins: Array) -> Any:
+    """The decode state after beam search's choice: hypothesis k of source b continues hypothesis
+    `origins[b, k]` (`[B, K]`). A node that knows how (`reorder_hypotheses`: the source's arrays,
+    which stay, and the Transformer's caches, which move only their slot tables) does it itself;
+    every other array has its `[B*K, ...]` rows reordered."""
+    rows = hypothesis_rows(origins)
 
-    def gather(x):
-        # the same for every hypothesis of a row
-        if isinstance(x, PerSource):
-            return x
-        # scalars (cache index) stay
-        return x[flat] if x.ndim and x.shape[0] == batch * beams else x
+    def reorder(x):
+        if hasattr(x, "reorder_hypotheses"):
+            return x.reorder_hypotheses(origins)
+        # scalars (a step count) stay
+        return x[rows] if x.ndim and x.shape[0] == rows.shape[0] else x
 
-    return jax.tree.map(gather, tree, is_leaf=lambda x: isinstance(x, PerSource))
+    return jax.tree.map(reorder, tree, is_leaf=lambda x: hasattr(x, "reorder_hypotheses"))
+
+
+def memory_for_hypotheses(model: Any, memory: Any, hypotheses: int) -> Any:
+    """The memory as `model`'s decode steps read it for `hypotheses` consecutive rows per source:
+    one row per source where the model takes it so (`memory_per_source`), else each row repeated."""
+    if getattr(model, "memory_per_source", False):
+        return memory
+    return jax.tree.map(lambda x: jnp.repeat(x, hypotheses, axis=0), memory)
 
 
 def beam_search_n_best(
@@ -228,8 +238,7 @@ def beam_search_n_best(
         return tokens[:, None], (log_probs / length_penalty(lengths, alpha))[:, None]
     batch, beams = inputs.shape[0], beam_size
     max_lengths = jnp.minimum(max_lengths, length)
-    # rows [B*K]
-    memory = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0), model.encode(inputs))
+    memory = memory_for_hypotheses(model, model.encode(inputs), beams)
     state = model.init_decode_state(memory, batch * beams, length)
     start = Beams(
         step=jnp.array(0),
@@ -266,7 +275,7 @@ def beam_search_n_best(
         live_scores = jnp.where(ends | ~valid, NEVER, top_scores)
         live_scores, keep = jax.lax.top_k(live_scores, beams)  # [B, K]
         live_tokens = jnp.take_along_axis(sequences, keep[:, :, None], axis=1)
-        state = _gather_beams(state, jnp.take_along_axis(origin, keep, axis=1), batch, beams)
+        state = reorder_hypotheses(state, jnp.take_along_axis(origin, keep, axis=1))
 
         new_finished = jnp.where(ends & valid, top_scores / length_penalty(b.step + 1.0, alpha), NEVER)
         pooled_scores = jnp.concatenate([b.finished_scores, new_finished], axis=1)  # [B, K + C]

@@ -330,6 +330,30 @@ def test_cached_decoding_equals_causal_self_attention(score):
     assert int(cache.index) == 5
 
 
+@pytest.mark.parametrize("score", ["scaled_dot", "general"])
+def test_cached_hypotheses_attend_to_their_own_prefixes_when_reordered(score, monkeypatch):
+    """Two sources with three hypotheses each, reordered after every step as a beam search would
+    (slots stay, `origins` follows), over three prefix chunks (the switch between prefix lengths):
+    every step's output is causal self-attention over that row's own history."""
+    monkeypatch.setattr(attention, "PREFIX_CHUNK", 4)
+    steps, groups, hypotheses = 11, 2, 3
+    rows = groups * hypotheses
+    rng = np.random.default_rng(14)
+    module = MultiHeadAttention(2, 8, score=score, rngs=nnx.Rngs(2))
+    step = jax.jit(lambda x, cache: module.decode(x, cache))
+    # causal: position t of the whole padded sequence sees only the history up to t
+    teacher_forced = jax.jit(lambda histories: module(histories, mask=attention.causal_mask(steps)))
+    cache = module.init_cache(rows, steps, hypotheses=hypotheses)
+    histories = np.zeros((rows, steps, 8), np.float32)
+    for t in range(steps):
+        histories[:, t] = rng.normal(size=(rows, 8))
+        out, cache = step(histories[:, t : t + 1], cache)
+        np.testing.assert_allclose(out[:, 0], teacher_forced(histories)[:, t], rtol=1e-5, atol=1e-5)
+        origins = rng.integers(0, hypotheses, size=(groups, hypotheses))
+        cache = cache.reorder_hypotheses(jnp.asarray(origins))
+        histories = histories[np.asarray(attention.hypothesis_rows(jnp.asarray(origins)))]
+
+
 def test_unknown_score_lists_the_valid_ones():
     with pytest.raises(ValueError, match="unknown attention score 'cosine'.*scaled_dot"):
         MultiHeadAttention(2, 8, score="cosine", rngs=nnx.Rngs(0))
