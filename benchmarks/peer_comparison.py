@@ -12,7 +12,8 @@ in the same process as its step.
 
 Decoding (`--part=decode`): `benchmarks/decode_speed.py --cache=yes` (random weights, batch 8,
 output length = source length) against `../shared/peers/ct2_decode_cpu.py` (CTranslate2 float32) on
-the same work, greedy and beam 4, generated tokens/s.
+the same work, greedy and beam 4, generated tokens/s: `--rounds` rounds of the two, alternated,
+each row the median of its rounds.
 
 The peers run in environments of their own (`pip install torch numpy`, `pip install ctranslate2
 numpy`; `../shared/peers/README.md`), named by `--torch_python` and `--ct2_python` or the
@@ -45,6 +46,7 @@ flags.DEFINE_integer("torch_steps", 10, "PyTorch's timed steps (after 5 untimed)
 flags.DEFINE_string("lengths", "16,64,256", "decoding: source lengths", flag_values=FLAGS)
 flags.DEFINE_integer("batch", 8, "decoding: sentences per call", flag_values=FLAGS)
 flags.DEFINE_integer("repeats", 3, "decoding: timed calls per row", flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 3, "decoding: rounds of attend then CTranslate2 (medians)", flag_values=FLAGS)
 
 # "| 16 | greedy | yes | 136.16 | 2,179 |": a decoding row of both scripts
 DECODE_ROW = re.compile(r"^\| (\d+) \| (greedy|beam 4) \| yes \| [\d,.]+ \| ([\d,]+) \|$", re.M)
@@ -121,17 +123,27 @@ def decode_rows(output: str) -> dict[tuple[int, str], float]:
 
 
 def compare_decoding() -> None:
+    """`--rounds` rounds of attend then CTranslate2, each a fresh process; the table holds each row's
+    median over the rounds (this machine's speed drifts by 10% within minutes: alternating the two
+    spreads a drift over both)."""
     common = ["--lengths", FLAGS.lengths, "--batch", str(FLAGS.batch), "--repeats", str(FLAGS.repeats)]
-    ours = run([sys.executable, "benchmarks/decode_speed.py", "--cache=yes", *common])
-    peak = re.search(r"matmul peak .*?: (\d+) GFLOP/s", ours).group(1)
     python = peer_python("ct2", FLAGS.ct2_python)
-    theirs = run([python, str(Path(FLAGS.peers) / "ct2_decode_cpu.py"), "--threads", "2", *common]) if python else ""
-    attend, ct2 = decode_rows(ours), decode_rows(theirs)
-    print(f"\nattend's float32 matmul rate in the same run: {peak} GFLOP/s")
-    for line in theirs.splitlines():
-        if "matmul" in line:
-            print(line)
-    print("\n| source length | search | attend tokens/s | CTranslate2 float32 tokens/s | attend / CTranslate2 |")
+    attend_rounds, ct2_rounds, peaks, ct2_peaks = [], [], [], []
+    for number in range(FLAGS.rounds):
+        ours = run([sys.executable, "benchmarks/decode_speed.py", "--cache=yes", *common])
+        attend_rounds.append(decode_rows(ours))
+        peaks.append(re.search(r"matmul peak .*?: (\d+) GFLOP/s", ours).group(1))
+        if python:
+            theirs = run([python, str(Path(FLAGS.peers) / "ct2_decode_cpu.py"), "--threads", "2", *common])
+            ct2_rounds.append(decode_rows(theirs))
+            ct2_peaks += [line for line in theirs.splitlines() if "matmul" in line]
+        print(f"  round {number + 1} of {FLAGS.rounds} done", flush=True)
+    attend, ct2 = median_rows(attend_rounds), median_rows(ct2_rounds)
+    print(f"\nattend's float32 matmul rate in each round: {', '.join(peaks)} GFLOP/s")
+    for line in ct2_peaks:
+        print(line)
+    print(f"\nMedians of {FLAGS.rounds} rounds (attend, then CTranslate2, in each):\n")
+    print("| source length | search | attend tokens/s | CTranslate2 float32 tokens/s | attend / CTranslate2 |")
     print("|---:|---|---:|---:|---:|")
     for key, rate in attend.items():
         other = ct2.get(key)
@@ -140,6 +152,17 @@ def compare_decoding() -> None:
     beams = [rate / ct2[key] for key, rate in attend.items() if key[1] == "beam 4" and key in ct2]
     if beams:
         print(f"\nbeam 4: the slowest ratio {min(beams):.2f}, median {statistics.median(beams):.2f} (target >= 1.0)")
+        per_round = [
+            min(ours[key] / theirs[key] for key in ours if key[1] == "beam 4" and key in theirs)
+            for ours, theirs in zip(attend_rounds, ct2_rounds)
+        ]
+        print(f"beam 4, the slowest ratio of each round: {', '.join(f'{r:.2f}' for r in per_round)}")
+
+
+def median_rows(rounds: list[dict[tuple[int, str], float]]) -> dict[tuple[int, str], float]:
+    """Each row's median over the rounds that have it."""
+    keys = dict.fromkeys(key for rows in rounds for key in rows)
+    return {key: statistics.median(rows[key] for rows in rounds if key in rows) for key in keys}
 
 
 def main() -> None:

@@ -157,6 +157,27 @@ def sample(
     return one_per_row(model, inputs, max_lengths, length, choose)
 
 
+def top_k(x: Array, k: int, *, width: int = 64) -> Array:
+    """`jax.lax.top_k(x, k)` over the last axis of `x [R, N]`: the same values and indices, ties to the
+    lower index, found in the k chunks of `width` whose maxima are the largest (each of the k
+    largest lies in one of them). One pass of maxima and two small top_k's: XLA:CPU's top_k over
+    beam search's `K V` candidates of a row took about a tenth of a decoding step, this a third of
+    that (the peers benchmark's model).
+
+    Returns:
+      `(values [R, k], indices [R, k])`.
+    """
+    rows, size = x.shape
+    if k * width >= size:
+        return jax.lax.top_k(x, k)
+    chunks = jnp.pad(x, ((0, 0), (0, -size % width)), constant_values=-jnp.inf).reshape(rows, -1, width)
+    # in index order, so that the last top_k breaks ties as one over the whole row would
+    best = jnp.sort(jax.lax.top_k(chunks.max(axis=-1), k)[1], axis=-1)  # [R, k]
+    candidates = jnp.take_along_axis(chunks, best[:, :, None], axis=1).reshape(rows, k * width)
+    values, where = jax.lax.top_k(candidates, k)
+    return values, jnp.take_along_axis(best, where // width, axis=1) * width + where % width
+
+
 def length_penalty(length: Array, alpha: float) -> Array:
     """Wu et al. (2016) eq. 14: `lp(Y) = (5 + |Y|)^alpha / (5 + 1)^alpha`."""
     return ((5.0 + length) / 6.0) ** alpha
@@ -264,7 +285,7 @@ def beam_search_n_best(
         vocab = log_probs.shape[-1]
         candidates = (b.live_log_probs[:, :, None] + log_probs).reshape(batch, beams * vocab)
         # [B, C]; at most K end (docstring)
-        top_scores, top_index = jax.lax.top_k(candidates, min(2 * beams, beams * vocab))
+        top_scores, top_index = top_k(candidates, min(2 * beams, beams * vocab))
         origin, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
         # neither an empty slot's extension nor a token never allowed
         valid = top_scores > NEVER / 2

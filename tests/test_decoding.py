@@ -265,6 +265,31 @@ def test_nucleus_filter_keeps_the_smallest_set_reaching_top_p():
     np.testing.assert_array_equal(kept, [[False, True, True, False]])
 
 
+@pytest.mark.parametrize("size,k", [(1000, 8), (130, 3), (64, 8), (7, 2)])
+def test_top_k_by_chunks_equals_the_library_s_ties_included(size, k):
+    """Many ties (values from a few integers, and -inf as never-allowed tokens): the same values and
+    the same indices, ties to the lower index, also where the row is not a whole number of chunks."""
+    rng = np.random.default_rng(size)
+    x = rng.integers(-3, 3, size=(5, size)).astype(np.float32)
+    x[rng.random(x.shape) < 0.3] = -np.inf
+    x[0] = 1.0  # a row of one value
+    values, indices = decoding.top_k(jnp.asarray(x), k, width=16)
+    # a stable sort keeps equal values in index order
+    expected_indices = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(indices, expected_indices)
+    np.testing.assert_array_equal(values, np.take_along_axis(x, expected_indices, axis=1))
+    np.testing.assert_array_equal(indices, jax.lax.top_k(jnp.asarray(x), k)[1])
+    np.testing.assert_array_equal(indices[0], np.arange(k))
+
+
+def test_top_k_by_chunks_breaks_a_tie_between_chunks_by_index_not_by_chunk_rank():
+    # chunks of 4: the 2 at index 0 (chunk of max 3) comes before the 2 at index 5 (chunk of max 5)
+    x = jnp.array([[2.0, 3.0, 0.0, 0.0, 5.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0]])
+    values, indices = decoding.top_k(x, 3, width=4)
+    np.testing.assert_array_equal(values, [[5.0, 3.0, 2.0]])
+    np.testing.assert_array_equal(indices, [[4, 1, 0]])
+
+
 def test_length_penalty_formula():
     assert float(decoding.length_penalty(1.0, 0.6)) == pytest.approx(1.0)
     assert float(decoding.length_penalty(7.0, 1.0)) == pytest.approx(2.0)
