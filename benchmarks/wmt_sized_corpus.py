@@ -45,7 +45,7 @@ from absl import app, flags
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from benchmarks.input_pipeline import pipeline_rates  # noqa: E402
+from benchmarks.pipeline_throughput import pipeline_rates  # noqa: E402
 
 flags.DEFINE_integer("pairs", 4_500_000, "Pairs in the corpus's train split (WMT14 en-de: 4.5M).")
 flags.DEFINE_integer(
