@@ -276,7 +276,7 @@ def process_rows(rows: Sequence, process_index: int, process_count: int) -> Sequ
 
 
 def read_options(settings: PipelineSettings) -> grain.ReadOptions:
-    return grain.ReadOptions(num_threads=settings.num_threads, prefetch_buffer_size=4 * settings.batch_size)
+    return grain.ReadOptions(num_threads=settings.num_threads, prefetch_buffer_size=settings.prefetch_batches)
 
 
 def train_dataset(

@@ -23,7 +23,10 @@ tokenized cache beside it,
 and the input pipeline's tokens/s (non-padding source + target tokens of the training batches,
 read in this process from the warm run's cache, median over windows) against the train step's
 consumption (the warm run's own tokens/s, median of its logged steps after the first two).
-Targets on a 2-core machine: cold <= 10 min, warm <= 30 s, peak <= 4 GiB.
+With `--floor` (the default), `../shared/peers/wmt_scale_floor.py` first runs on the same corpus in
+this interpreter: what reading, SentencePiece, tokenizing and writing array_record cost with the
+libraries alone, the floor the cold run is measured against.
+Targets (issue 44): cold <= 1.5x the floor, warm <= 10 s, peak <= 2 GiB cold and warm.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ flags.DEFINE_string(
     "folder", None, "Where the corpus, data_dir and workdirs go (default: a temporary folder, removed after)."
 )
 flags.DEFINE_integer("batches", 200, "Batches read to time the input pipeline.")
+flags.DEFINE_bool("floor", True, "Run ../shared/peers/wmt_scale_floor.py on the corpus first (the libraries alone).")
+# the floor's phases, which add up to its total: "read", "vocabulary (10M chars)", "tokenize + write"
+FLOOR_PHASE = re.compile(r"^(read|vocabulary.*?|tokenize \+ write)\s+([\d.]+) s .*peak RSS\s+(\d+) MiB", re.M)
 FLAGS = flags.FLAGS
 
 CONFIG = PROJECT_ROOT / "configs" / "kjv_web_transformer.py"
@@ -185,6 +191,18 @@ def size_of(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
+def floor_seconds(corpus: Path) -> tuple[float, int]:
+    """The floor script's seconds (its phases added up) and peak resident MiB on `corpus`."""
+    script = PROJECT_ROOT.parent / "shared" / "peers" / "wmt_scale_floor.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(corpus), "--threads", "2"], capture_output=True, text=True, check=True
+    )
+    phases = FLOOR_PHASE.findall(done.stdout)
+    if len(phases) != 3:
+        raise SystemExit(f"{script} printed no phases I know:\n{done.stdout}\n{done.stderr}")
+    return sum(float(seconds) for _, seconds, _ in phases), max(int(peak) for _, _, peak in phases)
+
+
 def main(argv: list[str]) -> None:
     del argv
     root = Path(FLAGS.folder) if FLAGS.folder else Path(tempfile.mkdtemp(prefix="wmt_scale_"))
@@ -201,6 +219,7 @@ def main(argv: list[str]) -> None:
             f"written in {time.time() - start:.0f} s",
             flush=True,
         )
+        floor = floor_seconds(corpus) if FLAGS.floor else None
         cold = timed_run(root / "cold", data_dir, corpus, cache, FLAGS.steps)
         warm = timed_run(root / "warm", data_dir, corpus, cache, FLAGS.steps)
         built = next(data_dir.glob("parallel_text/*/*/"))
@@ -228,6 +247,14 @@ def main(argv: list[str]) -> None:
         )
     for name, run in (("cold", cold), ("warm", warm)):
         print(f"{name}, the phases before the first step: {'; '.join(run['phases']) or 'none logged'}")
+    if floor:
+        seconds, peak_mib = floor
+        print(
+            f"\nthe floor (../shared/peers/wmt_scale_floor.py, the libraries alone): {seconds:.0f} s, "
+            f"peak {peak_mib} MiB; cold / floor {cold['first_step_s'] / seconds:.2f} (target <= 1.5)"
+        )
+    peaks = ", ".join(f"{run['peak_bytes'] / gib:.2f}" for run in (cold, warm))
+    print(f"warm {warm['first_step_s']:.1f} s (target <= 10); peak cold, warm {peaks} GiB (target <= 2)")
     print()
     print(f"on disk: built data {data / gib:.2f} GiB, token ids {tokenized / gib:.2f} GiB")
     print(

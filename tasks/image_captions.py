@@ -22,7 +22,7 @@ import tensorflow_datasets as tfds
 from PIL import Image, UnidentifiedImageError
 
 from tasks.parallel_text import Skipped, resolve, tsv_rows, two_texts
-from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder, prepare
+from tasks.task_builder import DIGESTS_MEMO, SPLITS, TaskConfig, TextPairBuilder, prepare
 from utils import files
 from utils.errors import ConfigError, DataError
 
@@ -113,21 +113,28 @@ def read_split(config: ImageCaptionsConfig, split: str, skipped: Skipped) -> lis
     return examples
 
 
-def with_digest(config: ImageCaptionsConfig) -> dict:
-    """The parameters plus a digest of the TSVs and the images they name (edits rebuild the data)."""
-    digest = hashlib.sha256()
+def with_digest(config: ImageCaptionsConfig, memo: Path) -> dict:
+    """The parameters plus a digest of the TSVs and the images they name (edits rebuild the data),
+    remembered in `memo` while those files are unchanged (`files.remembered`)."""
     images = folder(config)
-    for split in SPLITS:
-        path = tsv_of(config, split)
-        files.feed(digest, path)
-        for _, image_file, _ in read_lines(path, Skipped()):
-            candidate = images / image_file
-            digest.update(image_file.encode())
-            if candidate.is_file():
-                files.feed(digest, candidate)
-            else:
-                digest.update(b"(missing)")
-    return {**config.parameters(), "files_digest": digest.hexdigest()[:16]}
+    tsvs = [tsv_of(config, split) for split in SPLITS]
+    named = {tsv: [image_file for _, image_file, _ in read_lines(tsv, Skipped())] for tsv in tsvs}
+
+    def digest() -> str:
+        running = hashlib.sha256()
+        for tsv in tsvs:
+            files.feed(running, tsv)
+            for image_file in named[tsv]:
+                candidate = images / image_file
+                running.update(image_file.encode())
+                if candidate.is_file():
+                    files.feed(running, candidate)
+                else:
+                    running.update(b"(missing)")
+        return running.hexdigest()[:16]
+
+    paths = tsvs + [images / image_file for tsv in tsvs for image_file in named[tsv]]
+    return {**config.parameters(), "files_digest": files.remembered(memo, paths, digest)}
 
 
 class ImageCaptions(TextPairBuilder):
@@ -154,4 +161,5 @@ class ImageCaptions(TextPairBuilder):
 
 def prepare_image_captions(data_dir: str, **params):
     """Builds (or reuses) the dataset; the files' digest makes a changed file a new build."""
-    return prepare(ImageCaptions, data_dir, **with_digest(ImageCaptionsConfig.create(**params)))
+    config = ImageCaptionsConfig.create(**params)
+    return prepare(ImageCaptions, data_dir, **with_digest(config, Path(data_dir) / DIGESTS_MEMO))

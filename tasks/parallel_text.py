@@ -33,7 +33,7 @@ from pathlib import Path
 import tensorflow_datasets as tfds
 
 from tasks import task_builder
-from tasks.task_builder import SPLITS, TaskConfig, TextPairBuilder, prepare
+from tasks.task_builder import DIGESTS_MEMO, SPLITS, TaskConfig, TextPairBuilder, prepare
 from utils import files, progress
 from utils.errors import ConfigError, DataError
 
@@ -90,17 +90,20 @@ def files_of(config: ParallelTextConfig, split: str) -> list[Path]:
     return [resolve(f"{spec}.{suffix}", f"task.{split}") for suffix in (config.source_suffix, config.target_suffix)]
 
 
-def with_digest(config: ParallelTextConfig) -> dict:
-    """The config's parameters plus a digest of the files' contents (so edits trigger a rebuild)."""
-    digest = hashlib.sha256()
-    for split in SPLITS:
-        for path in files_of(config, split):
-            digest.update(str(path).encode())
+def with_digest(config: ParallelTextConfig, memo: Path) -> dict:
+    """The config's parameters plus a digest of the files' contents (so edits trigger a rebuild),
+    remembered in `memo` while the files are unchanged (`files.remembered`)."""
+    paths = [path for split in SPLITS for path in files_of(config, split)]
+
+    def digest() -> str:
+        running = hashlib.sha256()
+        for path in paths:
+            running.update(str(path).encode())
             # in pieces: a corpus may be gigabytes
-            files.feed(digest, path)
-    params = config.parameters()
-    params["files_digest"] = digest.hexdigest()[:16]
-    return params
+            files.feed(running, path)
+        return running.hexdigest()[:16]
+
+    return {**config.parameters(), "files_digest": files.remembered(memo, paths, digest)}
 
 
 class Skipped:
@@ -310,4 +313,5 @@ class ParallelText(TextPairBuilder):
 
 def prepare_parallel_text(data_dir: str, **params):
     """Builds (or reuses) the corpus; the file digest makes a changed file a new build."""
-    return prepare(ParallelText, data_dir, **with_digest(ParallelTextConfig.create(**params)))
+    config = ParallelTextConfig.create(**params)
+    return prepare(ParallelText, data_dir, **with_digest(config, Path(data_dir) / DIGESTS_MEMO))

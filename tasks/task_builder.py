@@ -321,6 +321,10 @@ def built_builder(builder_class: type[TextPairBuilder], config: TaskConfig, data
         ) from error
 
 
+# In a data_dir: the digests of the task files it was built from (`utils.files.remembered`).
+DIGESTS_MEMO = "file_digests.json"
+
+
 def prepare(builder_class: type[TextPairBuilder], data_dir: str, **params) -> tuple[dict[str, Records], dict]:
     """Builds the task's data unless a copy with the same version and parameters exists, and checks
     its shards (`check_shards`).

@@ -5,9 +5,11 @@ tests (data parallelism over a Mesh) run on this CPU-only machine.
 """
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # One compilation cache for the session, shared with the train.py and sweep.py processes the
 # tests start and with the other pytest-xdist workers (they inherit the first process's
@@ -90,20 +92,37 @@ def shared_data_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("tfds")
 
 
+def session_folder(tmp_path_factory) -> Path:
+    """The test session's base folder, which both xdist workers share (a worker's own base folder
+    is one of its subfolders)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
-def finished_run(shared_data_dir, tmp_path_factory):
+def finished_run(tmp_path_factory):
     """A tiny Transformer trained 20 steps on dates, evaluated at 10 and 20, with pictures:
-    `(config, workdir, final eval results)`. Tests that change the folder work on a copy."""
+    `(config, workdir, final eval results)`. Tests that change the folder work on a copy. Made once
+    for the whole session, both xdist workers included (the first to ask makes it under a lock in
+    their shared folder, its data beside it; the final results kept as JSON for the other)."""
+    import filelock
+
     from engine import training_loop
     from run_setup import run
 
-    workdir = tmp_path_factory.mktemp("finished")
-    config = tiny_config(shared_data_dir, visualize_examples=3)
-    # one device, as the tests that use it evaluate it
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(run, "make_mesh", first_devices_mesh(1))
-        final = training_loop.train_and_evaluate(parse(config), workdir)
-    return config, workdir, final
+    folder = session_folder(tmp_path_factory) / "finished_run"
+    workdir, results = folder / "run", folder / "final.json"
+    config = tiny_config(folder / "tfds", visualize_examples=3)
+    with filelock.FileLock(str(folder.parent / "finished_run.lock")):
+        if not results.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            # one device, as the tests that use it evaluate it
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(run, "make_mesh", first_devices_mesh(1))
+                final = training_loop.train_and_evaluate(parse(config), workdir)
+            results.write_text(json.dumps(final))
+    return config, workdir, json.loads(results.read_text())
 
 
 @pytest.fixture(scope="session")
@@ -116,9 +135,7 @@ def whole_tiny_run(tmp_path_factory):
 
     from helpers.subprocess_runs import WHOLE_RUN_FLAGS, run_train_py
 
-    # the session's folder: an xdist worker's base folder is one of its subfolders
-    shared = tmp_path_factory.getbasetemp()
-    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+    shared = session_folder(tmp_path_factory)
     workdir = shared / "whole_tiny_run" / "run"
     with filelock.FileLock(str(shared / "whole_tiny_run.lock")):
         if not (workdir / "eval" / "step_60.json").exists():

@@ -73,6 +73,33 @@ def test_digests(tmp_path):
     assert "digests.json" in files.file_digests(tmp_path)
 
 
+def test_a_remembered_digest_is_computed_again_only_when_a_file_changes(tmp_path):
+    corpus, absent, memo = tmp_path / "corpus.tsv", tmp_path / "absent.jpg", tmp_path / "data" / "memo.json"
+    corpus.write_text("a\tb\n")
+    calls = []
+
+    def digest() -> str:
+        calls.append(1)
+        text = corpus.read_bytes() + (absent.read_bytes() if absent.exists() else b"-")
+        return hashlib.sha256(text).hexdigest()
+
+    first = files.remembered(memo, [corpus, absent], digest)
+    assert first == hashlib.sha256(b"a\tb\n-").hexdigest() and len(calls) == 1
+    assert files.remembered(memo, [corpus, absent], digest) == first and len(calls) == 1
+    # the same size, a later modification time
+    corpus.write_text("c\td\n")
+    os.utime(corpus, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert files.remembered(memo, [corpus, absent], digest) == hashlib.sha256(b"c\td\n-").hexdigest()
+    # a file that appears
+    absent.write_bytes(b"x")
+    assert files.remembered(memo, [corpus, absent], digest) == hashlib.sha256(b"c\td\nx").hexdigest()
+    assert len(calls) == 3
+    # a memo that is not one: computed again, and written whole
+    memo.write_text("[1, 2")
+    assert files.remembered(memo, [corpus, absent], digest) == hashlib.sha256(b"c\td\nx").hexdigest()
+    assert len(calls) == 4 and isinstance(json.loads(memo.read_text()), dict)
+
+
 def test_the_workdir_lock_refuses_another_process_naming_it_and_is_free_once_it_is_killed(tmp_path):
     holder = python(
         "from utils import files; import pathlib, time; "
