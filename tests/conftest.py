@@ -46,6 +46,13 @@ import pytest  # noqa: E402
 from run_setup.settings import parse
 
 
+def pytest_collection_modifyitems(items):
+    """The slow tests first (a stable sort: otherwise in their order). Two workers share the work
+    (`--dist worksteal`); a 40-second test that started last kept one of them busy alone at the
+    end of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_configure(config):
     from utils import allocator
 
