@@ -80,8 +80,9 @@ def remembered(memo: Path, paths: list[Path], compute: Callable[[], str]) -> str
         known = json.loads(memo.read_text())
     except (OSError, ValueError):
         known = {}
-    if not isinstance(known, dict) or not isinstance(known.get(key), str):
-        known = known if isinstance(known, dict) else {}
+    if not isinstance(known, dict):
+        known = {}
+    if not isinstance(known.get(key), str):
         known[key] = compute()
         memo.parent.mkdir(parents=True, exist_ok=True)
         # processes writing it at once: the last one's survives, the others' are computed again
