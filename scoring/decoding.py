@@ -157,9 +157,9 @@ def sample(
     return one_per_row(model, inputs, max_lengths, length, choose)
 
 
-def top_k(x: Array, k: int, *, width: int = 64) -> Array:
-    """`jax.lax.top_k(x, k)` over the last axis of `x [R, N]`: the same values and indices, ties to the
-    lower index, found in the k chunks of `width` whose maxima are the largest (each of the k
+def top_k(x: Array, k: int, *, width: int = 64) -> tuple[Array, Array]:
+    """`jax.lax.top_k(x, k)` over the last axis of `x [R, N]` without NaN: the same values and indices,
+    ties to the lower index, found in the k chunks of `width` whose maxima are the largest (each of the k
     largest lies in one of them). One pass of maxima and two small top_k's: XLA:CPU's top_k over
     beam search's `K V` candidates of a row took about a tenth of a decoding step, this a third of
     that (the peers benchmark's model).
