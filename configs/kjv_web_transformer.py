@@ -3,7 +3,7 @@
     python train.py --config=configs/kjv_web_transformer.py --workdir=runs/kjv
 
 3+3 layers, d_model 256, 4 heads, d_ff 1024, one shared 8000-piece SentencePiece
-vocabulary, 64 packed rows of 128 tokens a step (in two microbatches), float32: the
+vocabulary, 64 packed rows of 128 tokens a step (in four microbatches), float32: the
 size the performance comparisons (benchmarks/train_throughput.py) use.
 """
 
@@ -16,11 +16,12 @@ def get_config():
     config.task = base.task("parallel_text")
     config.num_train_steps = 20_000
     config.batch_size = 64
-    # The 64 rows as two microbatches of 32, their gradients summed: the same update, and on a
-    # 2-core CPU a step 8-15% faster (one microbatch's activations and [rows x 128 x 8000] logits
-    # are half as large; benchmarks/train_throughput.py --train_py against the same with
-    # --config.grad_accum_steps=1; docs/performance.md). On a GPU, set it to 1.
-    config.grad_accum_steps = 2
+    # The 64 rows as four microbatches of 16, their gradients summed: the same update. On a 2-core
+    # CPU the step is 6-8% faster than in two (and two were 8-15% faster than one), and its XLA
+    # buffer is 0.67 GiB against 1.39 GiB with two (a microbatch's activations and its
+    # [rows x 128 x 8000] logits); eight are no faster. benchmarks/train_throughput.py --train_py
+    # with --config.grad_accum_steps=N; docs/performance.md. On a GPU, set it to 1.
+    config.grad_accum_steps = 4
     config.learning_rate = 1e-3
     config.warmup_steps = 2_000
     config.eval_every_steps = 2_000
