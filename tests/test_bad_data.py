@@ -16,7 +16,7 @@ import tasks
 from configs import base
 from run_setup.input_kinds import KINDS
 from run_setup.settings import TokenizerSettings, parse
-from tasks import image_captions, parallel_text
+from tasks import image_captions, parallel_text, task_builder
 from tasks import vocabularies as tk
 from utils.errors import DataError
 
@@ -92,6 +92,22 @@ def test_damaged_shard_stops_the_load_naming_it_and_the_fix(copy_of_built, corpu
     shutil.rmtree(shard.parent)
     task = tasks.load_task("parallel_text", data_dir, **corpus)
     assert [task.pair(r) for r in task.splits["train"]] == PAIRS
+
+
+def test_a_passed_shard_check_is_remembered_until_a_shard_changes(copy_of_built, corpus, monkeypatch):
+    data_dir, shard = copy_of_built
+    # checks every shard's footer and remembers that they passed
+    tasks.load_task("parallel_text", data_dir, **corpus)
+    footers_read = []
+    read_footer = task_builder.records_in
+    monkeypatch.setattr(task_builder, "records_in", lambda path: footers_read.append(path) or read_footer(path))
+    tasks.load_task("parallel_text", data_dir, **corpus)
+    assert footers_read == []
+    # the same size, a new modification time: checked again
+    DAMAGES["footer overwritten"](shard)
+    with pytest.raises(DataError, match=f"corrupt built data: {escaped(shard)} "):
+        tasks.load_task("parallel_text", data_dir, **corpus)
+    assert shard in footers_read
 
 
 def test_shard_without_recorded_sizes_still_has_its_records_checked(copy_of_built, corpus):

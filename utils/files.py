@@ -69,9 +69,10 @@ def file_facts(path: Path) -> list[int | None]:
 
 
 def remembered(memo: Path, paths: list[Path], compute: Callable[[], str]) -> str:
-    """`compute()`, a digest of the files at `paths`, kept in the JSON file `memo` under the files'
-    names, sizes, modification times and inodes (a missing file's absence too), and read back
-    while none of them changes: a corpus of WMT14's size took 1.2 s to hash at every start. (A
+    """`compute()`, a digest of the files at `paths` (or a check's verdict on them), kept in the JSON
+    file `memo` under the files' names, sizes, modification times and inodes (a missing file's
+    absence too), and read back while none of them changes: a corpus of WMT14's size took 1.2 s to
+    hash at every start. A `compute` that raises leaves nothing remembered. (A
     file rewritten to the same size within the clock's resolution would keep its old digest, as
     `make` would keep its target.)"""
     facts = [[str(path.resolve()), *file_facts(path)] for path in paths]
