@@ -17,6 +17,7 @@ before it, stays the last good one.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import time
@@ -38,7 +39,7 @@ from run_setup.compatibility import check_init, check_resume
 from run_setup.run import Run, prepare_run
 from run_setup.settings import EvaluationSettings, OptimizationSettings, Settings, write_run_config
 from scoring import metrics, score_registry
-from utils import metric_writer, stop_signals
+from utils import allocator, files, metric_writer, stop_signals
 from utils.errors import ConfigError, NonFiniteLoss
 from utils.metric_writer import Reporter
 
@@ -172,6 +173,55 @@ def compile_train_step(
         out_shardings=(state_sharding, run.replicated),
         donate_argnums=0,
     )
+
+
+# In JAX's compilation cache folder: the train step's buffer size of each run config (the most recent
+# ones), for the huge pages touched ahead of the next such run's first step (`allocator.touch_huge_pages`)
+STEP_BUFFERS_MEMO = "attend_step_buffers.json"
+STEP_BUFFERS_KEPT = 256
+
+
+def step_buffers_memo() -> Path | None:
+    folder = jax.config.jax_compilation_cache_dir
+    return Path(folder) / STEP_BUFFERS_MEMO if folder else None
+
+
+def step_key(settings: Settings) -> str:
+    """The run's settings and JAX's version, which decide its train step's program."""
+    facts = [settings.as_dict(), jax.__version__]
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=list).encode()).hexdigest()
+
+
+def read_step_buffers(memo: Path) -> dict:
+    try:
+        known = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def remembered_step_buffer(settings: Settings) -> int:
+    """The bytes of the train step's buffer when a run with these settings last compiled it; 0 if unknown."""
+    memo = step_buffers_memo()
+    size = read_step_buffers(memo).get(step_key(settings)) if memo else None
+    return size if isinstance(size, int) else 0
+
+
+def remember_step_buffer(settings: Settings, compiled: jax.stages.Compiled) -> None:
+    """Keeps the compiled train step's buffer size for the next run with these settings: a hint, so a
+    memo that cannot be written is left as it is."""
+    memo, analysis = step_buffers_memo(), compiled.memory_analysis()
+    if memo is None or analysis is None:
+        return
+    known = read_step_buffers(memo)
+    known.pop(step_key(settings), None)
+    known[step_key(settings)] = int(analysis.temp_size_in_bytes)
+    # the most recent: a sweep's trials add one each
+    known = dict(list(known.items())[-STEP_BUFFERS_KEPT:])
+    try:
+        files.write_whole(memo, lambda temporary: temporary.write_text(json.dumps(known)))
+    except OSError as error:
+        logging.debug("the train step's buffer size is not kept: %s", error)
 
 
 def initial_state(run: Run, tx: optax.GradientTransformation) -> TrainState:
@@ -400,18 +450,24 @@ def train_and_evaluate(settings: Settings, workdir: str | Path) -> dict:
     check_init(settings, Path(workdir))
     # SIGTERM and SIGINT: stopped within seconds wherever they land (utils/stop_signals.py)
     with stop_signals.handled():
-        # a second run on the workdir stops here, having written nothing
-        run = prepare_run(settings, workdir, lock=True)
+        # the first step's buffer, on pages touched while the run is prepared
+        release_pages = allocator.touch_huge_pages(remembered_step_buffer(settings))
         try:
-            with metric_writer.log_file(run.workdir, enabled=run.is_chief):
-                return train(run)
+            # a second run on the workdir stops here, having written nothing
+            run = prepare_run(settings, workdir, lock=True)
+            try:
+                with metric_writer.log_file(run.workdir, enabled=run.is_chief):
+                    return train(run, release_pages)
+            finally:
+                if run.lock is not None:
+                    run.lock.release()
         finally:
-            if run.lock is not None:
-                run.lock.release()
+            release_pages()
 
 
-def train(run: Run) -> dict:
-    """The loop of `train_and_evaluate` on a prepared run."""
+def train(run: Run, release_pages: Callable[[], None] = lambda: None) -> dict:
+    """The loop of `train_and_evaluate` on a prepared run; `release_pages` is called once the first
+    step is compiled, just before it runs (`allocator.touch_huge_pages`)."""
     optimization, evaluation_settings = run.settings.optimization, run.settings.evaluation
     if run.is_chief:
         write_run_config(run.settings, run.workdir)
@@ -494,7 +550,12 @@ def train(run: Run) -> dict:
                     if first
                     else stop_signals.phase(f"training step {step}")
                 ):
-                    state, step_metrics = train_step(state, run.global_batch(next(data_iterator)))
+                    batch = run.global_batch(next(data_iterator))
+                    if first:
+                        # compiled here (the call reuses it) for its buffer's size, kept for the next run
+                        remember_step_buffer(run.settings, train_step.lower(state, batch).compile())
+                        release_pages()
+                    state, step_metrics = train_step(state, batch)
                 # with several processes, SIGTERM is JAX's preemption notice, which the processes agree on
                 if several and multihost_utils.reached_preemption_sync_point(step):
                     logging.warning(

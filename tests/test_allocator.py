@@ -172,3 +172,24 @@ def test_the_garbage_collector_spares_what_exists_and_still_collects_new_cycles(
     gc.collect()
     # a cycle made afterwards is collected
     assert alive() is None
+
+
+def anonymous_mappings_of(size: int) -> int:
+    """How many of this process's mappings are `size` bytes long (/proc/self/maps)."""
+    spans = (line.split()[0].split("-") for line in Path("/proc/self/maps").read_text().splitlines())
+    return sum(int(end, 16) - int(start, 16) == size for start, end in spans)
+
+
+def test_huge_pages_touched_ahead_are_mapped_until_released_and_only_where_huge_pages_are_used(monkeypatch):
+    size = 6 * 2**21 + 4096
+    before = anonymous_mappings_of(size)
+    monkeypatch.setattr(allocator, "chosen", "malloc's defaults")
+    allocator.touch_huge_pages(size)()
+    assert anonymous_mappings_of(size) == before
+    monkeypatch.setattr(allocator, "chosen", "huge pages")
+    release = allocator.touch_huge_pages(size)
+    assert anonymous_mappings_of(size) == before + 1
+    release()
+    assert anonymous_mappings_of(size) == before
+    # nothing to touch
+    allocator.touch_huge_pages(0)()

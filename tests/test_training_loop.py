@@ -20,6 +20,7 @@ from helpers.tiny import tiny_config
 from input_pipeline import train_dataset
 from run_setup.run import prepare_run
 from run_setup.settings import parse
+from utils import allocator
 from utils.errors import NonFiniteLoss
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -213,6 +214,24 @@ def test_a_run_compiles_its_train_step_once(shared_data_dir, tmp_path, monkeypat
     )
     # no second compilation at step 1 or after a save
     assert [step._cache_size() for step in compiled] == [1]
+
+
+def test_the_train_steps_buffer_size_is_kept_and_the_next_same_run_touches_that_much_ahead(
+    shared_data_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(training_loop, "step_buffers_memo", lambda: tmp_path / "step_buffers.json")
+    touched = []
+    monkeypatch.setattr(allocator, "touch_huge_pages", lambda size: touched.append(size) or (lambda: None))
+    fields = dict(num_train_steps=2, eval_every_steps=2, checkpoint_every_steps=2)
+    settings = parse(tiny_config(shared_data_dir, **fields))
+    training_loop.train_and_evaluate(settings, tmp_path / "first")
+    size = training_loop.remembered_step_buffer(settings)
+    # nothing known before the first run
+    assert size > 0 and touched == [0]
+    training_loop.train_and_evaluate(settings, tmp_path / "second")
+    assert touched == [0, size]
+    # other settings: nothing known
+    assert training_loop.remembered_step_buffer(parse(tiny_config(shared_data_dir, seed=1, **fields))) == 0
 
 
 PERSISTENT_CACHE_PROBE = """

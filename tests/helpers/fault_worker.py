@@ -53,6 +53,8 @@ def signal_at_step(number: int, signum: int, pause_after: float = 0.0) -> None:
                 time.sleep(pause_after)
             return outputs
 
+        # the loop compiles the first step ahead of its call
+        signalling_step.lower = step_function.lower
         return signalling_step
 
     training_loop.compile_train_step = compile_signalling_step
