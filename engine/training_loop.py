@@ -192,18 +192,10 @@ def step_key(settings: Settings) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=list).encode()).hexdigest()
 
 
-def read_step_buffers(memo: Path) -> dict:
-    try:
-        known = json.loads(memo.read_text())
-    except (OSError, ValueError):
-        return {}
-    return known if isinstance(known, dict) else {}
-
-
 def remembered_step_buffer(settings: Settings) -> int:
     """The bytes of the train step's buffer when a run with these settings last compiled it; 0 if unknown."""
     memo = step_buffers_memo()
-    size = read_step_buffers(memo).get(step_key(settings)) if memo else None
+    size = files.read_memo(memo).get(step_key(settings)) if memo else None
     return size if isinstance(size, int) else 0
 
 
@@ -213,9 +205,10 @@ def remember_step_buffer(settings: Settings, compiled: jax.stages.Compiled) -> N
     memo, analysis = step_buffers_memo(), compiled.memory_analysis()
     if memo is None or analysis is None:
         return
-    known = read_step_buffers(memo)
-    known.pop(step_key(settings), None)
-    known[step_key(settings)] = int(analysis.temp_size_in_bytes)
+    known, key = files.read_memo(memo), step_key(settings)
+    # re-inserted: the most recent last
+    known.pop(key, None)
+    known[key] = int(analysis.temp_size_in_bytes)
     # the most recent: a sweep's trials add one each
     known = dict(list(known.items())[-STEP_BUFFERS_KEPT:])
     try:

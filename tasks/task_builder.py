@@ -273,10 +273,10 @@ def shard_problem(path: Path, records: int, size: int | None) -> str | None:
     return None
 
 
-def check_shards(info: tfds.core.DatasetInfo, fix: str, memo: Path | None = None) -> None:
+def check_shards(info: tfds.core.DatasetInfo, fix: str, memo: Path) -> None:
     """Stops at the first shard that is missing, of the wrong size or with an unreadable footer.
 
-    With `memo`, a check passed is remembered there under the shards' sizes, modification times
+    A check passed is remembered in `memo` under the shards' sizes, modification times
     and inodes (`utils.files.remembered`), and not repeated while none of them changes: reading the
     footers of a WMT-sized build's 46 shards took 0.5 s of every start."""
     sizes = info.metadata.get("shard_bytes", {})
@@ -289,10 +289,7 @@ def check_shards(info: tfds.core.DatasetInfo, fix: str, memo: Path | None = None
                 raise DataError(f"corrupt built data: {path} {problem}; {fix}")
         return "whole"
 
-    if memo is None:
-        check()
-    else:
-        files.remembered(memo, [path for path, _ in shards], check)
+    files.remembered(memo, [path for path, _ in shards], check)
 
 
 class Records(collections.abc.Sequence):

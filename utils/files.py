@@ -68,6 +68,16 @@ def file_facts(path: Path) -> list[int | None]:
     return [facts.st_size, facts.st_mtime_ns, facts.st_ino]
 
 
+def read_memo(memo: Path) -> dict:
+    """The JSON object in the file `memo`; `{}` where it is missing, unreadable or not an object
+    (a memo is a cache: what it lost is computed again)."""
+    try:
+        known = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
 def remembered(memo: Path, paths: list[Path], compute: Callable[[], str]) -> str:
     """`compute()`, a digest of the files at `paths` (or a check's verdict on them), kept in the JSON
     file `memo` under the files' names, sizes, modification times and inodes (a missing file's
@@ -77,12 +87,7 @@ def remembered(memo: Path, paths: list[Path], compute: Callable[[], str]) -> str
     `make` would keep its target.)"""
     facts = [[str(path.resolve()), *file_facts(path)] for path in paths]
     key = hashlib.sha256(json.dumps(facts).encode()).hexdigest()
-    try:
-        known = json.loads(memo.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict):
-        known = {}
+    known = read_memo(memo)
     if not isinstance(known.get(key), str):
         known[key] = compute()
         memo.parent.mkdir(parents=True, exist_ok=True)
