@@ -54,6 +54,7 @@ import importlib
 import json
 import math
 import multiprocessing
+import multiprocessing.connection
 import signal
 import statistics
 import sys
@@ -120,6 +121,13 @@ flags.DEFINE_bool(
     flag_values=FLAGS,
 )
 flags.DEFINE_integer("seeds", 3, "runs of each column's tuned rate, seeds 0, 1, ...", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "parallel_runs",
+    1,
+    "runs of a stage trained (or test splits decoded) at once, each in its own process: for an "
+    "accelerator, which one small model's run leaves mostly idle; on a CPU the runs share its cores",
+    flag_values=FLAGS,
+)
 flags.DEFINE_string("columns", ",".join(COLUMNS), f"comma-separated, of: {', '.join(COLUMNS)}", flag_values=FLAGS)
 flags.DEFINE_string("data_dir", "data/tfds", "", flag_values=FLAGS)
 flags.DEFINE_string(
@@ -155,21 +163,36 @@ def column_config(column: str, learning_rate: float | None, steps: int, data_dir
     return config
 
 
-def in_fresh_process(function, *args) -> None:
-    """`function(*args)` in a new Python process, set up as train.py's are, waited for. A process
-    that has trained several models runs the next one slower: LSTMN's run went at 0.59 steps/s
-    after its tuning runs in the same process, 0.87 alone (docs/performance.md). A SIGTERM
-    to this process is passed on (the run saves its checkpoint and stops)."""
-    child = multiprocessing.get_context("spawn").Process(target=set_up_and_call, args=(function, *args))
-    child.start()
-    previous = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+def in_fresh_processes(calls: list[tuple], parallel: int = 1) -> None:
+    """Each `(function, *args)` of `calls` in a new Python process, set up as train.py's are, at most
+    `parallel` at once, waited for. A process that has trained several models runs the next one
+    slower: LSTMN's run went at 0.59 steps/s after its tuning runs in the same process, 0.87 alone
+    (docs/performance.md). A SIGTERM to this process is passed on to every child running (each
+    saves its checkpoint and stops)."""
+    context = multiprocessing.get_context("spawn")
+    pending, running = list(calls), []
+    previous = signal.signal(signal.SIGTERM, lambda *_: [child.terminate() for child, _ in running])
     try:
-        child.join()
+        while pending or running:
+            while pending and len(running) < max(1, parallel):
+                function, *args = call = pending.pop(0)
+                child = context.Process(target=set_up_and_call, args=(function, *args))
+                child.start()
+                running.append((child, call))
+            multiprocessing.connection.wait([child.sentinel for child, _ in running])
+            for child, call in [(c, call) for c, call in running if c.exitcode is not None]:
+                running.remove((child, call))
+                # stopped by the signal passed on (its checkpoint saved): 128 + SIGTERM, or killed by it
+                if child.exitcode not in (0, 128 + signal.SIGTERM, -signal.SIGTERM):
+                    function, *args = call
+                    raise SystemExit(
+                        f"{function.__name__}{tuple(args[1:])} failed (exit code {child.exitcode}): see the lines above"
+                    )
     finally:
+        for child, _ in running:
+            child.terminate()
+            child.join()
         signal.signal(signal.SIGTERM, previous)
-    # stopped by the signal passed on (its checkpoint saved): 128 + SIGTERM, or killed by it
-    if child.exitcode not in (0, 128 + signal.SIGTERM, -signal.SIGTERM):
-        raise SystemExit(f"{function.__name__}{args[1:]} failed (exit code {child.exitcode}): see the lines above")
 
 
 def set_up_and_call(function, *args) -> None:
@@ -192,16 +215,28 @@ def train_or_mark_diverged(config, workdir: Path) -> None:
 
 
 def train(config, workdir: Path) -> dict:
-    """Trains in a fresh process (unless finished): `{"dev_loss", "steps_per_second",
-    "train_seconds", "target_tokens"}` from the run's rows; its speed is the steps over the seconds
-    of every row but the first (which holds the compilation), so that slow windows (long buckets)
-    count in full."""
-    finished, diverged = workdir / "eval" / f"step_{config.num_train_steps}.json", workdir / "diverged.json"
-    if not finished.exists() and not diverged.exists():
-        in_fresh_process(train_or_mark_diverged, config, workdir)
-        # stopped by a signal, its checkpoint saved
-        if not finished.exists() and not diverged.exists():
+    """`train_all` of one run."""
+    return train_all([(config, workdir)])[0]
+
+
+def train_all(runs: list[tuple], parallel: int = 1) -> list[dict]:
+    """Trains each `(config, workdir)` in a fresh process (unless finished), `parallel` at once, and
+    returns `{"dev_loss", "steps_per_second", "train_seconds", "target_tokens"}` of each from its
+    rows; its speed is the steps over the seconds of every row but the first (which holds the
+    compilation), so that slow windows (long buckets) count in full."""
+    finished = lambda config, workdir: workdir / "eval" / f"step_{config.num_train_steps}.json"  # noqa: E731
+    done = lambda config, workdir: finished(config, workdir).exists() or (workdir / "diverged.json").exists()  # noqa: E731
+    in_fresh_processes([(train_or_mark_diverged, c, w) for c, w in runs if not done(c, w)], parallel)
+    # stopped by a signal, its checkpoint saved
+    for config, workdir in runs:
+        if not done(config, workdir):
             sys.exit(f"stopped before the end of {workdir}: the same command resumes it")
+    return [trained(finished(config, workdir), workdir) for config, workdir in runs]
+
+
+def trained(finished: Path, workdir: Path) -> dict:
+    """A finished run's dev loss (inf where it diverged), speed, seconds and target tokens."""
+    diverged = workdir / "diverged.json"
     rows = metric_writer.read_jsonl(workdir)
     train_rows = [r for r in rows if r["split"] == "train"]
     windows = list(zip(train_rows, window_steps(train_rows)))
@@ -239,17 +274,21 @@ def plan(column: str, args) -> dict:
     tune_steps = max(20, round(args.tune_fraction * steps))
     trials = {}
 
-    def try_rate(rate: float) -> None:
-        trials[rate] = train(
-            column_config(column, rate, tune_steps, args.data_dir), Path(args.workdir) / column / f"tune_{rate:g}"
-        )
+    def try_rates(rates: list[float]) -> None:
+        runs = [
+            (column_config(column, rate, tune_steps, args.data_dir), Path(args.workdir) / column / f"tune_{rate:g}")
+            for rate in rates
+        ]
+        trials.update(zip(rates, train_all(runs, args.parallel_runs)))
 
-    for factor in RATE_FACTORS:
-        try_rate(base_rate * factor)
+    try_rates([base_rate * factor for factor in RATE_FACTORS])
     best = min(trials, key=lambda rate: trials[rate]["dev_loss"])
-    # the best at an edge: one more step out
+    # the best at an edge: one more step out, or as many as run at once (the rates the grid would
+    # try next while its best stays at the edge; where it does not, a rate tried beyond is spare)
     while best in (min(trials), max(trials)) and len(trials) < MAX_RATES:
-        try_rate(best * 2 if best == max(trials) else best / 2)
+        factor = 2.0 if best == max(trials) else 0.5
+        count = min(max(1, args.parallel_runs), MAX_RATES - len(trials))
+        try_rates([best * factor**k for k in range(1, count + 1)])
         best = min(trials, key=lambda rate: trials[rate]["dev_loss"])
     result = {
         "learning_rate": best,
@@ -283,16 +322,15 @@ def finalists(chosen: dict) -> list[float]:
     return [best, others[0][1]] if tied else [best]
 
 
-def scores_on_test_split(config, workdir: Path) -> dict:
-    """BLEU, chrF and sentences/s of the whole test split with beam 4, measured in a fresh process
-    (`test.json`, read back once written)."""
-    path = workdir / "test.json"
-    if not path.exists():
-        in_fresh_process(write_test_scores, config, workdir)
+def scores_on_test_split(runs: list[tuple], parallel: int = 1) -> list[dict]:
+    """BLEU, chrF and sentences/s of the whole test split with beam 4 for each `(config, workdir)`,
+    each measured in a fresh process, `parallel` at once (`test.json`, read back once written)."""
+    in_fresh_processes([(write_test_scores, c, w) for c, w in runs if not (w / "test.json").exists()], parallel)
+    for _, workdir in runs:
         # stopped by a signal
-        if not path.exists():
+        if not (workdir / "test.json").exists():
             sys.exit(f"stopped while decoding the test split of {workdir}: the same command decodes it again")
-    return json.loads(path.read_text())
+    return [json.loads((workdir / "test.json").read_text()) for _, workdir in runs]
 
 
 def write_test_scores(config, workdir: Path) -> None:
@@ -399,15 +437,23 @@ def main() -> None:
     ]
     # every column's first seed before any column's second: a stopped benchmark has whole rows to show
     runs.sort(key=lambda run: run[2])
+    configs = [
+        (column_config(column, rate, plans[column]["steps"], args.data_dir, seed), workdir)
+        for column, rate, seed, workdir in runs
+    ]
+    # a stopped benchmark still has whole rows: each group of parallel runs is trained, then decoded
     rows = []
-    for column, rate, seed, workdir in runs:
-        chosen = plans[column]
-        config = column_config(column, rate, chosen["steps"], args.data_dir, seed)
-        trained = train(config, workdir)
-        epochs = trained["target_tokens"] / split_target_tokens(config, workdir)
-        test, parameters = scores_on_test_split(config, workdir), parameter_count(config, workdir)
-        tuned = rate == chosen["learning_rate"]
-        rows.append(Row(column, seed, rate, tuned, chosen, trained, epochs, test, parameters, workdir))
+    group = max(1, args.parallel_runs)
+    for start in range(0, len(runs), group):
+        chunk = list(zip(runs[start : start + group], configs[start : start + group]))
+        trained = train_all([config for _, config in chunk], args.parallel_runs)
+        tests = scores_on_test_split([config for _, config in chunk], args.parallel_runs)
+        for ((column, rate, seed, workdir), (config, _)), run_trained, test in zip(chunk, trained, tests):
+            chosen = plans[column]
+            epochs = run_trained["target_tokens"] / split_target_tokens(config, workdir)
+            parameters = parameter_count(config, workdir)
+            tuned = rate == chosen["learning_rate"]
+            rows.append(Row(column, seed, rate, tuned, chosen, run_trained, epochs, test, parameters, workdir))
     rows.sort(key=lambda row: (columns.index(row.column), not row.tuned, row.seed))
     print_runs(rows, args)
     if rows:
