@@ -30,6 +30,7 @@ The figures measured with these commands, each with its command: docs/performanc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -59,20 +60,11 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
     train.set_up_process()
     import jax
 
-    import input_pipeline
     from configs import base
-    from engine import training_loop
-    from run_setup.run import prepare_run
 
     config = base.load(PROJECT_ROOT / "configs" / f"{config_name}.py", overrides)
     started = psutil.Process().create_time()
-    with tempfile.TemporaryDirectory() as workdir:
-        run = prepare_run(parse(config), workdir)
-        tx = training_loop.make_optimizer(run.settings.optimization)
-        state = training_loop.initial_state(run, tx)
-        train_step = training_loop.compile_train_step(run, tx, state)
-        data, _ = input_pipeline.train_dataset(run.task, run.tokens, run.settings.data, run.settings.source)
-        batches = iter(data)
+    with prepared_step(config) as (run, train_step, state, batches):
         first = run.global_batch(next(batches))
         flops = train_step.lower(state, first).compile().cost_analysis()["flops"]
         state, step_metrics = train_step(state, first)
@@ -112,6 +104,24 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
         )
         + (f", {config.data.batch_tokens} tokens" if config.data.batch_tokens else ""),
     }
+
+
+@contextlib.contextmanager
+def prepared_step(config):
+    """`(run, train_step, state, batches)` of `config` as train.py's loop builds them, in a temporary
+    run folder: the jitted step (not yet compiled), the initial state and the training batches'
+    iterator (host batches: `run.global_batch` puts one on the devices)."""
+    import input_pipeline
+    from engine import training_loop
+    from run_setup.run import prepare_run
+
+    with tempfile.TemporaryDirectory() as workdir:
+        run = prepare_run(parse(config), workdir)
+        tx = training_loop.make_optimizer(run.settings.optimization)
+        state = training_loop.initial_state(run, tx)
+        train_step = training_loop.compile_train_step(run, tx, state)
+        data, _ = input_pipeline.train_dataset(run.task, run.tokens, run.settings.data, run.settings.source)
+        yield run, train_step, state, iter(data)
 
 
 def recurrent_step_seconds(family: str, length: int, width: int, repeats: int, **fields) -> float:
