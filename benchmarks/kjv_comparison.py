@@ -39,6 +39,12 @@ Every run, and each test decoding, is a fresh process set up as train.py's are (
 allocator, the compilation cache): a process that has trained several models trains the next one
 slower.
 
+`--parallel_runs=N` trains a stage's runs (the first rates of a grid, the seeds) and decodes their
+test splits N at once, each in its own process: for an accelerator, which one small model's run
+leaves mostly idle. Each run keeps the device it trained on (`devices.json`), each decoding its
+device and how many decoded beside it (`test.json`); the table shows both, since a speed measured
+beside others is a share of the device.
+
 Prints a markdown table. Stages already done are read back, not rerun (`WORKDIR/<column>/plan.json`
 holds a column's rate and steps, and the budget they were planned for: a rerun with other
 `--minutes` or `--tune_fraction` stops, naming the file to delete; a run folder with checkpoints
@@ -207,11 +213,31 @@ def set_up_and_call(function, *args) -> None:
 
 
 def train_or_mark_diverged(config, workdir: Path) -> None:
+    record_device(workdir)
     try:
         training_loop.train_and_evaluate(parse(config), workdir)
     except NonFiniteLoss as error:
         # a rate too large: the worst, and not retried on a rerun
         (workdir / "diverged.json").write_text(json.dumps({"error": str(error)}))
+
+
+def record_device(workdir: Path) -> None:
+    """Adds this process's device kind to the run's `devices.json` (a run resumed elsewhere lists
+    both): the table says where each run trained."""
+    import jax
+
+    path = workdir / "devices.json"
+    kinds = json.loads(path.read_text()) if path.exists() else []
+    kind = jax.devices()[0].device_kind
+    if kind not in kinds:
+        workdir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([*kinds, kind]))
+
+
+def trained_on(workdir: Path) -> str:
+    """The device kinds a run trained on (`devices.json`), or "?" for a run from before it was kept."""
+    path = workdir / "devices.json"
+    return " + ".join(json.loads(path.read_text())) if path.exists() else "?"
 
 
 def train(config, workdir: Path) -> dict:
@@ -324,8 +350,11 @@ def finalists(chosen: dict) -> list[float]:
 
 def scores_on_test_split(runs: list[tuple], parallel: int = 1) -> list[dict]:
     """BLEU, chrF and sentences/s of the whole test split with beam 4 for each `(config, workdir)`,
-    each measured in a fresh process, `parallel` at once (`test.json`, read back once written)."""
-    in_fresh_processes([(write_test_scores, c, w) for c, w in runs if not (w / "test.json").exists()], parallel)
+    each measured in a fresh process, `parallel` at once (`test.json`, read back once written; its
+    speed is the device's share, where several decoded at once)."""
+    pending = [(c, w) for c, w in runs if not (w / "test.json").exists()]
+    at_once = min(max(1, parallel), len(pending))
+    in_fresh_processes([(write_test_scores, c, w, at_once) for c, w in pending], parallel)
     for _, workdir in runs:
         # stopped by a signal
         if not (workdir / "test.json").exists():
@@ -333,7 +362,10 @@ def scores_on_test_split(runs: list[tuple], parallel: int = 1) -> list[dict]:
     return [json.loads((workdir / "test.json").read_text()) for _, workdir in runs]
 
 
-def write_test_scores(config, workdir: Path) -> None:
+def write_test_scores(config, workdir: Path, at_once: int = 1) -> None:
+    """`test.json`: the scores, the speed and the device, and how many decodings shared it."""
+    import jax
+
     path = workdir / "test.json"
     run = prepare_run(parse(config), workdir, training=False)
     _, params = run.restore_params()
@@ -353,6 +385,8 @@ def write_test_scores(config, workdir: Path) -> None:
         "chrf": results["chrf"],
         "sentences": len(decoded),
         "sentences_per_second": len(decoded) / seconds,
+        "device": jax.devices()[0].device_kind,
+        "decoded_at_once": at_once,
     }
     path.write_text(json.dumps(measured, indent=2))
 
@@ -459,7 +493,7 @@ def main() -> None:
     if rows:
         config = column_config(columns[0], None, 1, args.data_dir)
         floor = copy_scores(config)
-        print(f"| the source copied (no model) | | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | |")
+        print(f"| the source copied (no model) | | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | | |")
         texts = test_texts(config)
         print_seed_summary(rows, texts)
         print_and_draw_by_length(rows, texts, Path(args.figure))
@@ -473,15 +507,22 @@ def print_runs(rows: list[Row], args) -> None:
     )
     print(
         "| model | seed | parameters | learning rate (tuned) | steps | epochs | train min | dev loss | test BLEU "
-        "| test chrF | decode sentences/s |"
+        "| test chrF | decode sentences/s | trained on; decoded on |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for row in rows:
         print(
             f"| {row.column} | {row.seed} | {row.parameters / 1e6:.1f} M | {row.rate_label} | {row.plan['steps']:,} "
             f"| {row.epochs:.1f} | {row.trained['train_seconds'] / 60:.1f} | {row.trained['dev_loss']:.3f} "
-            f"| {row.test['bleu']:.2f} | {row.test['chrf']:.2f} | {row.test['sentences_per_second']:.1f} |"
+            f"| {row.test['bleu']:.2f} | {row.test['chrf']:.2f} | {decode_speed(row.test)} "
+            f"| {trained_on(row.workdir)}; {row.test.get('device', '?')} |"
         )
+
+
+def decode_speed(test: dict) -> str:
+    """Sentences/s of the test decoding, marked where others ran beside it (a share of the device)."""
+    shared = test.get("decoded_at_once", 1)
+    return f"{test['sentences_per_second']:.1f}" + (f" ({shared} at once)" if shared > 1 else "")
 
 
 def test_texts(config) -> tuple[list[str], list[str], str]:
