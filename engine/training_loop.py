@@ -113,7 +113,9 @@ def make_train_step(
         sums = metrics.token_sums(model(batch, deterministic=False), batch["targets"], smoothing)
         return sums["smoothed_loss_sum"], (sums, model_state)
 
-    grad_fn = jax.grad(loss_sums, has_aux=True)
+    # jitted: the accumulation below traces it for its gradients' shapes and then in the scan with the
+    # same shapes, and a jitted function's trace is reused (the model is traced once, not twice)
+    grad_fn = jax.jit(jax.grad(loss_sums, has_aux=True))
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         key = jax.random.fold_in(dropout_seed, state["step"])
