@@ -548,9 +548,12 @@ def train(run: Run, release_pages: Callable[[], None] = lambda: None) -> dict:
                     batch = run.global_batch(next(data_iterator))
                     if first:
                         # compiled here (the call reuses it) for its buffer's size, kept for the next run
-                        remember_step_buffer(run.settings, train_step.lower(state, batch).compile())
+                        compiled = train_step.lower(state, batch).compile()
                         release_pages()
                     state, step_metrics = train_step(state, batch)
+                    if first:
+                        # while the step runs: the analysis takes 0.2 s of the start-up otherwise
+                        remember_step_buffer(run.settings, compiled)
                 # with several processes, SIGTERM is JAX's preemption notice, which the processes agree on
                 if several and multihost_utils.reached_preemption_sync_point(step):
                     logging.warning(
