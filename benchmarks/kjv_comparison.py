@@ -40,11 +40,13 @@ Every run, and each test decoding, is a fresh process set up as train.py's are (
 allocator, the compilation cache): a process that has trained several models trains the next one
 slower.
 
-`--parallel_runs=N` trains a stage's runs (the first rates of a grid, the seeds) and decodes their
-test splits N at once, each in its own process: for an accelerator, which one small model's run
-leaves mostly idle. Each run keeps the device it trained on (`devices.json`), each decoding its
-device and how many decoded beside it (`test.json`); the table shows both, since a speed measured
-beside others is a share of the device.
+`--parallel_runs=N` trains N runs at once, each in its own process (a grid's first rates, its
+extension N rates out at a time, then the final runs in their order), and decodes their test
+splits N at once: for an accelerator, which one small model's run leaves mostly idle. Each run
+keeps the device it trained on and how many trained at once (`devices.json`), each decoding its
+device and how many started with it (`test.json`); the table shows both, since a speed measured
+beside others is a share of the device. The grid's extension may then try a rate beyond the edge
+that one rate at a time would not have (`plan.json`'s `rates_at_once`).
 
 Prints a markdown table. Stages already done are read back, not rerun (`WORKDIR/<column>/plan.json`
 holds a column's rate and steps, and the budget they were planned for: a rerun with other
@@ -62,6 +64,7 @@ import json
 import math
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import statistics
 import sys
@@ -175,17 +178,31 @@ def in_fresh_processes(calls: list[tuple], parallel: int = 1) -> None:
     `parallel` at once, waited for. A process that has trained several models runs the next one
     slower: LSTMN's run went at 0.59 steps/s after its tuning runs in the same process, 0.87 alone
     (docs/performance.md). A SIGTERM to this process is passed on to every child running (each
-    saves its checkpoint and stops)."""
+    saves its checkpoint and stops) and starts no other."""
     context = multiprocessing.get_context("spawn")
-    pending, running = list(calls), []
-    previous = signal.signal(signal.SIGTERM, lambda *_: [child.terminate() for child, _ in running])
+    pending, running, stopping = list(calls), [], []
+
+    def stop(*_) -> None:
+        stopping.append(True)
+        pending.clear()
+        for child, _ in running:
+            if child.pid is not None:
+                child.terminate()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    if parallel > 1:
+        # several processes on one accelerator: each takes the memory it needs, not 75% of it
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     try:
         while pending or running:
             while pending and len(running) < max(1, parallel):
                 function, *args = call = pending.pop(0)
                 child = context.Process(target=set_up_and_call, args=(function, *args))
-                child.start()
                 running.append((child, call))
+                child.start()
+                # the signal came between the two lines above
+                if stopping:
+                    child.terminate()
             multiprocessing.connection.wait([child.sentinel for child, _ in running])
             for child, call in [(c, call) for c, call in running if c.exitcode is not None]:
                 running.remove((child, call))
@@ -196,9 +213,13 @@ def in_fresh_processes(calls: list[tuple], parallel: int = 1) -> None:
                         f"{function.__name__}{tuple(args[1:])} failed (exit code {child.exitcode}): see the lines above"
                     )
     finally:
+        # all stopping at once: each saves within its own grace period
         for child, _ in running:
-            child.terminate()
-            child.join()
+            if child.pid is not None:
+                child.terminate()
+        for child, _ in running:
+            if child.pid is not None:
+                child.join()
         signal.signal(signal.SIGTERM, previous)
 
 
@@ -213,8 +234,8 @@ def set_up_and_call(function, *args) -> None:
         sys.exit(stopped.exit_code)
 
 
-def train_or_mark_diverged(config, workdir: Path) -> None:
-    record_device(workdir)
+def train_or_mark_diverged(config, workdir: Path, at_once: int = 1) -> None:
+    record_device(workdir, at_once)
     try:
         training_loop.train_and_evaluate(parse(config), workdir)
     except NonFiniteLoss as error:
@@ -222,17 +243,18 @@ def train_or_mark_diverged(config, workdir: Path) -> None:
         (workdir / "diverged.json").write_text(json.dumps({"error": str(error)}))
 
 
-def record_device(workdir: Path) -> None:
-    """Adds this process's device kind to the run's `devices.json` (a run resumed elsewhere lists
-    both): the table says where each run trained."""
+def record_device(workdir: Path, at_once: int = 1) -> None:
+    """Adds this process's device kind, and how many runs trained on it at once where several did, to
+    the run's `devices.json` (a run resumed elsewhere lists both): the table says where each run
+    trained, and whether its speed was a share of the device."""
     import jax
 
     path = workdir / "devices.json"
     kinds = json.loads(path.read_text()) if path.exists() else []
-    kind = jax.devices()[0].device_kind
+    kind = jax.devices()[0].device_kind + (f" ({at_once} at once)" if at_once > 1 else "")
     if kind not in kinds:
         workdir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([*kinds, kind]))
+        files.write_whole(path, lambda temporary: temporary.write_text(json.dumps([*kinds, kind])))
 
 
 def trained_on(workdir: Path) -> str:
@@ -253,7 +275,9 @@ def train_all(runs: list[tuple], parallel: int = 1) -> list[dict]:
     compilation), so that slow windows (long buckets) count in full."""
     finished = lambda config, workdir: workdir / "eval" / f"step_{config.num_train_steps}.json"  # noqa: E731
     done = lambda config, workdir: finished(config, workdir).exists() or (workdir / "diverged.json").exists()  # noqa: E731
-    in_fresh_processes([(train_or_mark_diverged, c, w) for c, w in runs if not done(c, w)], parallel)
+    pending = [(c, w) for c, w in runs if not done(c, w)]
+    at_once = min(max(1, parallel), len(pending))
+    in_fresh_processes([(train_or_mark_diverged, c, w, at_once) for c, w in pending], parallel)
     # stopped by a signal, its checkpoint saved
     for config, workdir in runs:
         if not done(config, workdir):
@@ -324,6 +348,8 @@ def plan(column: str, args) -> dict:
         "minutes": args.minutes,
         "tune_fraction": args.tune_fraction,
         "tune_steps": tune_steps,
+        # the grid's extension tries this many rates at a time (a spare rate beyond the edge may be tried)
+        "rates_at_once": max(1, args.parallel_runs),
         # the grid stopped at MAX_RATES
         "best_at_edge": best in (min(trials), max(trials)),
         "dev_loss_by_rate": {f"{rate:g}": trial["dev_loss"] for rate, trial in trials.items()},
@@ -389,7 +415,7 @@ def write_test_scores(config, workdir: Path, at_once: int = 1) -> None:
         "device": jax.devices()[0].device_kind,
         "decoded_at_once": at_once,
     }
-    path.write_text(json.dumps(measured, indent=2))
+    files.write_whole(path, lambda temporary: temporary.write_text(json.dumps(measured, indent=2)))
 
 
 def parameter_count(config, workdir: Path) -> int:
@@ -523,7 +549,7 @@ def print_runs(rows: list[Row], args) -> None:
 def decode_speed(test: dict) -> str:
     """Sentences/s of the test decoding, marked where others ran beside it (a share of the device)."""
     shared = test.get("decoded_at_once", 1)
-    return f"{test['sentences_per_second']:.1f}" + (f" ({shared} at once)" if shared > 1 else "")
+    return f"{test['sentences_per_second']:.1f}" + (f" ({shared} started together)" if shared > 1 else "")
 
 
 def test_texts(config) -> tuple[list[str], list[str], str]:

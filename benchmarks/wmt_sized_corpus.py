@@ -59,7 +59,12 @@ flags.DEFINE_string(
     "folder", None, "Where the corpus, data_dir and workdirs go (default: a temporary folder, removed after)."
 )
 flags.DEFINE_integer("batches", 200, "Batches read to time the input pipeline.")
-flags.DEFINE_integer("warm_runs", 3, "Warm runs, each in a new workdir: the table holds their median.")
+flags.DEFINE_integer(
+    "warm_runs",
+    3,
+    "Warm runs, each in a new workdir: the table holds their median (the lower of two middles).",
+    lower_bound=1,
+)
 flags.DEFINE_bool("floor", True, "Run ../shared/peers/wmt_scale_floor.py on the corpus first (the libraries alone).")
 # the floor's phases, which add up to its total: "read", "vocabulary (10M chars)", "tokenize + write"
 FLOOR_PHASE = re.compile(r"^(read|vocabulary.*?|tokenize \+ write)\s+([\d.]+) s .*peak RSS\s+(\d+) MiB", re.M)
@@ -224,10 +229,12 @@ def main(argv: list[str]) -> None:
         floor = floor_seconds(corpus) if FLAGS.floor else None
         cold = timed_run(root / "cold", data_dir, corpus, cache, FLAGS.steps)
         warms = [timed_run(root / f"warm{i}", data_dir, corpus, cache, FLAGS.steps) for i in range(FLAGS.warm_runs)]
-        # the median run by time to the first step; its peak is the largest of them all
+        # the median run by time to the first step (the lower middle of an even count); the peaks the
+        # largest of them all
         warm = {
-            **sorted(warms, key=lambda run: run["first_step_s"])[len(warms) // 2],
+            **sorted(warms, key=lambda run: run["first_step_s"])[(len(warms) - 1) // 2],
             "peak_bytes": max(run["peak_bytes"] for run in warms),
+            "data_peak_bytes": max(run["data_peak_bytes"] for run in warms),
         }
         built = next(data_dir.glob("parallel_text/*/*/"))
         tokenized = size_of(built / "tokenized")
@@ -246,7 +253,7 @@ def main(argv: list[str]) -> None:
     print("|---|---:|---:|---:|---:|")
     for name, run in (
         ("cold: build, vocabulary, token ids, compile", cold),
-        (f"warm: a new workdir, same data_dir (median of {len(warms)}; the largest peak)", warm),
+        (f"warm: a new workdir, same data_dir (median of {len(warms)}; the largest peaks)", warm),
     ):
         print(
             f"| {name} | {run['first_step_s']:.0f} | {run['first_step_cpu_s']:.0f} | {run['peak_bytes'] / gib:.2f} "

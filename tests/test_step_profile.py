@@ -36,3 +36,21 @@ def test_the_products_flop_are_counted_from_the_programs_shapes_and_events_are_m
     assert step_profile.kind(product) == "matrix products, forward"
     tanh = next(i for i in running if "tanh" in i.op_name)
     assert step_profile.kind(tanh) == "tanh"
+
+
+def test_a_gradients_products_are_told_from_the_forward_ones_by_their_op_name():
+    x = jnp.ones((8, 16))
+
+    def loss(w):
+        # forward [8, 16] x [16, 32]; backward dW = x^T [16, 8] x g [8, 32], the same FLOP
+        return jnp.sum(jnp.tanh(x @ w))
+
+    program = jax.jit(jax.grad(loss)).lower(jnp.ones((16, 32))).compile().as_text()
+    instructions = step_profile.parse_program(program)
+    entry = program[program.index("\nENTRY ") :]
+    running = [instructions[name] for name in re.findall(r"\n\s*(?:ROOT )?%([\w.\-]+) = ", entry)]
+    by_kind = {}
+    for instruction in running:
+        if instruction.flop:
+            by_kind.setdefault(step_profile.kind(instruction), []).append(instruction.flop)
+    assert by_kind == {"matrix products, forward": [2 * 8 * 32 * 16], "matrix products, backward": [2 * 16 * 32 * 8]}
