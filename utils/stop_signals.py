@@ -21,7 +21,8 @@ period); it first removes the temporaries of writes under way and stops the chil
 pool's workers), then prints one line.
 
 `ATTEND_SIGNAL_AT=PHASE[@SECONDS][xCOUNT]` (a test hook) makes the process send itself SIGTERM
-`SECONDS` after it enters the first phase whose name starts with PHASE (`phase()`), COUNT times.
+`SECONDS` after it enters the first phase whose name starts with PHASE (`phase()`), COUNT times,
+from another thread; without SECONDS the phase waits until the first signal is sent.
 """
 
 from __future__ import annotations
@@ -207,8 +208,8 @@ def abortable(where: str) -> Iterator[None]:
 def phase(where: str) -> Iterator[None]:
     """Names the work under way (`progress.phase` calls it) for the messages; the test hook's place."""
     saved, _state.phase = _state.phase, where
-    _place_test_signal(where)
     try:
+        _place_test_signal(where)
         yield
     finally:
         _state.phase = saved
@@ -321,13 +322,20 @@ def _place_test_signal(where: str) -> None:
     # once per process
     os.environ.pop(TEST_HOOK)
 
+    sent = threading.Event()
+
     def send() -> None:
         for _ in range(int(count or 1)):
             # what the test measures from
             print(f"test hook: SIGTERM at {time.time():.3f} while {where}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGTERM)
+            sent.set()
             # two signals sent at once would merge into one
             time.sleep(0.05)
 
     # from another thread, as a scheduler's signal comes: the handler runs in the main thread
     threading.Timer(float(delay or 0), send).start()
+    if not delay:
+        # the phase goes on once its signal is sent: on a loaded machine the thread may start late,
+        # and a tiny run's steps (milliseconds) would have moved past the step the test names
+        sent.wait(timeout=30)
