@@ -235,24 +235,40 @@ def test_every_process_decides_from_the_smallest_device_memory_of_all(monkeypatc
 
 
 @pytest.mark.slow
-@pytest.mark.all_devices
-def test_two_processes_under_fsdp_equal_one_on_four_devices_stop_together_and_resume_bit_for_bit(
-    shared_data_dir, tmp_path, monkeypatch
+def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_resumed_run_equals_a_whole_one(
+    shared_data_dir, tmp_path
 ):
-    """Parameters and Adam moments sharded over the devices of both processes (`fsdp`, data=4): the
-    pair's logged metrics (training and evaluation) and final state are those of one process on 4
-    devices. SIGTERM to one of the pair stops both after the same step, and the same command resumes
-    the pair to the whole run, bit for bit. (One whole pair serves both checks: a pair of processes
-    is the suite's most expensive start.)"""
     # JAX agrees on a step a little later: within a second of the signal, and the signalled process's
     # later steps take 0.2 s each (helpers/two_process_worker.py); between two log rows (every 4), the resumed run
     # completes the cut one
     steps, sigterm_at = 20, 9
     whole = tmp_path / "whole"
-    outputs = finished(two_processes(whole, shared_data_dir, steps, coordinator="127.0.0.1:PORT", sharding="fsdp"))
+    outputs = finished(two_processes(whole, shared_data_dir, steps, coordinator="127.0.0.1:PORT"))
     assert "process 0 of 2 on 4 devices" in outputs[0] and "process 1 of 2 on 4 devices" in outputs[1]
-    assert "sharding fsdp over (data=4, model=1)" in (whole / "log.txt").read_text()
 
+    cut = tmp_path / "cut"
+    outputs = finished(two_processes(cut, shared_data_dir, steps, sigterm_at=sigterm_at), 128 + signal.SIGTERM)
+    stopped = [re.search(r"saves a checkpoint after step (\d+)", output) for output in outputs]
+    assert all(stopped), outputs
+    stopped = [int(match.group(1)) for match in stopped]
+    assert stopped[0] == stopped[1] and sigterm_at <= stopped[0] < steps, outputs
+    assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == [stopped[0]]
+
+    outputs = finished(two_processes(cut, shared_data_dir, steps))
+    assert f"resuming from the checkpoint at step {stopped[0]}" in (cut / "log.txt").read_text()
+    assert compare_runs.metric_rows(cut) == compare_runs.metric_rows(whole)
+    assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=steps), whole, cut, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.all_devices
+def test_two_processes_under_fsdp_train_as_one_process_on_four_devices(shared_data_dir, tmp_path, monkeypatch):
+    """Parameters and Adam moments sharded over the devices of both processes (`fsdp`, data=4):
+    the pair's logged metrics (training and evaluation) and final state are those of one process
+    on 4 devices."""
+    steps = 8
+    finished(two_processes(tmp_path / "pair", shared_data_dir, steps, coordinator="127.0.0.1:PORT", sharding="fsdp"))
+    assert "sharding fsdp over (data=4, model=1)" in (tmp_path / "pair" / "log.txt").read_text()
     meshes = []
 
     def four_devices(*args, **kwargs):
@@ -263,33 +279,19 @@ def test_two_processes_under_fsdp_equal_one_on_four_devices_stop_together_and_re
     config = two_process_config(shared_data_dir, steps, "fsdp")
     training_loop.train_and_evaluate(parse(config), tmp_path / "one")
     assert [dict(mesh.shape) for mesh in meshes] == [{"data": 4, "model": 1}]
-    pair, one = metric_rows(whole), metric_rows(tmp_path / "one")
+
+    pair, one = metric_rows(tmp_path / "pair"), metric_rows(tmp_path / "one")
     assert [(r["step"], r["split"]) for r in pair] == [(r["step"], r["split"]) for r in one]
-    # five training rows, dev and test
-    assert sum("loss" in r for r in pair) >= 7
+    # two training rows, dev and test
+    assert sum("loss" in r for r in pair) >= 4
     for a, b in zip(pair, one):
         assert a.keys() == b.keys()
         for name in a.keys() - {"step", "split", *compare_runs.TIMING_COLUMNS}:
             np.testing.assert_allclose(
                 a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=f"{name} at step {a['step']} {a['split']}"
             )
-    states = [final_state(config, workdir, steps) for workdir in (whole, tmp_path / "one")]
+
+    states = [final_state(config, tmp_path / workdir, steps) for workdir in ("pair", "one")]
     for part in ("params", "opt_state"):
         for a, b in zip(jax.tree.leaves(states[0][part]), jax.tree.leaves(states[1][part]), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7, err_msg=part)
-
-    cut = tmp_path / "cut"
-    workers = two_processes(cut, shared_data_dir, steps, sigterm_at=sigterm_at, sharding="fsdp")
-    outputs = finished(workers, 128 + signal.SIGTERM)
-    stopped = [re.search(r"saves a checkpoint after step (\d+)", output) for output in outputs]
-    assert all(stopped), outputs
-    stopped = [int(match.group(1)) for match in stopped]
-    assert stopped[0] == stopped[1] and sigterm_at <= stopped[0] < steps, outputs
-    assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == [stopped[0]]
-
-    outputs = finished(two_processes(cut, shared_data_dir, steps, sharding="fsdp"))
-    assert f"resuming from the checkpoint at step {stopped[0]}" in (cut / "log.txt").read_text()
-    assert compare_runs.metric_rows(cut) == compare_runs.metric_rows(whole)
-    for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(final_state(config, cut, steps)), strict=True):
-        # bit-identical
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
