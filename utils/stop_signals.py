@@ -22,7 +22,7 @@ pool's workers), then prints one line.
 
 `ATTEND_SIGNAL_AT=PHASE[@SECONDS][xCOUNT]` (a test hook) makes the process send itself SIGTERM
 `SECONDS` after it enters the first phase whose name starts with PHASE (`phase()`), COUNT times,
-from another thread; without SECONDS the phase waits until the first signal is sent.
+from another thread; without SECONDS, a phase where signals are deferred waits until the first is sent.
 """
 
 from __future__ import annotations
@@ -335,7 +335,9 @@ def _place_test_signal(where: str) -> None:
 
     # from another thread, as a scheduler's signal comes: the handler runs in the main thread
     threading.Timer(float(delay or 0), send).start()
-    if not delay:
-        # the phase goes on once its signal is sent: on a loaded machine the thread may start late,
-        # and a tiny run's steps (milliseconds) would have moved past the step the test names
+    if not delay and _state.deferring:
+        # where a signal is only noted (a train step, a save), the phase goes on once it is sent: a
+        # thread started late on a loaded machine would let a tiny run's steps (milliseconds) pass
+        # the step the test names. Where it stops the work at once, it lands mid-work as a
+        # scheduler's would.
         sent.wait(timeout=30)
