@@ -118,6 +118,8 @@ SHORT_RUN = 200
 # tuning runs whose dev losses are this close (relative) do not tell their rates apart
 TIE = 0.01
 BEAM = 4
+# the floor's row and line: the test sources taken as their own translations
+COPIED = "the source copied"
 
 # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
 FLAGS = flags.FlagValues()
@@ -520,7 +522,7 @@ def main() -> None:
     if rows:
         config = column_config(columns[0], None, 1, args.data_dir)
         floor = copy_scores(config)
-        print(f"| the source copied (no model) | | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | | |")
+        print(f"| {COPIED} (no model) | | | | | | | | {floor['bleu']:.2f} | {floor['chrf']:.2f} | | |")
         texts = test_texts(config)
         print_seed_summary(rows, texts)
         print_and_draw_by_length(rows, texts, Path(args.figure))
@@ -612,7 +614,8 @@ def print_seed_summary(rows: list[Row], texts: tuple[list[str], list[str], str])
 def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str], str], figure: Path) -> None:
     """Bahdanau et al.'s figure 2 on the test split: corpus BLEU of each bucket of 10 source words per
     column (its seeds' outputs scored as one corpus, sentence by sentence), with the 95% bootstrap
-    interval (resampling the bucket's sentences); printed as a table and drawn into `figure`."""
+    interval (resampling the bucket's sentences); printed as a table and drawn into `figure`, beside
+    the source copied as its own translation (the floor, `copy_scores`, bucket by bucket)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -631,6 +634,9 @@ def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str],
         )
         for column, runs in seeds_by_column(rows).items()
     }
+    by_column[COPIED] = significance.bleu_by_length(
+        significance.sentence_statistics(sources, references, tokenize), lengths, tokenize=tokenize
+    )
     buckets = next(iter(by_column.values()))
     print("\nBLEU by source length (words), the seeds' outputs together; [95% bootstrap interval]")
     print("| source words | sentences | " + " | ".join(by_column) + " |")
@@ -649,7 +655,8 @@ def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str],
         shown = [b for b in scores if b.bleu is not None]
         middles = [(b.low + b.high) / 2 for b in shown]
         errors = [[b.bleu - b.interval[0] for b in shown], [b.interval[1] - b.bleu for b in shown]]
-        axes.errorbar(middles, [b.bleu for b in shown], yerr=errors, marker="o", capsize=3, label=column)
+        style = {"color": "gray", "linestyle": "--"} if column == COPIED else {}
+        axes.errorbar(middles, [b.bleu for b in shown], yerr=errors, marker="o", capsize=3, label=column, **style)
     for bucket in buckets:
         axes.annotate(
             f"n={bucket.sentences}", ((bucket.low + bucket.high) / 2, 0), ha="center", va="bottom", fontsize=7
