@@ -615,7 +615,8 @@ def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str],
     """Bahdanau et al.'s figure 2 on the test split: corpus BLEU of each bucket of 10 source words per
     column (its seeds' outputs scored as one corpus, sentence by sentence), with the 95% bootstrap
     interval (resampling the bucket's sentences); printed as a table and drawn into `figure`, beside
-    the source copied as its own translation (the floor, `copy_scores`, bucket by bucket)."""
+    the source copied as its own translation (the floor, bucket by bucket, against `test_texts`'
+    references)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -665,7 +666,8 @@ def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str],
     axes.set_ylabel("BLEU of the bucket's sentences")
     axes.set_title("kjv_web test split: BLEU by source length (Bahdanau et al., figure 2)")
     axes.set_ylim(bottom=0)
-    axes.legend()
+    # beside the axes: inside, it hid the short buckets' points
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes.figure.savefig(figure, dpi=120, bbox_inches="tight")
     print(f"\nfigure: {figure}")
 
