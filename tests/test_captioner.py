@@ -159,7 +159,7 @@ def test_hard_attention_pass_reads_the_sampled_locations():
         np.testing.assert_allclose(out["logits"][:, t], expected, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(out["weights"][:, t], alpha, rtol=1e-4, atol=1e-6)
         previous = targets[:, t]
-    draws = jax.vmap(lambda key: model.teacher_forced(batch, key=key)["locations"][:, 0])(
+    draws = jax.jit(jax.vmap(lambda key: model.teacher_forced(batch, key=key)["locations"][:, 0]))(
         jax.random.split(jax.random.key(0), 2000)
     )
     frequencies = np.stack([np.bincount(np.asarray(draws[:, row]), minlength=L) / 2000 for row in range(2)])

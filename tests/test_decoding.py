@@ -26,11 +26,13 @@ class MarkovModel:
 
     table = {BOS_ID: {A: 0.6, B: 0.4}, A: {EOS_ID: 0.5, A: 0.25, B: 0.25}, B: {EOS_ID: 0.9, A: 0.05, B: 0.05}}
 
-    def __init__(self, vocab=5):
-        logits = np.full((vocab, vocab), -30.0)
-        for previous, following in self.table.items():
-            for token, p in following.items():
-                logits[previous, token] = math.log(p)
+    def __init__(self, vocab=5, logits=None):
+        """`logits [vocab, vocab]` (previous token, next token) given, or the table's."""
+        if logits is None:
+            logits = np.full((vocab, vocab), -30.0)
+            for previous, following in self.table.items():
+                for token, p in following.items():
+                    logits[previous, token] = math.log(p)
         self.logits = jnp.asarray(logits, jnp.float32)
 
     def encode(self, inputs):
@@ -89,11 +91,24 @@ def test_beam_search_is_exhaustive_search_when_wide_enough_and_pays_for_the_forc
     the 16 live prefixes) holds every hypothesis, so its best and its n-best list must be the
     exhaustive search's, with scores that include the forced eos's real log-probability."""
     cap, capped_best = 5, 0
+
+    # the logits an argument: one compiled search for the 30 models (each model's own, eager, compiled
+    # its own while loop)
+    @jax.jit
+    def search(logits):
+        return decoding.beam_search_n_best(
+            MarkovModel(logits=logits),
+            jnp.ones((1, 3), jnp.int32),
+            jnp.array([cap]),
+            cap,
+            beam_size=32,
+            alpha=1.0,
+            num_hypotheses=5,
+        )
+
     for seed in range(30):
         model = RandomMarkovModel(seed)
-        tokens, scores = decoding.beam_search_n_best(
-            model, jnp.ones((1, 3), jnp.int32), jnp.array([cap]), cap, beam_size=32, alpha=1.0, num_hypotheses=5
-        )
+        tokens, scores = search(model.logits)
         every = exhaustive(model, cap, alpha=1.0)
         score_of = {sequence: score for score, sequence in every}
         found = [tuple(int(t) for t in row[: int(np.argmax(row == EOS_ID)) + 1]) for row in np.asarray(tokens[0])]
@@ -348,9 +363,16 @@ FAMILIES = {
 }
 
 
+@nnx.jit
+def teacher_forced(model, inputs, tokens):
+    """The model's logits `[B, T, V]` of `tokens` given `inputs`, compiled once per model and shapes
+    (op by op, each call of a recurrent family's scan compiled again)."""
+    return model({"inputs": inputs, "targets": tokens})
+
+
 def sequence_log_probs(model, inputs, tokens):
     """Teacher-forced `log P(tokens | inputs)` per row, eos included: `[B]`."""
-    log_probs = np.asarray(jax.nn.log_softmax(model({"inputs": inputs, "targets": tokens})), np.float64)
+    log_probs = np.asarray(jax.nn.log_softmax(teacher_forced(model, inputs, tokens)), np.float64)
     picked = np.take_along_axis(log_probs, np.asarray(tokens)[..., None], axis=-1)[..., 0]
     return np.where(np.asarray(tokens) != 0, picked, 0.0).sum(-1)
 
