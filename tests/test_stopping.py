@@ -290,9 +290,12 @@ def test_a_stop_during_slow_steps_waits_for_the_step_under_way_not_for_every_ste
         text=True,
         timeout=300,
     )
+    ended = time.time()
     output = process.stdout + process.stderr
     assert process.returncode == STOPPED, output
     last = output.strip().splitlines()[-1]
     assert last.startswith("stopped by SIGTERM while training step 15"), output
     assert "kept the checkpoint at step 15" in last, output
     assert checkpoint_steps(workdir) == [15]
+    seconds = ended - float(re.search(r"test hook: SIGTERM at ([\d.]+)", output).group(1))
+    print(f"slow train steps: {seconds:.2f} s from the signal to the exit; {last}")
