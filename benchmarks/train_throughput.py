@@ -61,6 +61,7 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
     import jax
 
     from configs import base
+    from engine import training_loop
 
     config = base.load(PROJECT_ROOT / "configs" / f"{config_name}.py", overrides)
     started = psutil.Process().create_time()
@@ -71,6 +72,8 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
         jax.block_until_ready(step_metrics)
         first_step_seconds = time.time() - started
         rates, token_rates, both_rates = [], [], []
+        # as train.py's loop: at most two steps in flight
+        queue = training_loop.StepQueue()
         for _ in range(steps // window):
             start, tokens, source_tokens = time.perf_counter(), 0.0, 0
             for _ in range(window):
@@ -78,7 +81,8 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
                 # pad id 0
                 source_tokens += int(np.count_nonzero(local["inputs"])) if local["inputs"].ndim == 2 else 0
                 state, step_metrics = train_step(state, run.global_batch(local))
-                # stays on device: no sync inside the window
+                queue.added(step_metrics)
+                # stays on device
                 tokens += step_metrics["tokens"]
             # waits for the window's last step
             tokens = float(tokens)

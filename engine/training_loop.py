@@ -162,6 +162,23 @@ def make_train_step(
     return train_step
 
 
+class StepQueue:
+    """At most two train steps in flight. JAX returns from a step as soon as it is queued, so a loop that
+    reads nothing until its next log row runs ahead by up to a log window of steps, and a stop's save
+    waits for all of them (46 steps of 2.5 s on a kjv_web LSTMN run: past the stop's limit). Here a
+    stop waits for at most two steps; the device idles only where the host's work for a step (its
+    batch, a collection) outlasts a step."""
+
+    def __init__(self) -> None:
+        self._previous = None
+
+    def added(self, outputs) -> None:
+        """Called once a step is queued (`outputs`: any of its results): waits for the step before it."""
+        if self._previous is not None:
+            jax.block_until_ready(self._previous)
+        self._previous = outputs
+
+
 def compile_train_step(
     run: Run, tx: optax.GradientTransformation, state: TrainState
 ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
@@ -534,8 +551,7 @@ def train(run: Run, release_pages: Callable[[], None] = lambda: None) -> dict:
             if stop_early:
                 start_step = optimization.num_train_steps
         several = jax.process_count() > 1
-        # the step before the one just dispatched (its metrics): see below
-        previous = None
+        queue = StepQueue()
         # a signal during a step or a save: the loop saves after the step, then stops
         with stop_signals.deferred(), stop_signals.phase("training"):
             for step in range(start_step + 1, optimization.num_train_steps + 1):
@@ -556,14 +572,8 @@ def train(run: Run, release_pages: Callable[[], None] = lambda: None) -> dict:
                     if first:
                         # while the step runs: the analysis takes 0.2 s of the start-up otherwise
                         remember_step_buffer(run.settings, compiled)
-                    # At most two steps in flight. JAX returns from a step as soon as it is queued, so a
-                    # loop that reads nothing until its next log row runs ahead by up to a log window
-                    # of steps, and a stop's save would wait for all of them (46 steps of 2.5 s on a
-                    # kjv_web LSTMN run: past the stop's limit). The next step is queued before this
-                    # wait, so the device is never idle for it.
-                    if previous is not None:
-                        jax.block_until_ready(previous)
-                    previous = step_metrics
+                    # inside the step's phase: a signal while it waits saves after this step
+                    queue.added(step_metrics)
                 # with several processes, SIGTERM is JAX's preemption notice, which the processes agree on
                 if several and multihost_utils.reached_preemption_sync_point(step):
                     logging.warning(

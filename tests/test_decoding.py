@@ -27,7 +27,7 @@ class MarkovModel:
     table = {BOS_ID: {A: 0.6, B: 0.4}, A: {EOS_ID: 0.5, A: 0.25, B: 0.25}, B: {EOS_ID: 0.9, A: 0.05, B: 0.05}}
 
     def __init__(self, vocab=5, logits=None):
-        """`logits [vocab, vocab]` (previous token, next token) given, or the table's."""
+        """The table's logits over `vocab` tokens, or `logits [V, V]` (previous token, next token)."""
         if logits is None:
             logits = np.full((vocab, vocab), -30.0)
             for previous, following in self.table.items():

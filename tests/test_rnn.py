@@ -337,7 +337,10 @@ def test_every_family_and_task_config_builds_its_model(family, task):
     config = import_module(f"configs.{family}_{task}").get_config()
     assert config.model.name == family and config.data.batching == "bucket"
     fields = {k: v for k, v in config.model.to_dict().items() if k != "name"}
-    build = lambda: models.create_model(family, rngs=nnx.Rngs(0), vocab_size=V, **fields)  # noqa: E731
+
+    def build():
+        return models.create_model(family, rngs=nnx.Rngs(0), vocab_size=V, **fields)
+
     # the other tasks' models differ only in size: built abstractly (their fields' checks run, no
     # arrays: kjv_web's 512-unit models took seconds to initialise)
     if task == "dates":

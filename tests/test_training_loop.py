@@ -354,12 +354,12 @@ def test_curves_png_is_drawn_once_its_interval_has_passed_and_when_the_run_ends(
         ("--config.task.name=dtaes", "unknown task.name 'dtaes'"),
     ],
 )
-def test_bad_config_fails_with_a_message_naming_it(shared_data_dir, tmp_path, flag, message):
+def test_bad_config_fails_with_a_message_naming_it(tmp_path, flag, message):
     """What train.py makes of its flags before it builds anything (`settings_for`) refuses each with a
     `UserError` naming the culprit, which train.py prints as one line, exit code 2, no traceback
     (tested through a process: test_settings.py, `test_a_bad_value_on_the_command_line_...`)."""
     with pytest.raises(UserError, match=re.escape(message)):
-        train.settings_for("train", tmp_path, str(train.DEFAULT_CONFIG), [f"--config.data_dir={shared_data_dir}", flag])
+        train.settings_for("train", tmp_path, str(train.DEFAULT_CONFIG), [flag])
 
 
 @pytest.mark.curves
