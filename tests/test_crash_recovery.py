@@ -19,6 +19,7 @@ from orbax.checkpoint._src.path import atomicity
 
 from engine import training_loop
 from helpers.subprocess_runs import (
+    FAULT_WORKER,
     WHOLE_RUN_FLAGS,
     assert_same_final_state,
     final_state,
@@ -35,7 +36,6 @@ from utils import files
 from utils.errors import CheckpointError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-FAULT_WORKER = PROJECT_ROOT / "tests" / "helpers" / "fault_worker.py"
 TWO_PROCESS_WORKER = PROJECT_ROOT / "tests" / "helpers" / "two_process_worker.py"
 
 

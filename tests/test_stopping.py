@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.subprocess_runs import PROJECT_ROOT, TINY_FLAGS, WHOLE_RUN_FLAGS, metric_rows, run_train_py
+from helpers.subprocess_runs import FAULT_WORKER, PROJECT_ROOT, TINY_FLAGS, WHOLE_RUN_FLAGS, metric_rows, run_train_py
 from helpers.tiny import xla_flags
 from tools import compare_runs
 from utils import stop_signals
@@ -227,36 +227,6 @@ def test_ctrl_c_while_a_pool_tokenizes_stops_the_workers_with_one_line_and_no_tr
     assert not temporaries(tmp_path)
 
 
-SLOW_STEPS_TRAIN_PY = """
-import sys, time
-import jax
-from engine import training_loop
-
-# each train step waits 0.4 s on the device's side (a callback its input depends on), dispatched
-# as a real step of seconds is: asynchronously, the loop free to run ahead of it
-compile_train_step = training_loop.compile_train_step
-
-def sleep_then(value):
-    time.sleep(0.4)
-    return value
-
-def compile_slow_step(*args, **kwargs):
-    step_function = compile_train_step(*args, **kwargs)
-    wait = jax.jit(lambda x: jax.pure_callback(sleep_then, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
-
-    def slow_step(state, batch):
-        return step_function({**state, "step": wait(state["step"])}, batch)
-
-    slow_step.lower = step_function.lower
-    return slow_step
-
-training_loop.compile_train_step = compile_slow_step
-import train
-from absl import app
-app.run(lambda argv: sys.exit(train.main(argv)), flags_parser=train.parse_flags)
-"""
-
-
 @pytest.mark.slow
 def test_a_stop_during_slow_steps_waits_for_at_most_two_steps_not_for_every_step_dispatched(shared_data_dir, tmp_path):
     """JAX dispatches a step and returns: a loop that read no result until its next log row would have
@@ -267,32 +237,16 @@ def test_a_stop_during_slow_steps_waits_for_at_most_two_steps_not_for_every_step
     queued steps of 0.4 s (5.6 s) the loop had dispatched before would pass."""
     workdir = tmp_path / "run"
     flags = [
-        *TINY_FLAGS,
         "--config.num_train_steps=40",
         "--config.log_every_steps=40",
         "--config.eval_every_steps=1000",
         "--config.checkpoint_every_steps=1000",
         "--config.visualize_examples=0",
-        f"--config.data_dir={shared_data_dir}",
-        f"--workdir={workdir}",
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(PROJECT_ROOT),
-        "XLA_FLAGS": xla_flags(1),
-        stop_signals.TEST_HOOK: "training step 15",
-        "ATTEND_STOP_LIMIT_SECONDS": "3.5",
-    }
-    process = subprocess.run(
-        [sys.executable, "-c", SLOW_STEPS_TRAIN_PY, *flags],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env = {stop_signals.TEST_HOOK: "training step 15", "ATTEND_STOP_LIMIT_SECONDS": "3.5"}
+    process = run_train_py(workdir, shared_data_dir, *flags, env=env, script=FAULT_WORKER, point="slow:0.4")
+    output = process.communicate(timeout=300)[0]
     ended = time.time()
-    output = process.stdout + process.stderr
     assert process.returncode == STOPPED, output
     assert "Traceback" not in output, output
     last = output.strip().splitlines()[-1]

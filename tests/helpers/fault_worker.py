@@ -3,8 +3,9 @@
     python tests/helpers/fault_worker.py POINT TRAIN_PY_FLAGS...
 
 POINT is `step:N` (while train step N runs; N=1 is the first step, before anything is saved),
-`save:N` (inside the save of step N: its files written, Orbax's commit not yet done) or `eval`
-(inside the first evaluation of this process, while it decodes).
+`save:N` (inside the save of step N: its files written, Orbax's commit not yet done), `eval`
+(inside the first evaluation of this process, while it decodes) or `slow:SECONDS` (nothing killed:
+each train step waits SECONDS on the device's side, dispatched as a real step of seconds is).
 
 Saves are synchronous in this worker, so that what a kill leaves behind does not depend on the
 machine's speed: an asynchronous save may or may not be committed when a later point is reached.
@@ -35,14 +36,25 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def wrap_train_steps(wrap) -> None:
+    """Makes the training loop run `wrap(step_function)` in place of each train step it compiles."""
+    compile_train_step = training_loop.compile_train_step
+
+    def compile_wrapped_step(*args, **kwargs):
+        step_function = compile_train_step(*args, **kwargs)
+        wrapped = wrap(step_function)
+        # the loop compiles the first step ahead of its call
+        wrapped.lower = step_function.lower
+        return wrapped
+
+    training_loop.compile_train_step = compile_wrapped_step
+
+
 def signal_at_step(number: int, signum: int, pause_after: float = 0.0) -> None:
     """Makes this process send itself `signum` while train step `number` runs, then pause
     `pause_after` seconds in each later step (see helpers/two_process_worker.py)."""
-    compile_train_step = training_loop.compile_train_step
 
-    def compile_signalling_step(*args, **kwargs):
-        step_function = compile_train_step(*args, **kwargs)
-
+    def signalling(step_function):
         def signalling_step(state, batch):
             step = int(jax.device_get(state["step"])) + 1
             # dispatched: the step is under way
@@ -53,11 +65,26 @@ def signal_at_step(number: int, signum: int, pause_after: float = 0.0) -> None:
                 time.sleep(pause_after)
             return outputs
 
-        # the loop compiles the first step ahead of its call
-        signalling_step.lower = step_function.lower
         return signalling_step
 
-    training_loop.compile_train_step = compile_signalling_step
+    wrap_train_steps(signalling)
+
+
+def slow_steps(seconds: float) -> None:
+    """Makes each train step wait `seconds` on the device's side: a callback its input depends on.
+    The step is dispatched asynchronously, as a real step of seconds is, so the loop is free to run
+    ahead of it."""
+
+    def sleep_then(value):
+        time.sleep(seconds)
+        return value
+
+    wait = jax.jit(lambda x: jax.pure_callback(sleep_then, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+
+    def slowed(step_function):
+        return lambda state, batch: step_function({**state, "step": wait(state["step"])}, batch)
+
+    wrap_train_steps(slowed)
 
 
 def kill_inside_save(number: str) -> None:
@@ -90,6 +117,8 @@ if __name__ == "__main__":
         kill_inside_save(number)
     elif kind == "eval":
         evaluation.Evaluator.hypotheses = lambda *args, **kwargs: die()
+    elif kind == "slow":
+        slow_steps(float(number))
     else:
         raise SystemExit(f"unknown point {point}")
     sys.argv = [str(Path(train.__file__)), *flags]

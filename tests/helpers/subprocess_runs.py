@@ -37,6 +37,9 @@ TINY_FLAGS = [
 ]
 
 
+# train.py, killed or slowed by itself at a point the test chooses
+FAULT_WORKER = PROJECT_ROOT / "tests" / "helpers" / "fault_worker.py"
+
 # the whole run that the runs cut by a kill or a stop are compared with (the `whole_tiny_run` fixture)
 WHOLE_RUN_FLAGS = [
     "--config.num_train_steps=60",
