@@ -6,8 +6,9 @@ resumed run sees exactly the batches an uninterrupted run would. Orbax writes
 each checkpoint to a temporary folder and renames it when complete, so a
 crash mid-save leaves no partial checkpoint; a checkpoint that is complete but
 unreadable (a damaged file) is reported and the previous one is used. Each
-checkpoint, once committed, gets a digest of its files (`attend_sha256.json`),
-verified before it is restored: a flipped bit may read without an error.
+checkpoint holds a digest of its files (`attend_digest.json`), written into the
+temporary folder before Orbax renames it, so committed together with the files,
+and verified before it is restored: a flipped bit may read without an error.
 
 Kept: the last `keep` checkpoints, and the best one by an eval metric.
 """
@@ -37,6 +38,8 @@ DIGEST_FILE = "attend_digest.json"
 DIGEST_ALGORITHM = "blake3"
 # what checkpoints saved before BLAKE3 hold: `{file: sha256}`, still verified
 SHA256_DIGEST_FILE = "attend_sha256.json"
+# what Orbax writes into a checkpoint's folder as it commits it, after the digest: not in it
+COMMIT_RECORDS = ("_CHECKPOINT_METADATA", "commit_success.txt")
 
 
 class Checkpoints:
@@ -60,17 +63,20 @@ class Checkpoints:
                 keep_checkpoints_without_metrics=False,
             )
         )
+        directory = Path(directory).absolute()
+        self._directory = directory
+        self._async_save = async_save
+        # Orbax's last step before it renames an asynchronous save's temporary folder
+        before_commit = ocp.AsyncOptions(post_finalization_callback=self._digest_before_commit)
         options = ocp.CheckpointManagerOptions(
             preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
             best_fn=lambda metrics: metrics[best_metric],
             best_mode="max" if larger_is_better else "min",
             enable_async_checkpointing=async_save,
+            async_options=before_commit if async_save else None,
             # done before the manager starts: see _remove_unfinished_saves
             cleanup_tmp_directories=False,
         )
-        directory = Path(directory).absolute()
-        # digests are written by a run that saves, never by eval or inference
-        self._saved = False
         self._remove_unfinished_saves(directory)
         self.manager = ocp.CheckpointManager(directory, options=options, item_names=("state", "data"))
 
@@ -95,7 +101,8 @@ class Checkpoints:
     def save(self, step: int, state: Any, data_iterator: Any | None, metrics: dict | None = None) -> None:
         """Saves (asynchronously); `metrics` holding `best_metric` make it a candidate for best.
 
-        The previous save is complete first (Orbax waits for it), and gets its digest.
+        The previous save is complete first (Orbax waits for it). Each save holds its digest:
+        written before Orbax commits it (asynchronous), or right after (synchronous).
 
         Raises:
           CheckpointError: this save or the previous one could not be written (a full disk, a
@@ -107,9 +114,10 @@ class Checkpoints:
         usable = metrics if metrics and self.best_metric in metrics else None
         with self._writing():
             self.manager.wait_until_finished()
-            self._write_digests()
             self.manager.save(step, args=ocp.args.Composite(**items), metrics=usable, force=True)
-        self._saved = True
+        if not self._async_save and jax.process_index() == 0:
+            # committed already: its digest right after it
+            self._write_digest(self._directory / str(step))
 
     def save_again(self, step: int, state: Any, data_iterator: Any | None, metrics: dict | None) -> None:
         """Replaces the checkpoint at `step` with one of the same state that keeps `metrics` (a stop cut
@@ -137,27 +145,27 @@ class Checkpoints:
                 "same command again to resume from the last of them"
             ) from error
 
-    def _write_digests(self) -> None:
-        """Writes `DIGEST_FILE` into each committed checkpoint without one: only a run that saves
-        (its first process), so that eval and inference never write into a run folder. A digest
-        that cannot be written is a warning: its checkpoint is whole, only unverified."""
-        if jax.process_index() != 0 or not self._saved:
-            return
-        for step in self.manager.all_steps():
-            folder = Path(self.manager.directory) / str(step)
-            if folder.is_dir() and not (folder / DIGEST_FILE).exists() and not (folder / SHA256_DIGEST_FILE).exists():
-                files = file_digests(folder, skip=DIGEST_FILE, algorithm=DIGEST_ALGORITHM)
-                digests = json.dumps({"algorithm": DIGEST_ALGORITHM, "files": files}, indent=0, sort_keys=True)
-                try:
-                    write_whole(folder / DIGEST_FILE, lambda temporary: temporary.write_text(digests))
-                except OSError as error:
-                    logging.warning(
-                        "cannot write the digest of the checkpoint at step %d (%s): it stays unverified", step, error
-                    )
+    def _digest_before_commit(self) -> None:
+        """Writes the digest of an asynchronous save into its temporary folder, which Orbax renames
+        next (on the first process, once every process has written its files): the digest is
+        committed with the checkpoint, so no kill leaves a committed checkpoint without one."""
+        for temporary in ocp.utils.tmp_checkpoints(self._directory):
+            self._write_digest(Path(temporary.get()))
+
+    @staticmethod
+    def _write_digest(folder: Path) -> None:
+        """A digest that cannot be written is a warning: its checkpoint is whole, only unverified."""
+        files = file_digests(folder, skip=(DIGEST_FILE, *COMMIT_RECORDS), algorithm=DIGEST_ALGORITHM)
+        digests = json.dumps({"algorithm": DIGEST_ALGORITHM, "files": files}, indent=0, sort_keys=True)
+        try:
+            write_whole(folder / DIGEST_FILE, lambda temporary: temporary.write_text(digests))
+        except OSError as error:
+            logging.warning("cannot write the digest of the checkpoint in %s (%s): it stays unverified", folder, error)
 
     def _damage(self, step: int) -> str | None:
         """What is wrong with the files of the checkpoint at `step` by its digest, or None (also
-        when it has none: a run killed between a save's commit and its digest)."""
+        when it has none: a checkpoint of an older attend, or a run killed between a synchronous
+        save's commit and its digest)."""
         folder = Path(self.manager.directory) / str(step)
         path = folder / DIGEST_FILE if (folder / DIGEST_FILE).exists() else folder / SHA256_DIGEST_FILE
         if not path.exists():
@@ -172,7 +180,7 @@ class Checkpoints:
             )
         except (OSError, ValueError, KeyError, TypeError):
             return f"its digest {path} is unreadable"
-        found = file_digests(folder, skip=path.name, algorithm=algorithm)
+        found = file_digests(folder, skip=(path.name,), algorithm=algorithm)
         for name, digest in sorted(recorded.items()):
             if found.get(name) != digest:
                 return f"{folder / name} is {'missing' if name not in found else 'changed'} since it was saved"
@@ -273,7 +281,7 @@ class Checkpoints:
         self.manager.reload()
 
     def close(self) -> None:
-        """Waits for pending saves, writes their digests and releases Orbax's threads.
+        """Waits for pending saves and releases Orbax's threads.
 
         Raises:
           CheckpointError: the last save could not be written, naming the folder.
@@ -281,7 +289,6 @@ class Checkpoints:
         try:
             with self._writing():
                 self.manager.wait_until_finished()
-                self._write_digests()
         finally:
             # a failed save raises again here: Orbax's threads are released all the same
             self.manager.close()

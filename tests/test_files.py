@@ -66,7 +66,7 @@ def test_digests(tmp_path):
     (tmp_path / "sub" / "b").write_bytes(b"")
     (tmp_path / "digests.json").write_text("{}")
     assert files.sha256(tmp_path / "a") == hashlib.sha256(b"abc").hexdigest()
-    assert files.file_digests(tmp_path, skip="digests.json") == {
+    assert files.file_digests(tmp_path, skip=("digests.json",)) == {
         "a": hashlib.sha256(b"abc").hexdigest(),
         "sub/b": hashlib.sha256(b"").hexdigest(),
     }
@@ -163,7 +163,9 @@ def test_blake3_digest_is_the_published_test_vector_and_reads_in_chunks(tmp_path
     assert files.file_digest(tmp_path / "long", "sha256") == hashlib.sha256(bytes(range(256)) * 3).hexdigest()
 
 
-@pytest.mark.parametrize("format", ["blake3", "sha256 (checkpoints saved before BLAKE3)"])
+@pytest.mark.parametrize(
+    "format", ["blake3, synchronous save", "blake3, asynchronous save", "sha256 (checkpoints saved before BLAKE3)"]
+)
 def test_a_checkpoint_digest_of_either_format_catches_a_flipped_byte(tmp_path, format):
     import jax.numpy as jnp
 
@@ -171,12 +173,15 @@ def test_a_checkpoint_digest_of_either_format_catches_a_flipped_byte(tmp_path, f
     from utils.errors import CheckpointError
 
     state = {"w": jnp.arange(4096, dtype=jnp.float32)}
-    writer = checkpoints.Checkpoints(tmp_path / "checkpoints", async_save=False)
+    writer = checkpoints.Checkpoints(tmp_path / "checkpoints", async_save=format.endswith("asynchronous save"))
     writer.save(1, state, None)
     writer.close()
     folder = tmp_path / "checkpoints" / "1"
     recorded = json.loads((folder / checkpoints.DIGEST_FILE).read_text())
-    assert recorded["algorithm"] == "blake3" and recorded["files"]
+    assert recorded["algorithm"] == "blake3"
+    # every file but the digest and the two Orbax writes as it commits
+    everything = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+    assert set(recorded["files"]) == everything - {checkpoints.DIGEST_FILE, *checkpoints.COMMIT_RECORDS}
     if format.startswith("sha256"):
         (folder / checkpoints.DIGEST_FILE).unlink()
         legacy = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in recorded["files"]}
@@ -185,8 +190,33 @@ def test_a_checkpoint_digest_of_either_format_catches_a_flipped_byte(tmp_path, f
     # intact: it restores
     assert reader.restore({"w": state["w"]}, step=1)[0] == 1
     # in the digest, and restoring reads nothing of it: only the digest can tell
-    marker = folder / "commit_success.txt"
+    marker = folder / "state" / "commit_success.txt"
     marker.write_bytes(bytes([marker.read_bytes()[0] ^ 0xFF]) + marker.read_bytes()[1:])
-    with pytest.raises(CheckpointError, match="commit_success.txt is changed since it was saved"):
+    with pytest.raises(CheckpointError, match="state/commit_success.txt is changed since it was saved"):
         reader.restore({"w": state["w"]}, step=1)
     reader.close()
+
+
+def test_an_asynchronous_save_holds_its_digest_before_orbax_commits_it(tmp_path, monkeypatch):
+    """A kill right after the commit (the rename of the temporary folder) finds the digest in it:
+    it was written into the temporary folder, which Orbax renames whole."""
+    import jax.numpy as jnp
+    from orbax.checkpoint._src.path import atomicity
+
+    from run_setup import checkpoints
+
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+    digest_at_commit = {}
+
+    async def recording_finalize(self):
+        # a step's folder (its items' folders are committed first, inside it)
+        if self.get_final().name.isdigit():
+            digest_at_commit[self.get_final().name] = (self.get() / checkpoints.DIGEST_FILE).exists()
+        return await finalize(self)
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", recording_finalize)
+    writer = checkpoints.Checkpoints(tmp_path / "checkpoints")
+    for step in (1, 2):
+        writer.save(step, {"w": jnp.full(1024, step, jnp.float32)}, None)
+    writer.close()
+    assert digest_at_commit == {"1": True, "2": True}

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import blake3
@@ -108,12 +108,13 @@ def sha256(path: Path) -> str:
     return file_digest(path, "sha256")
 
 
-def file_digests(folder: Path, *, skip: str = "", algorithm: str = "sha256") -> dict[str, str]:
-    """`{relative path: digest}` of every file under `folder` but one named `skip` (the digest file itself)."""
+def file_digests(folder: Path, *, skip: Collection[str] = (), algorithm: str = "sha256") -> dict[str, str]:
+    """`{relative path: digest}` of every file under `folder` but those at the relative paths `skip`
+    (the digest file itself, say)."""
     return {
         str(path.relative_to(folder)): file_digest(path, algorithm)
         for path in sorted(folder.rglob("*"))
-        if path.is_file() and path.name != skip
+        if path.is_file() and str(path.relative_to(folder)) not in skip
     }
 
 
