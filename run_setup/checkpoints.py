@@ -6,9 +6,10 @@ resumed run sees exactly the batches an uninterrupted run would. Orbax writes
 each checkpoint to a temporary folder and renames it when complete, so a
 crash mid-save leaves no partial checkpoint; a checkpoint that is complete but
 unreadable (a damaged file) is reported and the previous one is used. Each
-checkpoint holds a digest of its files (`attend_digest.json`), written into the
-temporary folder before Orbax renames it, so committed together with the files,
-and verified before it is restored: a flipped bit may read without an error.
+checkpoint holds a digest of its files (`attend_digest.json`), verified before
+it is restored: a flipped bit may read without an error. An asynchronous save's
+(train.py's) is written into the temporary folder before Orbax renames it, so
+it is committed with the files; a synchronous save's right after the commit.
 
 Kept: the last `keep` checkpoints, and the best one by an eval metric.
 """
@@ -38,7 +39,8 @@ DIGEST_FILE = "attend_digest.json"
 DIGEST_ALGORITHM = "blake3"
 # what checkpoints saved before BLAKE3 hold: `{file: sha256}`, still verified
 SHA256_DIGEST_FILE = "attend_sha256.json"
-# what Orbax writes into a checkpoint's folder as it commits it, after the digest: not in it
+# what Orbax writes into a checkpoint's folder as it commits it, after an asynchronous save's
+# digest: in no digest
 COMMIT_RECORDS = ("_CHECKPOINT_METADATA", "commit_success.txt")
 
 
@@ -66,6 +68,7 @@ class Checkpoints:
         directory = Path(directory).absolute()
         self._directory = directory
         self._async_save = async_save
+        self._saving: int | None = None
         # Orbax's last step before it renames an asynchronous save's temporary folder
         before_commit = ocp.AsyncOptions(post_finalization_callback=self._digest_before_commit)
         options = ocp.CheckpointManagerOptions(
@@ -114,6 +117,8 @@ class Checkpoints:
         usable = metrics if metrics and self.best_metric in metrics else None
         with self._writing():
             self.manager.wait_until_finished()
+            # the save whose temporary folder _digest_before_commit looks for
+            self._saving = step
             self.manager.save(step, args=ocp.args.Composite(**items), metrics=usable, force=True)
         if not self._async_save and jax.process_index() == 0:
             # committed already: its digest right after it
@@ -146,26 +151,34 @@ class Checkpoints:
             ) from error
 
     def _digest_before_commit(self) -> None:
-        """Writes the digest of an asynchronous save into its temporary folder, which Orbax renames
-        next (on the first process, once every process has written its files): the digest is
-        committed with the checkpoint, so no kill leaves a committed checkpoint without one."""
-        for temporary in ocp.utils.tmp_checkpoints(self._directory):
-            self._write_digest(Path(temporary.get()))
+        """Writes the digest of the asynchronous save under way into its temporary folder, which
+        Orbax renames next (on the first process, once every process has written its files): the
+        digest is committed with the checkpoint, so no kill leaves a committed checkpoint without
+        one. It never raises: an error here, in Orbax's thread, would cost the save itself (and keep
+        the other processes waiting at Orbax's barrier)."""
+        try:
+            for temporary in ocp.utils.tmp_checkpoints(self._directory):
+                if temporary.get_final().name == str(self._saving):
+                    self._write_digest(Path(temporary.get()))
+        except Exception as error:
+            logging.warning(
+                "cannot write the digest of the checkpoint at step %s (%s): it stays unverified", self._saving, error
+            )
 
     @staticmethod
     def _write_digest(folder: Path) -> None:
-        """A digest that cannot be written is a warning: its checkpoint is whole, only unverified."""
-        files = file_digests(folder, skip=(DIGEST_FILE, *COMMIT_RECORDS), algorithm=DIGEST_ALGORITHM)
-        digests = json.dumps({"algorithm": DIGEST_ALGORITHM, "files": files}, indent=0, sort_keys=True)
+        """A digest that cannot be read or written is a warning: its checkpoint is whole, only unverified."""
         try:
+            files = file_digests(folder, skip=(DIGEST_FILE, *COMMIT_RECORDS), algorithm=DIGEST_ALGORITHM)
+            digests = json.dumps({"algorithm": DIGEST_ALGORITHM, "files": files}, indent=0, sort_keys=True)
             write_whole(folder / DIGEST_FILE, lambda temporary: temporary.write_text(digests))
         except OSError as error:
             logging.warning("cannot write the digest of the checkpoint in %s (%s): it stays unverified", folder, error)
 
     def _damage(self, step: int) -> str | None:
         """What is wrong with the files of the checkpoint at `step` by its digest, or None (also
-        when it has none: a checkpoint of an older attend, or a run killed between a synchronous
-        save's commit and its digest)."""
+        when it has none: a checkpoint of an older attend, one whose digest could not be written,
+        or a run killed between a synchronous save's commit and its digest)."""
         folder = Path(self.manager.directory) / str(step)
         path = folder / DIGEST_FILE if (folder / DIGEST_FILE).exists() else folder / SHA256_DIGEST_FILE
         if not path.exists():

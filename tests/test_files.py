@@ -216,7 +216,37 @@ def test_an_asynchronous_save_holds_its_digest_before_orbax_commits_it(tmp_path,
 
     monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", recording_finalize)
     writer = checkpoints.Checkpoints(tmp_path / "checkpoints")
+    # another save's temporary folder (left after start-up): not the one being committed
+    leftover = tmp_path / "checkpoints" / "9.orbax-checkpoint-tmp-1"
+    leftover.mkdir(parents=True)
     for step in (1, 2):
         writer.save(step, {"w": jnp.full(1024, step, jnp.float32)}, None)
     writer.close()
     assert digest_at_commit == {"1": True, "2": True}
+    assert not (leftover / checkpoints.DIGEST_FILE).exists()
+
+
+def test_a_digest_that_cannot_be_computed_leaves_the_asynchronous_save_committed_and_unverified(
+    tmp_path, monkeypatch, caplog
+):
+    """Hashing runs in Orbax's thread before the commit: an error there is a warning, not a lost save."""
+    import jax.numpy as jnp
+
+    from run_setup import checkpoints
+
+    def unreadable(folder, **kwargs):
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    monkeypatch.setattr(checkpoints, "file_digests", unreadable)
+    state = {"w": jnp.arange(1024, dtype=jnp.float32)}
+    writer = checkpoints.Checkpoints(tmp_path / "checkpoints")
+    writer.save(1, state, None)
+    writer.close()
+    assert "cannot write the digest of the checkpoint" in caplog.text and "it stays unverified" in caplog.text
+    assert (tmp_path / "checkpoints" / "1").is_dir() and not (
+        tmp_path / "checkpoints" / "1" / checkpoints.DIGEST_FILE
+    ).exists()
+    reader = checkpoints.Checkpoints(tmp_path / "checkpoints")
+    step, restored = reader.restore({"w": state["w"]}, step=1)
+    reader.close()
+    assert step == 1 and (restored["w"] == state["w"]).all()

@@ -1,4 +1,5 @@
-"""train.py, killed (SIGKILL) by itself at a point the test chooses; for tests/test_crash_recovery.py.
+"""train.py, killed (SIGKILL) by itself at a point the test chooses (tests/test_crash_recovery.py), or
+with slowed steps (tests/test_stopping.py).
 
     python tests/helpers/fault_worker.py POINT TRAIN_PY_FLAGS...
 
@@ -7,8 +8,9 @@ POINT is `step:N` (while train step N runs; N=1 is the first step, before anythi
 (inside the first evaluation of this process, while it decodes) or `slow:SECONDS` (nothing killed:
 each train step waits SECONDS on the device's side, dispatched as a real step of seconds is).
 
-Saves are synchronous in this worker, so that what a kill leaves behind does not depend on the
+At the kill points saves are synchronous, so that what a kill leaves behind does not depend on the
 machine's speed: an asynchronous save may or may not be committed when a later point is reached.
+With slowed steps they are train.py's own, asynchronous.
 """
 
 import os
@@ -109,8 +111,9 @@ def synchronous_saves() -> None:
 
 if __name__ == "__main__":
     point, flags = sys.argv[1], sys.argv[2:]
-    synchronous_saves()
     kind, _, number = point.partition(":")
+    if kind != "slow":
+        synchronous_saves()
     if kind == "step":
         signal_at_step(int(number), signal.SIGKILL)
     elif kind == "save":
