@@ -194,12 +194,15 @@ def uninterrupted() -> Iterator[None]:
 @contextlib.contextmanager
 def abortable(where: str) -> Iterator[None]:
     """Inside a `deferred()` block, a part that a signal stops at once (`Stopped`): an evaluation.
-    A signal that came before it stops it before it starts."""
+    A signal that came before it stops it before it starts; one whose `Stopped` library code
+    swallowed (JAX's tracing has bare `except:` clauses, which a handler running inside them
+    feeds) stops it at its end."""
     saved, _state.deferring = _state.deferring, 0
     try:
         with phase(where):
             check()
             yield
+            check()
     finally:
         _state.deferring = saved
 
