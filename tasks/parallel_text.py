@@ -93,14 +93,18 @@ def files_of(config: ParallelTextConfig, split: str) -> list[Path]:
 def with_digest(config: ParallelTextConfig, memo: Path) -> dict:
     """The config's parameters plus a digest of the files' contents (so edits trigger a rebuild),
     remembered in `memo` while the files are unchanged (`files.remembered`)."""
-    paths = [path for split in SPLITS for path in files_of(config, split)]
+    by_split = {split: files_of(config, split) for split in SPLITS}
+    paths = [path for split in SPLITS for path in by_split[split]]
 
     def digest() -> str:
         running = hashlib.sha256()
-        for path in paths:
-            running.update(str(path).encode())
-            # in pieces: a corpus may be gigabytes
-            files.feed(running, path)
+        for split in SPLITS:
+            for index, path in enumerate(by_split[split]):
+                # each file's part and length, not its place: the same corpus elsewhere (a fresh clone)
+                # finds its built copy
+                running.update(f"{split} {index} {path.stat().st_size}\n".encode())
+                # in pieces: a corpus may be gigabytes
+                files.feed(running, path)
         return running.hexdigest()[:16]
 
     return {**config.parameters(), "files_digest": files.remembered(memo, paths, digest)}

@@ -294,6 +294,24 @@ def test_edited_file_is_rebuilt(tmp_path, data_dir):
     assert task.pair(task.splits["train"][0]) == ("b", "B")
 
 
+def test_the_files_digest_is_of_their_contents_and_parts_not_of_their_place(tmp_path, monkeypatch):
+    """The same corpus in another folder (a fresh clone, a moved project) has the same digest, so the
+    built data is found again; the same bytes in other parts (train and dev swapped) do not."""
+    for place in ("one", "two"):
+        (tmp_path / place / "corpus").mkdir(parents=True)
+        write(tmp_path / place / "corpus" / "train.tsv", b"a\tA\nb\tB\n")
+        write(tmp_path / place / "corpus" / "dev.tsv", b"c\tC\n")
+        write(tmp_path / place / "corpus" / "test.tsv", b"d\tD\n")
+
+    def digest(place, train="corpus/train.tsv", dev="corpus/dev.tsv"):
+        monkeypatch.chdir(tmp_path / place)
+        config = parallel_text.ParallelTextConfig(name="any", train=train, dev=dev, test="corpus/test.tsv")
+        return parallel_text.with_digest(config, tmp_path / f"memo_{place}.json")["files_digest"]
+
+    assert digest("one") == digest("two")
+    assert digest("one", train="corpus/dev.tsv", dev="corpus/train.tsv") != digest("one")
+
+
 def test_missing_file_mismatched_files_and_empty_split_are_named(tmp_path, data_dir):
     with pytest.raises(DataError, match="file not found: nowhere/train.tsv"):
         tasks.load_task("parallel_text", data_dir, train="nowhere/train.tsv")
