@@ -32,12 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import sacrebleu
 
 from utils.files import write_whole
 
-# `scoring.metrics` (JAX) and `report.pictures` (matplotlib) are imported by the functions of the run's page that
-# use them, not here: a sweep's processes write the sweep's page (`write_sweep`) without either.
+# `scoring.metrics` (JAX), `report.pictures` (matplotlib) and sacrebleu are imported by the functions of the run's
+# page that use them, not here: a sweep's processes write the sweep's page (`write_sweep`) without them.
 
 # deflated, before base64 (x 4/3): the page stays under ~10 MB
 ATTENTION_BUDGET_BYTES = 7 * 2**20
@@ -107,6 +106,8 @@ def latest_step_path(folder: Path, pattern: str) -> tuple[int, Path] | None:
 
 def read_examples(workdir: Path) -> tuple[list[dict], str]:
     """The decoded examples of the latest step (dev's where there are several splits), with sentence chrF."""
+    import sacrebleu
+
     latest = latest_step_path(workdir / "predictions", r"step_(\d+)(?:_dev)?\.tsv")
     if latest is None:
         latest = latest_step_path(workdir / "predictions", r"step_(\d+)(?:_\w+)?\.tsv")

@@ -15,9 +15,12 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import sacrebleu
 
 from tasks.vocabularies import PAD_ID
+
+# sacrebleu is imported by the functions that score text, not here: it imports lxml for its WMT
+# readers, 0.08-0.12 s of every train.py start (`python -X importtime`), which scores no text until its
+# first evaluation
 
 Array = jax.Array
 
@@ -133,6 +136,8 @@ def bleu(
     """Corpus BLEU with sacreBLEU's `tokenize` (13a, its default) over n-grams up to `max_ngram_order`
     (4: BLEU-4), and its signature. Each hypothesis has one reference or several (captioning:
     every caption of an image); sacreBLEU's signature then says `nrefs:var`."""
+    import sacrebleu
+
     metric = sacrebleu.BLEU(tokenize=tokenize, max_ngram_order=max_ngram_order)
     score = metric.corpus_score(list(hypotheses), _reference_streams(hypotheses, references))
     return score.score, str(metric.get_signature())
@@ -140,6 +145,8 @@ def bleu(
 
 def chrf(hypotheses: Sequence[str], references: Sequence[str | Sequence[str]]) -> tuple[float, str]:
     """Corpus chrF and its signature; each hypothesis has one reference or several."""
+    import sacrebleu
+
     metric = sacrebleu.CHRF()
     score = metric.corpus_score(list(hypotheses), _reference_streams(hypotheses, references))
     return score.score, str(metric.get_signature())
