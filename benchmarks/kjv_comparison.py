@@ -498,8 +498,11 @@ def main() -> None:
         for column in columns
         for run in final_runs(column, plans[column], args.seeds, Path(args.workdir))
     ]
-    # every column's first seed before any column's second: a stopped benchmark has whole rows to show
-    runs.sort(key=lambda run: run[2])
+    # the finished runs first, read at once (a group of their own, whatever its size: none takes a place
+    # beside a run that trains); then every column's first seed before any column's second: a stopped
+    # benchmark has whole rows to show
+    runs.sort(key=lambda run: (not (run[3] / "test.json").exists(), run[2]))
+    finished = sum((workdir / "test.json").exists() for *_, workdir in runs)
     configs = [
         (column_config(column, rate, plans[column]["steps"], args.data_dir, seed), workdir)
         for column, rate, seed, workdir in runs
@@ -507,8 +510,9 @@ def main() -> None:
     # a stopped benchmark still has whole rows: each group of parallel runs is trained, then decoded
     rows = []
     group = max(1, args.parallel_runs)
-    for start in range(0, len(runs), group):
-        chunk = list(zip(runs[start : start + group], configs[start : start + group]))
+    starts = [0, *range(finished, len(runs), group)] if finished else range(0, len(runs), group)
+    for start, end in zip(starts, [*starts[1:], len(runs)]):
+        chunk = list(zip(runs[start:end], configs[start:end]))
         trained = train_all([config for _, config in chunk], args.parallel_runs)
         tests = scores_on_test_split([config for _, config in chunk], args.parallel_runs)
         for ((column, rate, seed, workdir), (config, _)), run_trained, test in zip(chunk, trained, tests):
