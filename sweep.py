@@ -45,6 +45,11 @@ best), and `WORKDIR/objective_by_field.png`.
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    from utils import allocator
+
+    allocator.collect_less_while_importing()
+
 import logging
 import os
 import signal

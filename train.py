@@ -21,14 +21,10 @@ from __future__ import annotations
 
 # first: glibc reads its tunables at process start, before any thread exists
 if __name__ == "__main__":
-    import gc
-
     from utils import allocator
 
     allocator.restart_with_huge_pages(__file__)
-    # the imports below leave hundreds of thousands of long-lived objects, which each full collection
-    # at Python's thresholds walks again: 0.15-0.3 s of every start (`allocator.set_up` freezes them)
-    gc.set_threshold(*allocator.GC_THRESHOLDS)
+    allocator.collect_less_while_importing()
 
 import logging  # noqa: E402
 import os  # noqa: E402

@@ -22,10 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from models.attention import AttentionRole
-
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from models.attention import AttentionRole
+
+# `models.attention` (JAX, flax) is imported by the functions that read a module's role, not here: a
+# sweep's controller draws its objective's picture with this module and has no other use for JAX
 
 # matplotlib is imported by the first picture drawn, not with this module: it is over a fifth of a
 # training process's imports (`python -X importtime train.py --help`), and most processes that import
@@ -86,6 +89,8 @@ def axis_tokens(
     role: AttentionRole, source: Sequence[str], output: Sequence[str]
 ) -> tuple[Sequence[str], Sequence[str]]:
     """`(key tokens along x, query tokens along y)` of a module with `role`."""
+    from models.attention import AttentionRole
+
     return {
         AttentionRole.CROSS: (source, output),
         AttentionRole.SOURCE_SELF: (source, source),
@@ -139,6 +144,8 @@ def draw_example(
       weights: module path -> `[N, Tq, Tk]` of this example, cut to its real tokens (`example_weights`).
       roles: module path -> its role (`models.attention.attention_roles`).
     """
+    from models.attention import AttentionRole
+
     directory.mkdir(parents=True, exist_ok=True)
     pictures = {}
     for module, value in weights.items():

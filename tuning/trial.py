@@ -4,6 +4,7 @@ worker's environment (its GPUs)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -130,7 +131,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep) -> N
             if time.time() - heartbeat > HEARTBEAT_S:
                 heartbeat = time.time()
                 trial.set_user_attr("heartbeat", heartbeat)
-            time.sleep(0.2)
+            # the poll's pace, but no longer than the trial runs
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=0.2)
     rows = metrics.rows
     final = [r for r in rows if r.get("split") == sweep.objective_split and r["step"] == num_train_steps]
     trial.set_user_attr("steps", max((r["step"] for r in rows), default=0))

@@ -149,6 +149,14 @@ def restart_with_huge_pages(script: str) -> None:
 GC_THRESHOLDS = (50_000, 20, 20)
 
 
+def collect_less_while_importing() -> None:
+    """A process's first call, before its heavy imports: they leave hundreds of thousands of
+    long-lived objects, which every full collection at Python's thresholds walks again (0.15-0.3 s
+    of each start of train.py, sweep.py or a test's worker); `collect_garbage_less_often` freezes
+    them once they are in."""
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def collect_garbage_less_often() -> None:
     """Moves every object alive now (the imported modules, mostly) out of the collector's reach and
     raises its thresholds to `GC_THRESHOLDS`. Tracing a model allocates millions of short-lived

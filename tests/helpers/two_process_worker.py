@@ -17,6 +17,10 @@ from pathlib import Path
 # The project's root (its modules) and tests/ (the helpers package) on the path, as pytest has them.
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
+from utils import allocator  # noqa: E402
+
+allocator.collect_less_while_importing()
+
 import jax  # noqa: E402
 
 from engine import training_loop  # noqa: E402
