@@ -97,6 +97,12 @@ def pad_batch(examples: Sequence[Batch], lengths: Mapping[str, int], batch_size:
 PACK_CHUNK = 8192
 
 
+def microbatches(batch: Batch, count: int) -> Batch:
+    """Each array `[B, ...]` of `batch` as `[count, B / count, ...]`, consecutive rows together: the
+    train step's microbatches, and the evaluation loss's (inside `jit` too)."""
+    return {name: value.reshape(count, -1, *value.shape[1:]) for name, value in batch.items()}
+
+
 def pack_batches(
     order: np.ndarray, lengths: np.ndarray, rows: int, limits: tuple[int, int]
 ) -> Iterator[list[list[int]]]:

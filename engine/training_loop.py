@@ -123,7 +123,7 @@ def make_train_step(
         if accumulate == 1:
             grads, (sums, model_state) = grad_fn(state["params"], model_state, batch, key)
         else:
-            micro = jax.tree.map(lambda x: x.reshape(accumulate, -1, *x.shape[1:]), batch)  # [K, B/K, ...]
+            micro = input_pipeline.microbatches(batch, accumulate)  # [K, B/K, ...]
 
             # every microbatch starts from the step's model state
             def add(total, inputs):

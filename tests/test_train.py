@@ -302,6 +302,35 @@ def test_bleu_tokenizer_is_a_field_and_its_signature_is_kept():
     assert by_char["bleu"] > default["bleu"]
 
 
+def test_the_evaluation_loss_runs_in_the_train_steps_microbatches_with_the_same_sums_and_less_memory(
+    shared_data_dir, tmp_path
+):
+    """With `grad_accum_steps`, the dev loss is summed over the train step's microbatches, one after
+    another: the same sums as the whole batch's at once (the reference: the model on the whole batch),
+    in a smaller XLA buffer (the logits of a microbatch at a time)."""
+    from run_setup.run import prepare_run
+    from scoring import metrics
+
+    config = tiny_config(shared_data_dir, batch_size=64, grad_accum_steps=4)
+    run = prepare_run(parse(config), tmp_path / "run", devices=jax.devices()[:1], training=False)
+    evaluator = evaluation.Evaluator(run)
+    batch = next(evaluator.batches("dev"))[0]
+    whole = jax.jit(
+        lambda params, batch: metrics.token_sums(run.model(params)(batch, deterministic=True), batch["targets"])
+    )
+    chunked, reference = evaluator.loss_sums(run.params, batch), whole(run.params, batch)
+    assert chunked.keys() == reference.keys()
+    for name in reference:
+        np.testing.assert_allclose(chunked[name], reference[name], rtol=1e-6, err_msg=name)
+    buffers = [
+        function.lower(run.params, batch).compile().memory_analysis().temp_size_in_bytes
+        for function in (evaluator.loss_sums, whole)
+    ]
+    print(f"the evaluation loss's XLA buffer: {buffers[0]:,} bytes in 4 microbatches, {buffers[1]:,} at once")
+    assert buffers[0] < buffers[1]
+    run.checkpoints.close()
+
+
 # ---------------------------------------------------------------- fine-tuning
 
 
