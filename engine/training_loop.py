@@ -574,6 +574,10 @@ def train(run: Run, release_pages: Callable[[], None] = lambda: None) -> dict:
                         remember_step_buffer(run.settings, compiled)
                     # inside the step's phase: a signal while it waits saves after this step
                     queue.added(step_metrics)
+                    if first:
+                        # a stop whose `Stopped` JAX's tracing swallowed (a bare `except:`) is one
+                        # while compiling all the same: this step is not kept
+                        stop_signals.check()
                 # with several processes, SIGTERM is JAX's preemption notice, which the processes agree on
                 if several and multihost_utils.reached_preemption_sync_point(step):
                     logging.warning(

@@ -194,15 +194,14 @@ def uninterrupted() -> Iterator[None]:
 @contextlib.contextmanager
 def abortable(where: str) -> Iterator[None]:
     """Inside a `deferred()` block, a part that a signal stops at once (`Stopped`): an evaluation.
-    A signal that came before it stops it before it starts; one whose `Stopped` library code
-    swallowed (JAX's tracing has bare `except:` clauses, which a handler running inside them
-    feeds) stops it at its end."""
+    A signal that came before it stops it before it starts. (The handler raises `Stopped` in whatever
+    runs when the signal comes, which may be library code that swallows it: JAX's tracing has bare
+    `except:` clauses. The work then ends as if the signal came after it: see the first train step.)"""
     saved, _state.deferring = _state.deferring, 0
     try:
         with phase(where):
             check()
             yield
-            check()
     finally:
         _state.deferring = saved
 

@@ -5,8 +5,9 @@ with slowed steps (tests/test_stopping.py).
 
 POINT is `step:N` (while train step N runs; N=1 is the first step, before anything is saved),
 `save:N` (inside the save of step N: its files written, Orbax's commit not yet done), `eval`
-(inside the first evaluation of this process, while it decodes) or `slow:SECONDS` (nothing killed:
-each train step waits SECONDS on the device's side, dispatched as a real step of seconds is).
+(inside the first evaluation of this process, while it decodes), `slow:SECONDS` (nothing killed:
+each train step waits SECONDS on the device's side, dispatched as a real step of seconds is) or
+`swallowed` (SIGTERM while the first step compiles, its `Stopped` swallowed by the code it lands in).
 
 At the kill points saves are synchronous, so that what a kill leaves behind does not depend on the
 machine's speed: an asynchronous save may or may not be committed when a later point is reached.
@@ -50,7 +51,8 @@ def wrap_train_steps(wrap) -> None:
         step_function = compile_train_step(*args, **kwargs)
         wrapped = wrap(step_function)
         # the loop compiles the first step ahead of its call
-        wrapped.lower = step_function.lower
+        if not hasattr(wrapped, "lower"):
+            wrapped.lower = step_function.lower
         return wrapped
 
     training_loop.compile_train_step = compile_wrapped_step
@@ -93,6 +95,27 @@ def slow_steps(seconds: float) -> None:
     wrap_train_steps(slowed)
 
 
+def stop_swallowed_while_compiling() -> None:
+    """SIGTERM while the first step is lowered, its `Stopped` swallowed there as one of JAX's bare
+    `except:` clauses would swallow it (the handler raises in whatever code runs)."""
+
+    def swallowing(step_function):
+        def lower(*args, **kwargs):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+            except BaseException:
+                pass
+            return step_function.lower(*args, **kwargs)
+
+        def step(state, batch):
+            return step_function(state, batch)
+
+        step.lower = lower
+        return step
+
+    wrap_train_steps(swallowing)
+
+
 def kill_inside_save(number: str) -> None:
     finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
@@ -116,7 +139,7 @@ def synchronous_saves() -> None:
 if __name__ == "__main__":
     point, flags = sys.argv[1], sys.argv[2:]
     kind, _, number = point.partition(":")
-    if kind != "slow":
+    if kind not in ("slow", "swallowed"):
         synchronous_saves()
     if kind == "step":
         signal_at_step(int(number), signal.SIGKILL)
@@ -126,6 +149,8 @@ if __name__ == "__main__":
         evaluation.Evaluator.hypotheses = lambda *args, **kwargs: die()
     elif kind == "slow":
         slow_steps(float(number))
+    elif kind == "swallowed":
+        stop_swallowed_while_compiling()
     else:
         raise SystemExit(f"unknown point {point}")
     sys.argv = [str(Path(train.__file__)), *flags]
