@@ -98,9 +98,12 @@ PACK_CHUNK = 8192
 
 
 def microbatches(batch: Batch, count: int) -> Batch:
-    """Each array `[B, ...]` of `batch` as `[count, B / count, ...]`, consecutive rows together: the
-    train step's microbatches, and the evaluation loss's (inside `jit` too)."""
-    return {name: value.reshape(count, -1, *value.shape[1:]) for name, value in batch.items()}
+    """Each array `[B, ...]` of `batch` as `[count, B / count, ...]`, row i in microbatch i % count:
+    the train step's microbatches, and the evaluation loss's (inside `jit` too). Interleaved, not
+    consecutive rows: the rows are sharded over the devices in blocks, and with consecutive ones a
+    microbatch would sit on a few devices (XLA gathers it, and each device computes every microbatch
+    whole); interleaved, each device holds its share of every microbatch."""
+    return {name: value.reshape(-1, count, *value.shape[1:]).swapaxes(0, 1) for name, value in batch.items()}
 
 
 def pack_batches(
