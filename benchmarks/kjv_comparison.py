@@ -120,6 +120,8 @@ TIE = 0.01
 BEAM = 4
 # the floor's row and line: the test sources taken as their own translations
 COPIED = "the source copied"
+# figure 2's buckets of fewer sentences are drawn apart from the lines (their intervals say little)
+FEW_SENTENCES = 5
 
 # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
 FLAGS = flags.FlagValues()
@@ -584,34 +586,52 @@ def seeds_by_column(rows: list[Row]) -> dict[str, list[Row]]:
 
 
 def print_seed_summary(rows: list[Row], texts: tuple[list[str], list[str], str]) -> None:
-    """Mean and standard deviation over seeds of test BLEU and chrF per column, and the paired bootstrap
-    (sacrebleu's) of each column against the leader (the best mean BLEU), seed k against seed k: the
-    largest p-value of the seeds (a gap is called real only where every seed's is)."""
+    """Mean and standard deviation over seeds of test BLEU and chrF per column, ranked by mean BLEU,
+    and the paired bootstrap (sacrebleu's) of each column against the leader and against the column
+    ranked just above it (which says whether neighbours in the ranking are told apart), seed k
+    against seed k: the largest p-value of the seeds (a gap is called real only where every seed's
+    is, and "order varies" where a seed ranks the two the other way)."""
     _, references, tokenize = texts
     by_column = seeds_by_column(rows)
     mean = {column: statistics.mean(row.test["bleu"] for row in runs) for column, runs in by_column.items()}
-    leader = max(mean, key=mean.get)
-    print(f"\nSeeds: mean (standard deviation) of the tuned rate's runs; paired bootstrap against {leader}")
-    print("| model | seeds | test BLEU | test chrF | BLEU p (largest of the seeds) | chrF p |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for column, runs in by_column.items():
+    ranked = sorted(by_column, key=mean.get, reverse=True)
+    score_of = {"bleu_p": "bleu", "chrf_p": "chrf"}  # each p-value's score in test.json
+    no_test = dict.fromkeys(score_of, "")
+
+    def largest_p(better: str, column: str) -> dict[str, str]:
+        pairs = list(zip(by_column[better], by_column[column]))
+        tests = [
+            significance.paired_bootstrap(
+                hypotheses_of(best, len(references)), hypotheses_of(row, len(references)), references, tokenize=tokenize
+            )
+            for best, row in pairs
+        ]
+        # sacrebleu's p says the gap is unlikely by chance, not which side it is on: a seed where the
+        # lower-ranked column scores higher makes the order itself vary
+        flips = {
+            name: any(row.test[score] >= best.test[score] for best, row in pairs) for name, score in score_of.items()
+        }
+        return {
+            name: f"{max(t[name] for t in tests):.4f}" + (" (order varies)" if flips[name] else "") for name in no_test
+        }
+
+    print(
+        f"\nSeeds: mean (standard deviation) of the tuned rate's runs; paired bootstrap (the largest p of the "
+        f"seeds) against the leader, {ranked[0]}, and against the column ranked just above"
+    )
+    print("| model | seeds | test BLEU | test chrF | BLEU p, leader | chrF p, leader | BLEU p, above | chrF p, above |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for rank, column in enumerate(ranked):
+        runs = by_column[column]
         bleu, chrf = [row.test["bleu"] for row in runs], [row.test["chrf"] for row in runs]
         spread = lambda values: statistics.stdev(values) if len(values) > 1 else math.nan  # noqa: E731
-        p_values = {"bleu_p": "", "chrf_p": ""}
-        if column != leader:
-            tests = [
-                significance.paired_bootstrap(
-                    hypotheses_of(best, len(references)),
-                    hypotheses_of(row, len(references)),
-                    references,
-                    tokenize=tokenize,
-                )
-                for best, row in zip(by_column[leader], runs)
-            ]
-            p_values = {name: f"{max(t[name] for t in tests):.4f}" for name in p_values}
+        leader = largest_p(ranked[0], column) if rank else no_test
+        # the second's column above is the leader: its test is already in the leader's cells
+        above = largest_p(ranked[rank - 1], column) if rank > 1 else no_test
         print(
             f"| {column} | {len(runs)} | {statistics.mean(bleu):.2f} ({spread(bleu):.2f}) "
-            f"| {statistics.mean(chrf):.2f} ({spread(chrf):.2f}) | {p_values['bleu_p']} | {p_values['chrf_p']} |"
+            f"| {statistics.mean(chrf):.2f} ({spread(chrf):.2f}) | {leader['bleu_p']} | {leader['chrf_p']} "
+            f"| {above['bleu_p']} | {above['chrf_p']} |"
         )
 
 
@@ -656,19 +676,34 @@ def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str],
         print(f"| {bucket.low}-{bucket.high} | {bucket.sentences} | " + " | ".join(cells) + " |")
     figure.parent.mkdir(parents=True, exist_ok=True)
     axes = pyplot.figure(figsize=(7.5, 4.5)).add_subplot()
-    for column, scores in by_column.items():
-        shown = [b for b in scores if b.bleu is not None]
-        middles = [(b.low + b.high) / 2 for b in shown]
-        errors = [[b.bleu - b.interval[0] for b in shown], [b.interval[1] - b.bleu for b in shown]]
-        style = {"color": "gray", "linestyle": "--"} if column == COPIED else {}
-        axes.errorbar(middles, [b.bleu for b in shown], yerr=errors, marker="o", capsize=3, label=column, **style)
+    for k, (column, scores) in enumerate(by_column.items()):
+        # side by side within a bucket, so that the intervals do not hide one another
+        shift = (k - (len(by_column) - 1) / 2) * 0.6
+        style = {"color": "gray", "linestyle": "--"} if column == COPIED else {"color": f"C{k}"}
+        for few in (False, True):
+            shown = [b for b in scores if b.bleu is not None and (b.sentences < FEW_SENTENCES) == few]
+            if not shown:
+                continue
+            axes.errorbar(
+                [(b.low + b.high) / 2 + shift for b in shown],
+                [b.bleu for b in shown],
+                yerr=[[b.bleu - b.interval[0] for b in shown], [b.interval[1] - b.bleu for b in shown]],
+                marker="o",
+                capsize=2,
+                # a bucket of a few sentences is a point of its own, not a step of the line
+                **({**style, "linestyle": "none", "fillstyle": "none"} if few else {**style, "label": column}),
+            )
     for bucket in buckets:
         axes.annotate(
             f"n={bucket.sentences}", ((bucket.low + bucket.high) / 2, 0), ha="center", va="bottom", fontsize=7
         )
     axes.set_xlabel("source sentence length (words, buckets of 10)")
     axes.set_ylabel("BLEU of the bucket's sentences")
-    axes.set_title("kjv_web test split: BLEU by source length (Bahdanau et al., figure 2)")
+    axes.set_title(
+        f"kjv_web test split: BLEU by source length (Bahdanau et al., figure 2)\n"
+        f"hollow: buckets of fewer than {FEW_SENTENCES} sentences",
+        fontsize=10,
+    )
     axes.set_ylim(bottom=0)
     # beside the axes: inside, it hid the short buckets' points
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
