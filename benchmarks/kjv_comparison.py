@@ -577,9 +577,9 @@ def hypotheses_of(row: Row, count: int) -> list[str]:
 
 
 def seeds_by_column(rows: list[Row]) -> dict[str, list[Row]]:
-    """Each column's runs of its tuned rate, by seed."""
+    """Each column's runs of its tuned rate, in the order of their seeds."""
     by_column: dict[str, list[Row]] = {}
-    for row in rows:
+    for row in sorted(rows, key=lambda row: row.seed):
         if row.tuned:
             by_column.setdefault(row.column, []).append(row)
     return by_column
@@ -589,8 +589,9 @@ def print_seed_summary(rows: list[Row], texts: tuple[list[str], list[str], str])
     """Mean and standard deviation over seeds of test BLEU and chrF per column, ranked by mean BLEU,
     and the paired bootstrap (sacrebleu's) of each column against the leader and against the column
     ranked just above it (which says whether neighbours in the ranking are told apart), seed k
-    against seed k: the largest p-value of the seeds (a gap is called real only where every seed's
-    is, and "order varies" where a seed ranks the two the other way)."""
+    against seed k (the seeds both have): the largest p-value of the seeds (a gap is called real
+    only where every seed's is), marked "order varies" where some seed ranks the two the other way
+    in that score and "reversed" where every seed does (the ranking is by BLEU)."""
     _, references, tokenize = texts
     by_column = seeds_by_column(rows)
     mean = {column: statistics.mean(row.test["bleu"] for row in runs) for column, runs in by_column.items()}
@@ -599,21 +600,21 @@ def print_seed_summary(rows: list[Row], texts: tuple[list[str], list[str], str])
     no_test = dict.fromkeys(score_of, "")
 
     def largest_p(better: str, column: str) -> dict[str, str]:
-        pairs = list(zip(by_column[better], by_column[column]))
+        by_seed = {row.seed: row for row in by_column[column]}
+        pairs = [(best, by_seed[best.seed]) for best in by_column[better] if best.seed in by_seed]
         tests = [
             significance.paired_bootstrap(
                 hypotheses_of(best, len(references)), hypotheses_of(row, len(references)), references, tokenize=tokenize
             )
             for best, row in pairs
         ]
-        # sacrebleu's p says the gap is unlikely by chance, not which side it is on: a seed where the
-        # lower-ranked column scores higher makes the order itself vary
-        flips = {
-            name: any(row.test[score] >= best.test[score] for best, row in pairs) for name, score in score_of.items()
-        }
-        return {
-            name: f"{max(t[name] for t in tests):.4f}" + (" (order varies)" if flips[name] else "") for name in no_test
-        }
+        # sacrebleu's p says the gap is unlikely by chance, not which side it is on
+        cells = {}
+        for name, score in score_of.items():
+            reversed_seeds = sum(row.test[score] > best.test[score] for best, row in pairs)
+            order = {0: "", len(pairs): " (reversed)"}.get(reversed_seeds, " (order varies)")
+            cells[name] = f"{max(t[name] for t in tests):.4f}{order}"
+        return cells
 
     print(
         f"\nSeeds: mean (standard deviation) of the tuned rate's runs; paired bootstrap (the largest p of the "
@@ -625,13 +626,14 @@ def print_seed_summary(rows: list[Row], texts: tuple[list[str], list[str], str])
         runs = by_column[column]
         bleu, chrf = [row.test["bleu"] for row in runs], [row.test["chrf"] for row in runs]
         spread = lambda values: statistics.stdev(values) if len(values) > 1 else math.nan  # noqa: E731
-        leader = largest_p(ranked[0], column) if rank else no_test
+        against_leader = largest_p(ranked[0], column) if rank else no_test
         # the second's column above is the leader: its test is already in the leader's cells
-        above = largest_p(ranked[rank - 1], column) if rank > 1 else no_test
+        against_above = largest_p(ranked[rank - 1], column) if rank > 1 else no_test
         print(
             f"| {column} | {len(runs)} | {statistics.mean(bleu):.2f} ({spread(bleu):.2f}) "
-            f"| {statistics.mean(chrf):.2f} ({spread(chrf):.2f}) | {leader['bleu_p']} | {leader['chrf_p']} "
-            f"| {above['bleu_p']} | {above['chrf_p']} |"
+            f"| {statistics.mean(chrf):.2f} ({spread(chrf):.2f}) "
+            f"| {against_leader['bleu_p']} | {against_leader['chrf_p']} "
+            f"| {against_above['bleu_p']} | {against_above['chrf_p']} |"
         )
 
 
@@ -640,7 +642,8 @@ def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str],
     column (its seeds' outputs scored as one corpus, sentence by sentence), with the 95% bootstrap
     interval (resampling the bucket's sentences); printed as a table and drawn into `figure`, beside
     the source copied as its own translation (the floor, bucket by bucket, against `test_texts`'
-    references)."""
+    references). In the figure the columns sit side by side within a bucket, and buckets of fewer
+    than `FEW_SENTENCES` sentences are hollow points off the lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -677,7 +680,7 @@ def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str],
     figure.parent.mkdir(parents=True, exist_ok=True)
     axes = pyplot.figure(figsize=(7.5, 4.5)).add_subplot()
     for k, (column, scores) in enumerate(by_column.items()):
-        # side by side within a bucket, so that the intervals do not hide one another
+        # side by side within a bucket, 0.6 words apart, so that the intervals do not hide one another
         shift = (k - (len(by_column) - 1) / 2) * 0.6
         style = {"color": "gray", "linestyle": "--"} if column == COPIED else {"color": f"C{k}"}
         for few in (False, True):
