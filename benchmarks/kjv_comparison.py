@@ -683,6 +683,7 @@ def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str],
         # side by side within a bucket, 0.6 words apart, so that the intervals do not hide one another
         shift = (k - (len(by_column) - 1) / 2) * 0.6
         style = {"color": "gray", "linestyle": "--"} if column == COPIED else {"color": f"C{k}"}
+        label = {"label": column}
         for few in (False, True):
             shown = [b for b in scores if b.bleu is not None and (b.sentences < FEW_SENTENCES) == few]
             if not shown:
@@ -694,8 +695,11 @@ def print_and_draw_by_length(rows: list[Row], texts: tuple[list[str], list[str],
                 marker="o",
                 capsize=2,
                 # a bucket of a few sentences is a point of its own, not a step of the line
-                **({**style, "linestyle": "none", "fillstyle": "none"} if few else {**style, "label": column}),
+                **({**style, "linestyle": "none", "fillstyle": "none"} if few else style),
+                # the legend names each column once, on whichever is drawn first
+                **label,
             )
+            label = {}
     for bucket in buckets:
         axes.annotate(
             f"n={bucket.sentences}", ((bucket.low + bucket.high) / 2, 0), ha="center", va="bottom", fontsize=7
