@@ -238,12 +238,18 @@ class Checkpoints:
     def _verified_restore(self, step: int, arguments: Callable[[], Any], verify: bool) -> Any:
         """The checkpoint at `step`, its files checked against their digest while Orbax reads them (in
         a thread: hashing overlaps the restore instead of reading every file once more before it).
-        What was restored is dropped when the digest finds damage."""
+        What was restored is dropped when the digest finds damage; a read that fails is reported by
+        the digest's finding where it has one (the file, not TensorStore's words about an array)."""
         if not verify:
             return self.manager.restore(step, args=arguments())
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="attend-digest") as hashing:
             damage = hashing.submit(self._damage, step)
-            restored = self.manager.restore(step, args=arguments())
+            try:
+                restored = self.manager.restore(step, args=arguments())
+            except Exception as error:
+                if damage.result():
+                    raise CheckpointError(damage.result()) from error
+                raise
             if damage.result():
                 raise CheckpointError(damage.result())
         return restored

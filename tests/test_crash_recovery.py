@@ -66,7 +66,8 @@ def test_flipped_bits_fall_back_to_the_newest_good_checkpoint_and_with_none_good
     folder = copy / "checkpoints"
     assert all((folder / step / checkpoints.DIGEST_FILE).exists() for step in ("10", "20"))
 
-    # the parameters' and moments' data: it reads without an error
+    # the parameters' and moments' data: whether TensorStore then reads it (a raw chunk) or fails (a
+    # compressed one's header), the digest names the file
     damaged = largest_file(folder / "20" / "state")
     flip_a_bit(damaged)
     step, _ = prepare_run(parse(config), copy).restore_params()

@@ -1,7 +1,13 @@
 """Whether two run folders hold the same run: metrics rows (timing columns left out), evaluation
-files, predictions and every array of the latest checkpoint, bit for bit.
+files, predictions and every array of the latest checkpoint, bit for bit (the arrays to a relative
+tolerance with `--rtol`).
 
-    python tools/compare_runs.py runs/A runs/B
+    python tools/compare_runs.py runs/A runs/B [--rtol=1e-5]
+
+Bit for bit holds on one machine. XLA:CPU compiles for the CPU it runs on (its vector features and
+cache sizes pick the kernels and their summation order), so the same run on another machine can end
+with checkpoint arrays a few units in the last place apart: `--rtol` compares those as equal to
+within `rtol` of each array's largest magnitude.
 
 Prints what differs, one line each, and exits with 1 if anything does; with 0 and a summary if not.
 It reads the folders only (no config, no model code), so runs written by different versions of
@@ -46,8 +52,18 @@ def latest_checkpoint_arrays(workdir: Path) -> tuple[int, dict[str, np.ndarray]]
     return steps[-1], {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
 
 
-def differences(first: Path, second: Path) -> tuple[list[str], list[str]]:
-    """What differs between run folders `first` and `second`, and what was found equal."""
+def arrays_equal(first: np.ndarray, second: np.ndarray, rtol: float) -> bool:
+    """Bit for bit where `rtol` is 0; else each entry within `rtol` of its own size plus `rtol` of
+    the array's largest (entries near 0, such as Adam's moments, move by the array's rounding)."""
+    if rtol == 0:
+        return np.array_equal(first, second)
+    scale = float(np.abs(first).max()) if first.size else 0.0
+    return first.shape == second.shape and np.allclose(second, first, rtol=rtol, atol=rtol * scale)
+
+
+def differences(first: Path, second: Path, rtol: float = 0.0) -> tuple[list[str], list[str]]:
+    """What differs between run folders `first` and `second`, and what was found equal (the
+    checkpoint's arrays to `rtol`: `arrays_equal`)."""
     differ, same = [], []
     rows = metric_rows(first), metric_rows(second)
     (same if rows[0] == rows[1] else differ).append(f"metrics.jsonl: {len(rows[0])} and {len(rows[1])} rows")
@@ -69,7 +85,7 @@ def differences(first: Path, second: Path) -> tuple[list[str], list[str]]:
     if step != other_step or arrays.keys() != other_arrays.keys():
         differ.append(f"checkpoints: step {step} with {len(arrays)} arrays, step {other_step} with {len(other_arrays)}")
     else:
-        unequal = [key for key in arrays if not np.array_equal(arrays[key], other_arrays[key])]
+        unequal = [key for key in arrays if not arrays_equal(arrays[key], other_arrays[key], rtol)]
         differ.extend(f"checkpoint {step}: {key}" for key in unequal)
         if not unequal:
             same.append(f"checkpoint {step}: {len(arrays)} arrays")
@@ -77,10 +93,12 @@ def differences(first: Path, second: Path) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+    rtol = [float(arg.removeprefix("--rtol=")) for arg in argv[1:] if arg.startswith("--rtol=")]
+    folders = [arg for arg in argv[1:] if not arg.startswith("--rtol=")]
+    if len(folders) != 2 or len(rtol) > 1:
+        print(__doc__.strip().splitlines()[4].strip(), file=sys.stderr)
         return 2
-    differ, same = differences(Path(argv[1]), Path(argv[2]))
+    differ, same = differences(Path(folders[0]), Path(folders[1]), rtol=rtol[0] if rtol else 0.0)
     for line in differ:
         print(f"differs: {line}")
     print(f"equal: {len(same)} items ({'; '.join(same[:1] + same[-1:])})" if not differ else f"{len(differ)} differ")
