@@ -30,26 +30,6 @@ from run_setup.cluster import setup_distributed  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
 from utils import allocator, stop_signals  # noqa: E402
 
-
-def keep_every_process_compiled_programs() -> None:
-    """Process 1 writes its compiled programs to the suite's compilation cache too. JAX writes only
-    process 0's (against write contention on shared file systems), and on CPU a program's key holds
-    its process's device topology, so process 1 found none and compiled every program of every pair
-    (12 of a pair's 16-20 CPU seconds). Each process's keys are its own: the two never write one entry."""
-    from jax._src import compiler, distributed
-
-    write = compiler._cache_write
-
-    def write_as_process_0(*args, **kwargs):
-        process_id, distributed.global_state.process_id = distributed.global_state.process_id, 0
-        try:
-            write(*args, **kwargs)
-        finally:
-            distributed.global_state.process_id = process_id
-
-    compiler._cache_write = write_as_process_0
-
-
 # the trainer's INFO lines (resuming, ...) in log.txt, as train.py logs them
 logging.getLogger().setLevel(logging.INFO)
 for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
@@ -67,7 +47,6 @@ joining = (
 )
 settings = parse(two_process_config(data_dir, int(steps), sharding, **joining))
 setup_distributed(settings.cluster)
-keep_every_process_compiled_programs()
 assert jax.process_count() == 2 and jax.process_index() == int(process_id), "the two processes did not join"
 print(f"process {jax.process_index()} of {jax.process_count()} on {jax.device_count()} devices", flush=True)
 try:
