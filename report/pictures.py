@@ -50,26 +50,51 @@ def new_figure(**figure_args) -> Figure:
     return figure
 
 
+# heat-map geometry, in inches: a cell, a tick label's character at 7 points, the space of a
+# panel's title and of the figure's; labels longer than LABEL_CHARACTERS are cut (the .npz keeps them whole)
+CELL = 0.28
+CHARACTER = 0.06
+PANEL_TITLE = 0.3
+FIGURE_TITLE = 0.45
+PAD = 0.15
+LABEL_CHARACTERS = 30
+
+
+def tick_label(token: str) -> str:
+    return token if len(token) <= LABEL_CHARACTERS else token[: LABEL_CHARACTERS - 1] + "\u2026"
+
+
 def heatmaps(weights: np.ndarray, key_tokens: Sequence[str], query_tokens: Sequence[str], title: str) -> Figure:
-    """One panel per head of `weights [N, Tq, Tk]` and a last panel of their mean."""
+    """One panel per head of `weights [N, Tq, Tk]` and a last panel of their mean, in rows of up to 3.
+
+    The panels share their axes: the query tokens label the first column's y axes, the key tokens
+    each column's lowest x axis. The layout is computed from the labels' lengths, not measured
+    (matplotlib's `tight_layout` measured every label's text again and was half a picture's cost)."""
     panels = list(weights) + [weights.mean(axis=0)] if weights.shape[0] > 1 else [weights[0]]
     names = [f"head {n}" for n in range(weights.shape[0])] + ["mean over heads"] if len(panels) > 1 else ["attention"]
     columns = min(len(panels), 3)
     rows = -(-len(panels) // columns)
-    cell = 0.28
-    width = max(4.0, cell * len(key_tokens) + 1.5)
-    height = max(3.0, cell * len(query_tokens) + 1.2)
-    figure = new_figure(figsize=(width * columns, height * rows))
-    axes = figure.subplots(rows, columns, squeeze=False)
-    for axis in axes.flat[len(panels) :]:
-        axis.axis("off")
-    for axis, panel, name in zip(axes.flat, panels, names):
+    x_labels, y_labels = [tick_label(t) for t in key_tokens], [tick_label(t) for t in query_tokens]
+    # inches: each panel's plot, the left margin (y labels), each row's space below its plot (x labels)
+    panel_width, panel_height = max(2.5, CELL * len(x_labels)), max(1.8, CELL * len(y_labels))
+    left = PAD + CHARACTER * max(map(len, y_labels), default=1) + 0.1
+    below = PAD + CHARACTER * max(map(len, x_labels), default=1) + 0.1
+    gap = 0.25
+    width = left + columns * panel_width + (columns - 1) * gap + PAD
+    height = FIGURE_TITLE + rows * (PANEL_TITLE + panel_height + below)
+    figure = new_figure(figsize=(width, height))
+    for index, (panel, name) in enumerate(zip(panels, names)):
+        row, column = divmod(index, columns)
+        x = left + column * (panel_width + gap)
+        bottom = height - (FIGURE_TITLE + row * (PANEL_TITLE + panel_height + below) + PANEL_TITLE + panel_height)
+        axis = figure.add_axes((x / width, bottom / height, panel_width / width, panel_height / height))
         axis.imshow(panel, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-        axis.set_xticks(range(len(key_tokens)), key_tokens, rotation=90, fontsize=7)
-        axis.set_yticks(range(len(query_tokens)), query_tokens, fontsize=7)
+        # ticks only where they are labelled: each tick is a few artists to build and draw
+        lowest = index + columns >= len(panels)
+        axis.set_xticks(range(len(x_labels)) if lowest else [], x_labels if lowest else [], rotation=90, fontsize=7)
+        axis.set_yticks(range(len(y_labels)) if column == 0 else [], y_labels if column == 0 else [], fontsize=7)
         axis.set_title(name, fontsize=9)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
+    figure.suptitle(title, fontsize=10, y=1 - 0.5 * FIGURE_TITLE / height)
     return figure
 
 
