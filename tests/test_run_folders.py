@@ -129,3 +129,6 @@ def test_arrays_compare_bit_for_bit_or_to_a_tolerance_of_the_largest_entry():
     assert not compare_runs.arrays_equal(moments, moments + np.float32(3e-5), rtol=1e-5)
     assert compare_runs.arrays_equal(moments, moments.copy(), rtol=0.0)
     assert not compare_runs.arrays_equal(moments, moments[:2], rtol=1e-5)
+    # counts and flags: equal or not, whatever the tolerance
+    assert not compare_runs.arrays_equal(np.array([3]), np.array([4]), rtol=1.0)
+    assert compare_runs.arrays_equal(np.array([True, False]), np.array([True, False]), rtol=1e-5)

@@ -53,9 +53,10 @@ def latest_checkpoint_arrays(workdir: Path) -> tuple[int, dict[str, np.ndarray]]
 
 
 def arrays_equal(first: np.ndarray, second: np.ndarray, rtol: float) -> bool:
-    """Bit for bit where `rtol` is 0; else each entry within `rtol` of its own size plus `rtol` of
-    the array's largest (entries near 0, such as Adam's moments, move by the array's rounding)."""
-    if rtol == 0:
+    """Bit for bit where `rtol` is 0 and for integer and boolean arrays (counts, keys, flags); else
+    each entry within `rtol` of its own size plus `rtol` of the array's largest (entries near 0,
+    such as Adam's moments, move by the array's rounding)."""
+    if rtol == 0 or not np.issubdtype(first.dtype, np.inexact):
         return np.array_equal(first, second)
     scale = float(np.abs(first).max()) if first.size else 0.0
     return first.shape == second.shape and np.allclose(second, first, rtol=rtol, atol=rtol * scale)
