@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -28,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
-from benchmarks.timing import matmul_peak_flops  # noqa: E402
+from benchmarks.timing import matmul_peak_flops, median_seconds  # noqa: E402
 from run_setup import command_line  # noqa: E402
 
 FLAGS = flags.FlagValues()
@@ -64,14 +62,7 @@ def cblas_rates(path: str, repeats: int = 10) -> dict[str, float]:
         # CblasRowMajor, CblasNoTrans twice, M N K, alpha, A lda, B ldb, beta, C ldc
         arguments = (101, 111, 111, SIZE, SIZE, SIZE, ctypes.c_float(1.0), pointer, SIZE, pointer, SIZE)
         arguments += (ctypes.c_float(0.0), ctypes.c_void_p(product.ctypes.data), SIZE)
-        call = getattr(library, name)
-        call(*arguments)
-        seconds = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            call(*arguments)
-            seconds.append(time.perf_counter() - start)
-        rates[name] = 2 * SIZE**3 / statistics.median(seconds)
+        rates[name] = 2 * SIZE**3 / median_seconds(getattr(library, name), arguments, repeats)
     return rates
 
 

@@ -57,11 +57,17 @@ CHARACTER = 0.06
 PANEL_TITLE = 0.3
 FIGURE_TITLE = 0.45
 PAD = 0.15
+PANEL_GAP = 0.25
 LABEL_CHARACTERS = 30
 
 
 def tick_label(token: str) -> str:
     return token if len(token) <= LABEL_CHARACTERS else token[: LABEL_CHARACTERS - 1] + "\u2026"
+
+
+def label_space(labels: Sequence[str]) -> float:
+    """Inches beside an axis for its longest tick label, and a margin."""
+    return PAD + CHARACTER * max(map(len, labels), default=1) + 0.1
 
 
 def heatmaps(weights: np.ndarray, key_tokens: Sequence[str], query_tokens: Sequence[str], title: str) -> Figure:
@@ -77,22 +83,21 @@ def heatmaps(weights: np.ndarray, key_tokens: Sequence[str], query_tokens: Seque
     x_labels, y_labels = [tick_label(t) for t in key_tokens], [tick_label(t) for t in query_tokens]
     # inches: each panel's plot, the left margin (y labels), each row's space below its plot (x labels)
     panel_width, panel_height = max(2.5, CELL * len(x_labels)), max(1.8, CELL * len(y_labels))
-    left = PAD + CHARACTER * max(map(len, y_labels), default=1) + 0.1
-    below = PAD + CHARACTER * max(map(len, x_labels), default=1) + 0.1
-    gap = 0.25
-    width = left + columns * panel_width + (columns - 1) * gap + PAD
+    left, below = label_space(y_labels), label_space(x_labels)
+    width = left + columns * panel_width + (columns - 1) * PANEL_GAP + PAD
     height = FIGURE_TITLE + rows * (PANEL_TITLE + panel_height + below)
     figure = new_figure(figsize=(width, height))
     for index, (panel, name) in enumerate(zip(panels, names)):
         row, column = divmod(index, columns)
-        x = left + column * (panel_width + gap)
+        x = left + column * (panel_width + PANEL_GAP)
         bottom = height - (FIGURE_TITLE + row * (PANEL_TITLE + panel_height + below) + PANEL_TITLE + panel_height)
         axis = figure.add_axes((x / width, bottom / height, panel_width / width, panel_height / height))
         axis.imshow(panel, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
         # ticks only where they are labelled: each tick is a few artists to build and draw
-        lowest = index + columns >= len(panels)
-        axis.set_xticks(range(len(x_labels)) if lowest else [], x_labels if lowest else [], rotation=90, fontsize=7)
-        axis.set_yticks(range(len(y_labels)) if column == 0 else [], y_labels if column == 0 else [], fontsize=7)
+        shown_x = x_labels if index + columns >= len(panels) else []
+        shown_y = y_labels if column == 0 else []
+        axis.set_xticks(range(len(shown_x)), shown_x, rotation=90, fontsize=7)
+        axis.set_yticks(range(len(shown_y)), shown_y, fontsize=7)
         axis.set_title(name, fontsize=9)
     figure.suptitle(title, fontsize=10, y=1 - 0.5 * FIGURE_TITLE / height)
     return figure

@@ -247,11 +247,11 @@ class Checkpoints:
             try:
                 restored = self.manager.restore(step, args=arguments())
             except Exception as error:
-                if damage.result():
-                    raise CheckpointError(damage.result()) from error
+                if found := damage.result():
+                    raise CheckpointError(found) from error
                 raise
-            if damage.result():
-                raise CheckpointError(damage.result())
+            if found := damage.result():
+                raise CheckpointError(found)
         return restored
 
     def _restore_readable(
