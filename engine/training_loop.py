@@ -457,7 +457,7 @@ def train_and_evaluate(settings: Settings, workdir: str | Path) -> dict:
     A rerun on a workdir must be the same run: `run_setup.compatibility.check_resume` refuses a changed model,
     task, tokenizer, data or seed field before anything is written; config.json records the rest.
     """
-    check_resume(settings, Path(workdir))
+    settings = check_resume(settings, Path(workdir))
     # a run to start from that does not fit stops here, before anything is written
     check_init(settings, Path(workdir))
     # SIGTERM and SIGINT: stopped within seconds wherever they land (utils/stop_signals.py)

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.layers import Linear, logical
+from models.layers import Dropout, Linear, logical
 
 Array = jax.Array
 
@@ -369,6 +369,7 @@ class MultiHeadAttention(nnx.Module):
         out_features: int | None = None,
         score: str = "scaled_dot",
         dropout_rate: float = 0.0,
+        dropout_masks: str = "packed",
         use_bias: bool = True,
         additive_chunk_size: int = 64,
         role: AttentionRole = AttentionRole.SOURCE_SELF,
@@ -396,7 +397,7 @@ class MultiHeadAttention(nnx.Module):
         self.key = projection(kv_features, width, bias=False)
         self.value = projection(kv_features, width)
         self.out = projection(width, out_features, axes=("heads", "embed"))
-        self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+        self.dropout = Dropout(dropout_rate, masks=dropout_masks, rngs=rngs)
         self.score_weight = nnx.data(self._score_weight(score, rngs))
 
     def _score_weight(self, score: str, rngs: nnx.Rngs) -> nnx.Param | None:

@@ -65,7 +65,7 @@ from flax import nnx
 
 from models.attention import Attention, AttentionRole
 from models.interface import ModelConfig
-from models.layers import Linear, logical, shift_right
+from models.layers import Dropout, Linear, check_dropout, logical, shift_right
 from models.rnn import LSTMCell, LSTMState, time_major
 from utils.errors import ConfigError
 
@@ -123,6 +123,8 @@ class CaptionerConfig(ModelConfig):
     expectation_probability: float = 0.5
     # on the deep output's input, in [0, 1)
     dropout_rate: float = 0.0
+    # how dropout masks are drawn: "packed" or "bernoulli" (models/layers.py, `DROPOUT_MASKS`)
+    dropout_masks: str = "packed"
     bos_id: int = 1
     pad_id: int = 0
 
@@ -149,8 +151,7 @@ class CaptionerConfig(ModelConfig):
         for name in ("baseline_decay", "expectation_probability"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1], got {getattr(self, name)}")
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ConfigError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+        check_dropout(self, "dropout_rate")
 
     @property
     def reads(self) -> str:
@@ -229,7 +230,7 @@ class Captioner(nnx.Module):
         self.output_context = Linear(D, E, use_bias=False, rngs=rngs)
         # L_o
         self.output = Linear(E, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, masks=config.dropout_masks, rngs=rngs)
 
     # -- the encoder -------------------------------------------------------------
 

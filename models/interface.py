@@ -58,7 +58,8 @@ class ModelConfig:
     # `{field: value}` for each field whose default now means something else than what the family did
     # before the field existed: a run folder's config.json without the field is read with this value,
     # so that it restores into the model it trained (`configs.base.with_defaults`).
-    fields_before: ClassVar[Mapping[str, Any]] = {}
+    # Every family: its dropout masks were `jax.random.bernoulli`'s before `dropout_masks` existed.
+    fields_before: ClassVar[Mapping[str, Any]] = {"dropout_masks": "bernoulli"}
     # `{field: {old value: new value}}` for each value given a new name: a run folder's config.json
     # holding the old one is read with the new (`configs.base.with_defaults`), so that it resumes,
     # evaluates and loads as the run it is.

@@ -97,7 +97,7 @@ from flax import nnx
 
 from models.attention import Attention, AttentionRole, AttentionWeights, capturing, masked_softmax
 from models.interface import ModelConfig
-from models.layers import Linear, logical, shift_right
+from models.layers import Dropout, Linear, check_dropout, logical, shift_right
 from models.rnn import time_major
 from utils.errors import ConfigError
 
@@ -116,7 +116,7 @@ class LSTMNConfig(ModelConfig):
     # intra-attention over the encoder's and the decoder's tapes, inter-attention over the source
     roles = frozenset({AttentionRole.SOURCE_SELF, AttentionRole.TARGET_SELF, AttentionRole.CROSS})
     # runs saved before `inter_query` existed used eq. 11 in both fusions
-    fields_before = {"inter_query": "word_and_context"}
+    fields_before = {**ModelConfig.fields_before, "inter_query": "word_and_context"}
     # "eq13": the value's name in runs saved before the equations were numbered as v7 numbers them
     renamed_values = {"inter_query": {"eq13": "word_and_context"}}
 
@@ -142,6 +142,8 @@ class LSTMNConfig(ModelConfig):
     num_decoder_layers: int = 1
     # on embeddings, between layers and before the output layer
     dropout_rate: float = 0.0
+    # how dropout masks are drawn: "packed" or "bernoulli" (models/layers.py, `DROPOUT_MASKS`)
+    dropout_masks: str = "packed"
     # the longest source, target or decoded output (eos included) the model accepts
     max_length: int = 512
     bos_id: int = 1
@@ -175,8 +177,7 @@ class LSTMNConfig(ModelConfig):
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name} must be at least 1, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ConfigError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+        check_dropout(self, "dropout_rate")
 
     @property
     def query(self) -> str:
@@ -528,7 +529,7 @@ class LSTMN(nnx.Module):
         )
         # over [h_t; gamma~_t]
         self.output = Linear(2 * H, config.vocab_size, axes=("embed", "vocab"), rngs=rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, masks=config.dropout_masks, rngs=rngs)
 
     # -- pieces ----------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from flax import nnx
 
 from models.attention import Attention, AttentionRole
 from models.interface import ModelConfig
-from models.layers import Linear, logical, shift_right
+from models.layers import Dropout, Linear, check_dropout, logical, shift_right
 from utils.errors import ConfigError
 
 Array = jax.Array
@@ -67,6 +67,8 @@ class RNNConfig(ModelConfig):
     num_encoder_layers: int = 1
     num_decoder_layers: int = 1
     dropout_rate: float = 0.0
+    # how dropout masks are drawn: "packed" or "bernoulli" (models/layers.py, `DROPOUT_MASKS`)
+    dropout_masks: str = "packed"
     bos_id: int = 1
     pad_id: int = 0
 
@@ -76,8 +78,7 @@ class RNNConfig(ModelConfig):
         for name in ("embed_dim", "hidden_dim", "num_encoder_layers", "num_decoder_layers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name} must be at least 1, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ConfigError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+        check_dropout(self, "dropout_rate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +267,7 @@ class Encoder(nnx.Module):
 
         self.forward_cells = stack()
         self.backward_cells = nnx.data(stack() if bidirectional else None)
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, masks=config.dropout_masks, rngs=rngs)
 
     def _run_stack(self, cells, x: Array, mask: Array, reverse: bool, deterministic: bool) -> tuple[Array, list]:
         finals = []
@@ -343,7 +344,7 @@ class RNNEncoderDecoder(nnx.Module):
         self.decoder_cells = cell_stack(
             config.cell, first_decoder_input, config.hidden_dim, config.num_decoder_layers, rngs
         )
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, masks=config.dropout_masks, rngs=rngs)
         # set by the families that attend
         self.cross_attention = nnx.data(None)
 

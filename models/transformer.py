@@ -24,11 +24,13 @@ from models import attention
 from models.attention import AttentionRole, KVCache, MultiHeadAttention
 from models.interface import ModelConfig
 from models.layers import (
+    Dropout,
     Embed,
     FeedForward,
     LearnedPositions,
     Linear,
     PerSource,
+    check_dropout,
     layer_norm,
     shift_right,
     sinusoidal_encoding,
@@ -60,6 +62,8 @@ class TransformerConfig(ModelConfig):
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.0
     relu_dropout_rate: float = 0.0
+    # how dropout masks are drawn: "packed" or "bernoulli" (models/layers.py, `DROPOUT_MASKS`)
+    dropout_masks: str = "packed"
     pre_layer_norm: bool = False
     # one embedding for source and target (section 3.4)
     share_embeddings: bool = True
@@ -90,9 +94,7 @@ class TransformerConfig(ModelConfig):
         for name in ("num_encoder_layers", "num_decoder_layers"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"model.{name} must not be negative, got {getattr(self, name)}")
-        for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        check_dropout(self, "dropout_rate", "attention_dropout_rate", "relu_dropout_rate")
         if self.d_model % self.num_heads:
             raise ConfigError(f"model.d_model {self.d_model} is not divisible by model.num_heads {self.num_heads}")
         if self.positional == "sinusoidal" and self.d_model % 2:
@@ -151,7 +153,7 @@ class Residual(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.pre_norm = config.pre_layer_norm
         self.norm = layer_norm(config.d_model, dtype=config.compute_dtype, rngs=rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.dropout = Dropout(config.dropout_rate, masks=config.dropout_masks, rngs=rngs)
 
     def inputs(self, x: Array) -> Array:
         return self.norm(x) if self.pre_norm else x
@@ -167,6 +169,7 @@ def _attention(config: TransformerConfig, role: AttentionRole, rngs: nnx.Rngs) -
         config.d_model,
         score=config.score,
         dropout_rate=config.attention_dropout_rate,
+        dropout_masks=config.dropout_masks,
         use_bias=config.use_bias,
         role=role,
         dtype=config.compute_dtype,
@@ -176,7 +179,12 @@ def _attention(config: TransformerConfig, role: AttentionRole, rngs: nnx.Rngs) -
 
 def _feed_forward(config: TransformerConfig, rngs: nnx.Rngs) -> FeedForward:
     return FeedForward(
-        config.d_model, config.d_ff, dropout_rate=config.relu_dropout_rate, dtype=config.compute_dtype, rngs=rngs
+        config.d_model,
+        config.d_ff,
+        dropout_rate=config.relu_dropout_rate,
+        dropout_masks=config.dropout_masks,
+        dtype=config.compute_dtype,
+        rngs=rngs,
     )
 
 
@@ -253,7 +261,7 @@ class Transformer(nnx.Module):
             if config.positional == "learned"
             else None
         )
-        self.embed_dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+        self.embed_dropout = Dropout(config.dropout_rate, masks=config.dropout_masks, rngs=rngs)
         self.encoder_layers = nnx.List([EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)])
         self.decoder_layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_decoder_layers)])
         # Pre-LN leaves the last residual sum unnormalised: one more LayerNorm per stack.

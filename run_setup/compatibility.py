@@ -13,6 +13,10 @@ from utils.errors import ConfigError
 
 # The fields that make a run what it is: its checkpoints, vocabulary and data only fit these.
 RUN_IDENTITY = ("seed", "model", "task", "tokenizer", "data")
+# Model fields a resumed run keeps from its config.json whatever the command says: how its dropout
+# masks are drawn (a run made before the field existed reads back as "bernoulli", its family's
+# `fields_before`), so that a run goes on as it began and a command with today's defaults resumes it.
+KEPT_ON_RESUME = ("dropout_masks",)
 # The fields --mode=eval and --mode=predict may set for a run folder (data_dir: the folder moved).
 EVALUATION_FIELDS = (
     "eval_split",
@@ -64,13 +68,15 @@ def differences(saved: Settings, new: Settings, groups: Sequence[str]) -> list[s
     ]
 
 
-def check_resume(settings: Settings, workdir: Path) -> None:
-    """A rerun on a run folder must be the same run: a changed model, task, vocabulary, data or seed
-    field stops here, before anything is written. Other changes (steps, schedule, intervals,
+def check_resume(settings: Settings, workdir: Path) -> Settings:
+    """The settings a rerun on a run folder resumes with: it must be the same run, so a changed model,
+    task, vocabulary, data or seed field stops here, before anything is written, but those of
+    `KEPT_ON_RESUME`, which keep the run's value. Other changes (steps, schedule, intervals,
     decoding, logging) are allowed and logged."""
     saved = read_run_settings(workdir)
     if saved is None:
-        return
+        return settings
+    settings = with_run_kept_fields(settings, saved)
     changed = differences(saved, settings, RUN_IDENTITY)
     if changed:
         raise ConfigError(
@@ -80,6 +86,17 @@ def check_resume(settings: Settings, workdir: Path) -> None:
     other = [group for group in settings.fields if group not in RUN_IDENTITY]
     for change in differences(saved, settings, other):
         logging.info("resuming with a changed field, %s", change)
+    return settings
+
+
+def with_run_kept_fields(settings: Settings, saved: Settings) -> Settings:
+    """`settings` with each of `KEPT_ON_RESUME` at the run's (`saved`) value, logged where the
+    command's differs."""
+    own, run = settings.fields["model"], saved.fields["model"]
+    kept = {field: run[field] for field in KEPT_ON_RESUME if field in own and field in run and own[field] != run[field]}
+    for field, value in kept.items():
+        logging.info("model.%s: %r, as the run began (the command's %r is for new runs)", field, value, own[field])
+    return parse({**settings.as_dict(), "model": {**own, **kept}}) if kept else settings
 
 
 def for_evaluation(saved: Settings, requested: Settings, overridden: Sequence[str]) -> Settings:

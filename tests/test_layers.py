@@ -1,5 +1,6 @@
 """models/layers.py: embeddings, positional encodings, feed-forward and shift_right against the paper's
-formulas; LayerNorm's fast variance (issue 27), where it loses precision, and that this model stays clear of it.
+formulas; the packed dropout masks against Bernoulli statistics and nnx.Dropout; LayerNorm's fast
+variance (issue 27), where it loses precision, and that this model stays clear of it.
 
 `models.layers.layer_norm` is `nnx.LayerNorm` with flax's default `use_fast_variance=True`: the
 variance is `E[x^2] - E[x]^2`, two float32 means of size `mean^2` whose difference is the much
@@ -33,6 +34,7 @@ variance's 6e-7 r^2 up to r ~ 3e3.
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -40,12 +42,14 @@ from flax import nnx
 
 import models
 from helpers.references import np_layer_norm
+from models import layers
 from models.layers import Embed, FeedForward, layer_norm, shift_right, sinusoidal_encoding
 from run_setup.input_kinds import padded_ids
 from run_setup.run import model_fields, prepare_run
 from run_setup.settings import read_run_settings, single_process
 from tasks import dates
 from tasks.vocabularies import EOS_ID
+from utils.errors import ConfigError
 
 
 def test_sinusoidal_encoding_equals_the_papers_formula():
@@ -238,3 +242,72 @@ def test_the_check_fails_where_the_mean_is_large():
                 [(np.asarray(x), np.asarray(norm.scale[...]), np.asarray(norm.bias[...]), np.asarray(apply(norm, x)))],
                 dtype,
             )
+
+
+# ----------------------------------------------------------------------------- dropout masks
+
+
+def test_packed_keep_mask_keeps_the_rounded_share_independently_of_position():
+    """Bernoulli(p) entries, p = round(0.9 * 2^16) / 2^16: the kept share of 2^20 entries within 5
+    binomial standard deviations of p, and so is each of the four 16-bit lanes of a block and each
+    row; entries 1, 2 and 4 apart (the same block's words and halves, the next block) are both kept
+    as often as independent draws are (a word or a counter used twice would show here)."""
+    mask, keep = layers.packed_keep_mask(jax.random.key(7), 0.9, (256, 4096))
+    assert keep == round(0.9 * 2**16) / 2**16 == 58982 / 65536
+    mask = np.asarray(mask)
+    assert mask.shape == (256, 4096) and mask.dtype == bool
+
+    def close(share: float, count: int) -> bool:
+        return abs(share - keep) < 5 * np.sqrt(keep * (1 - keep) / count)
+
+    assert close(mask.mean(), mask.size)
+    lanes = mask.reshape(256, 1024, 4)
+    assert all(close(lanes[..., lane].mean(), lanes[..., lane].size) for lane in range(4))
+    assert np.mean([close(row.mean(), row.size) for row in mask]) > 0.99
+    both_kept = keep * keep
+    for shift in (1, 2, 4):
+        agree = (mask[:, shift:] & mask[:, :-shift]).mean()
+        assert abs(agree - both_kept) < 5 * np.sqrt(both_kept * (1 - both_kept) / mask[:, shift:].size)
+
+
+def test_packed_keep_mask_is_the_keys_own():
+    """The same key draws the same mask; another key (the next step's) another; a width that is
+    not a multiple of four is the first entries of the next multiple's mask."""
+    key = jax.random.key(3)
+    first, _ = layers.packed_keep_mask(key, 0.5, (8, 16))
+    np.testing.assert_array_equal(first, layers.packed_keep_mask(key, 0.5, (8, 16))[0])
+    assert not np.array_equal(first, layers.packed_keep_mask(jax.random.fold_in(key, 1), 0.5, (8, 16))[0])
+    # a 1-D row of 6 is the first 6 of the row of 8: the same two blocks
+    np.testing.assert_array_equal(
+        layers.packed_keep_mask(key, 0.5, (6,))[0], layers.packed_keep_mask(key, 0.5, (8,))[0][:6]
+    )
+
+
+def test_packed_dropout_keeps_the_expectation_and_the_stream():
+    """Kept entries are divided by the rounded keep probability, so the mean of many dropped-out
+    ones is 1; the module draws from its `dropout` stream as `nnx.Dropout` does (reseeding replays
+    it); "bernoulli" is `nnx.Dropout` bit for bit; deterministic or rate 0 is the identity."""
+    ones = jnp.ones((512, 1024))
+    packed = layers.Dropout(0.1, rngs=nnx.Rngs(dropout=5))
+    dropped = np.asarray(packed(ones, deterministic=False))
+    assert set(np.unique(dropped)) == {0.0, np.float32(65536 / 58982)}
+    assert abs(dropped.mean() - 1.0) < 5 * np.sqrt(0.1 / 0.9 / dropped.size)
+    nnx.reseed(packed, dropout=5)
+    np.testing.assert_array_equal(packed(ones, deterministic=False), dropped)
+    assert not np.array_equal(packed(ones, deterministic=False), dropped)
+
+    bernoulli = layers.Dropout(0.1, masks="bernoulli", rngs=nnx.Rngs(dropout=5))
+    np.testing.assert_array_equal(
+        bernoulli(ones, deterministic=False), nnx.Dropout(0.1, rngs=nnx.Rngs(dropout=5))(ones, deterministic=False)
+    )
+    np.testing.assert_array_equal(packed(ones, deterministic=True), ones)
+    np.testing.assert_array_equal(layers.Dropout(0.0, rngs=nnx.Rngs(dropout=5))(ones, deterministic=False), ones)
+
+
+def test_dropout_masks_is_checked_by_every_family():
+    """An unknown value names the field and the valid ones; a run folder written before the field
+    existed reads back as "bernoulli", the masks it trained with."""
+    for family in models.MODELS:
+        with pytest.raises(ConfigError, match="model.dropout_masks must be one of packed, bernoulli, got 'mask'"):
+            models.checked_config(family, dropout_masks="mask")
+        assert models.fields_before(family)["dropout_masks"] == "bernoulli"

@@ -18,7 +18,7 @@ import inference
 import train
 from configs import base
 from engine import evaluation, training_loop
-from helpers.tiny import tiny_config, xla_flags
+from helpers.tiny import locked_with, tiny_config, xla_flags
 from run_setup import compatibility, preflight, settings
 from run_setup.cluster import make_mesh
 from run_setup.settings import parse
@@ -234,6 +234,23 @@ def test_a_run_folder_from_before_a_field_existed_resumes_and_loads(finished_run
     # the same run: no refusal over the missing field
     compatibility.check_resume(parse(config), run)
     assert inference.load(run).translate(["3 March 2021"])
+
+
+def test_a_resumed_run_keeps_its_dropout_masks_whatever_the_command_says(finished_run, tmp_path):
+    """`dropout_masks` is `KEPT_ON_RESUME`: the run's value wins over the command's (either way; a run
+    from before the field reads back as "bernoulli"), and another model field still stops the run."""
+    config, workdir, _ = finished_run
+    run = copy_of(workdir, tmp_path)
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["model"]["dropout_masks"] == "packed"
+    command = locked_with(config.copy_and_resolve_references(), {"model.dropout_masks": "bernoulli"})
+    assert compatibility.check_resume(parse(command), run).model.hyperparameters.dropout_masks == "packed"
+    del saved["model"]["dropout_masks"]
+    (run / "config.json").write_text(json.dumps(saved))
+    assert compatibility.check_resume(parse(config), run).model.hyperparameters.dropout_masks == "bernoulli"
+    changed = locked_with(config.copy_and_resolve_references(), {"model.dropout_rate": 0.3})
+    with pytest.raises(ConfigError, match="holds a run with another config: model.dropout_rate"):
+        compatibility.check_resume(parse(changed), run)
 
 
 def test_inference_api_from_a_copied_run_folder(finished_run, tmp_path):
