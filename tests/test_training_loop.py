@@ -16,7 +16,7 @@ import pytest
 import inference
 import train
 from configs import base
-from engine import evaluation, training_loop
+from engine import evaluation, exported_step, training_loop
 from helpers.subprocess_runs import metric_rows
 from helpers.tiny import tiny_config
 from input_pipeline import train_dataset
@@ -206,16 +206,18 @@ def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp
 
 
 def test_a_run_compiles_its_train_step_once(shared_data_dir, tmp_path, monkeypatch):
-    compiled = []
-    compile_train_step = training_loop.compile_train_step
-    monkeypatch.setattr(
-        training_loop, "compile_train_step", lambda *args: compiled.append(compile_train_step(*args)) or compiled[-1]
-    )
+    """The step the loop runs is the exported one (the tests' compilation cache folder is set): one
+    argument signature, compiled once."""
+    steps = []
+    cached = exported_step.cached
+    monkeypatch.setattr(exported_step, "cached", lambda *args: steps.append(cached(*args)) or steps[-1])
     training_loop.train_and_evaluate(
         parse(tiny_config(shared_data_dir, num_train_steps=12, eval_every_steps=12, checkpoint_every_steps=6)), tmp_path
     )
+    [step] = steps
+    assert isinstance(step, exported_step.ExportedStep)
     # no second compilation at step 1 or after a save
-    assert [step._cache_size() for step in compiled] == [1]
+    assert [call._cache_size() for call in step.calls.values()] == [1]
 
 
 def test_the_train_steps_buffer_size_is_kept_and_the_next_same_run_touches_that_much_ahead(
