@@ -4,9 +4,12 @@ A warm start spends 1.1-1.4 s tracing and lowering the kjv_web_transformer's tra
 its compiled program in the cache (docs/performance.md, "A corpus of WMT14's size"). The step's
 StableHLO, exported once and read back by the next run with the same code, settings and arguments,
 is lowered in about 0.25 s. What decides the program is in the file's key: a digest of the project's
-Python sources, the run's settings, the libraries' versions, JAX's config, the devices and each
-argument's shape, dtype and sharding. A run whose step cannot be exported (a host callback, say), a
-file that does not read back, or a run of several processes trains with the jitted step itself.
+Python sources, the settings the step reads (`make_train_step`: the seed, the model, the
+optimization, and the cluster's sharding), the libraries' versions, JAX's config, the devices and
+each argument's shape, dtype and sharding. Other settings (paths, intervals, evaluation) leave the
+key as it is, so runs that differ only in those share one export. A run whose step cannot be
+exported (a host callback, say), a file that does not read back, or a run of several processes
+trains with the jitted step itself.
 
     step = exported_step.cached(jitted_step, settings, replicated)   # `jitted_step` where nothing is kept
     step.lower(state, batch).compile()                   # as a jitted function's
@@ -21,6 +24,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 from jax import export
@@ -49,19 +53,22 @@ def code_digest() -> str:
     return digest.hexdigest()
 
 
-def export_key(settings: Settings, leaves: list[jax.Array]) -> str:
-    """What decides the step's program: the code, settings, library versions, JAX's config, the
-    devices and the arguments' shapes, dtypes and shardings."""
+def export_key(settings: Settings, arguments: Any) -> str:
+    """What decides the step's program: the code, the settings the step reads, library versions,
+    JAX's config, the devices, and the arguments' (a pytree of arrays) structure, shapes, dtypes
+    and shardings."""
+    leaves, structure = jax.tree.flatten(arguments)
     import flax
     import jaxlib
     import optax
 
     facts = [
         code_digest(),
-        settings.as_dict(),
+        repr((settings.seed, settings.model, settings.optimization, settings.cluster)),
         [jax.__version__, jaxlib.__version__, flax.__version__, optax.__version__],
         sorted((name, repr(value)) for name, value in jax.config.values.items()),
         [str(device) for device in jax.devices()],
+        str(structure),
         [(leaf.shape, str(leaf.dtype), repr(leaf.sharding)) for leaf in leaves],
     ]
     return hashlib.sha256(json.dumps(facts, default=list).encode()).hexdigest()
@@ -95,7 +102,7 @@ class ExportedStep:
         arguments' leaves."""
         state_leaves = jax.tree.leaves(state)
         leaves = state_leaves + jax.tree.leaves(batch)
-        key = export_key(self.settings, leaves)
+        key = export_key(self.settings, (state, batch))
         if key not in self.calls:
             exported = self._read(key) or self._export(key, state, batch)
             self.calls[key] = exported and jax.jit(

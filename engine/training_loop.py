@@ -95,6 +95,10 @@ def make_train_step(
     The global batch is split into `grad_accum_steps` microbatches whose
     gradients of the summed token loss are added; the update uses the sum over
     all non-padding tokens, so accumulation equals one big batch.
+
+    Of the settings, the step reads the seed, the model, the optimization and (through the mesh) the
+    cluster's: `engine.exported_step.export_key` keys a kept step on those; a setting read here
+    besides them belongs in that key.
     """
     dropout_seed = jax.random.key(run.settings.seed + 2)
     accumulate = run.settings.optimization.grad_accum_steps

@@ -82,14 +82,20 @@ def test_a_step_that_cannot_be_exported_runs_jitted(tmp_path, caplog):
 
 
 def test_the_key_changes_with_the_code_settings_and_arguments(monkeypatch):
-    leaves = jax.tree.leaves(state_and_batch())
-    key = exported_step.export_key(SETTINGS, leaves)
-    assert exported_step.export_key(SETTINGS, leaves) == key
-    other_settings = parse(tiny_config("unused", **{"model.dropout_rate": 0.2}))
-    assert exported_step.export_key(other_settings, leaves) != key
-    assert exported_step.export_key(SETTINGS, jax.tree.leaves(state_and_batch(rows=5))) != key
+    arguments = state_and_batch()
+    key = exported_step.export_key(SETTINGS, arguments)
+    assert exported_step.export_key(SETTINGS, arguments) == key
+    for changed in ({"model.dropout_rate": 0.2}, {"learning_rate": 0.1}, {"seed": 1}, {"sharding": "fsdp"}):
+        assert exported_step.export_key(parse(tiny_config("unused", **changed)), arguments) != key, changed
+    # what the step does not read: one export for runs that differ only there
+    for unread in ({"eval_every_steps": 7}, {"checkpoint_every_steps": 3}, {"decode.beam_size": 2}):
+        assert exported_step.export_key(parse(tiny_config("elsewhere", **unread)), arguments) == key, unread
+    assert exported_step.export_key(SETTINGS, state_and_batch(rows=5)) != key
+    # the same shapes under other names: another structure
+    state, batch = arguments
+    assert exported_step.export_key(SETTINGS, (state, {"y": batch["x"]})) != key
     monkeypatch.setattr(exported_step, "code_digest", lambda: "another code")
-    assert exported_step.export_key(SETTINGS, leaves) != key
+    assert exported_step.export_key(SETTINGS, arguments) != key
 
 
 def test_the_code_digest_reads_the_steps_sources_only(tmp_path, monkeypatch):
