@@ -7,9 +7,10 @@ is lowered in about 0.25 s. What decides the program is in the file's key: a dig
 Python sources, the settings the step reads (`make_train_step`: the seed, the model, the
 optimization, and the cluster's sharding), the libraries' versions, JAX's config, the devices and
 each argument's shape, dtype and sharding. Other settings (paths, intervals, evaluation) leave the
-key as it is, so runs that differ only in those share one export. A run whose step cannot be
-exported (a host callback, say), a file that does not read back, or a run of several processes
-trains with the jitted step itself.
+key as it is, so runs that differ only in those share one export. A file that does not read back
+is exported again, one that does not lower is removed; a step that cannot be exported (a host
+callback, say), one whose export does not lower, and a run of several processes train with the
+jitted step itself.
 
     step = exported_step.cached(jitted_step, settings, replicated)   # `jitted_step` where nothing is kept
     step.lower(state, batch).compile()                   # as a jitted function's
@@ -22,6 +23,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,21 +38,29 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # In JAX's compilation cache folder: one file per key, the least recently used removed past EXPORTS_KEPT
 EXPORTS = "attend_train_steps"
 EXPORTS_KEPT = 64
-# Folders of the project whose sources do not make a train step
-NOT_THE_STEP = {"tests", "benchmarks", "tools", "docs", "data"}
+# Packages of the project whose sources do not make a train step
+NOT_THE_STEP = {"tests", "benchmarks", "tools"}
 
 
 @functools.cache
 def code_digest() -> str:
-    """SHA-256 of the project's Python sources (their paths and bytes): an edit to any of them is
-    another step. Once a process (0.01 s)."""
+    """SHA-256 of the project's Python sources (their paths and bytes): the root's modules and its
+    packages' (a folder with an `__init__.py`), but those of `NOT_THE_STEP`. An edit to any of them
+    is another step. Taken when this module is imported (a few milliseconds), so that a file edited
+    while a run prepares cannot put the old program under the new code's key."""
     digest = hashlib.sha256()
-    for path in sorted(PROJECT_ROOT.rglob("*.py")):
-        relative = path.relative_to(PROJECT_ROOT)
-        if relative.parts[0].startswith(".") or relative.parts[0] in NOT_THE_STEP:
-            continue
-        digest.update(str(relative).encode() + b"\0" + path.read_bytes() + b"\0")
+    packages = [
+        folder
+        for folder in PROJECT_ROOT.iterdir()
+        if (folder / "__init__.py").is_file() and folder.name not in NOT_THE_STEP
+    ]
+    sources = [*PROJECT_ROOT.glob("*.py"), *(path for folder in packages for path in folder.rglob("*.py"))]
+    for path in sorted(sources):
+        digest.update(str(path.relative_to(PROJECT_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+code_digest()
 
 
 def export_key(settings: Settings, arguments: Any) -> str:
@@ -94,36 +104,45 @@ class ExportedStep:
 
     def __init__(self, jitted: Callable, settings: Settings, replicated: jax.sharding.Sharding, folder: Path):
         self.jitted, self.settings, self.replicated, self.folder = jitted, settings, replicated, folder
-        # per argument signature: the jitted call of its export, or None where it cannot be exported
+        # per argument signature (structure, shapes, dtypes, shardings): its file's key, and the jitted
+        # call of its export or None (the jitted step runs)
+        self.keys: dict[Any, str] = {}
         self.calls: dict[str, Callable | None] = {}
 
-    def _call_of(self, state: dict, batch: dict) -> tuple[Callable | None, list[jax.Array]]:
-        """The jitted call of the export for these arguments (None: use the jitted step), and the
-        arguments' leaves."""
-        state_leaves = jax.tree.leaves(state)
-        leaves = state_leaves + jax.tree.leaves(batch)
-        key = export_key(self.settings, (state, batch))
+    def _call_of(self, state: dict, batch: dict) -> tuple[str, Callable | None, list[jax.Array]]:
+        """The key, the jitted call of the export (None: use the jitted step) and the leaves of these
+        arguments."""
+        leaves, structure = jax.tree.flatten((state, batch))
+        signature = (structure, tuple((leaf.shape, leaf.dtype, leaf.sharding) for leaf in leaves))
+        if signature not in self.keys:
+            self.keys[signature] = export_key(self.settings, (state, batch))
+        key = self.keys[signature]
         if key not in self.calls:
             exported = self._read(key) or self._export(key, state, batch)
+            state_leaves = jax.tree.leaves(state)
             self.calls[key] = exported and jax.jit(
                 exported.call,
                 in_shardings=tuple(leaf.sharding for leaf in leaves),
                 out_shardings=([leaf.sharding for leaf in state_leaves], self.replicated),
                 donate_argnums=tuple(range(len(state_leaves))),
             )
-        return self.calls[key], leaves
+        return key, self.calls[key], leaves
 
     def _read(self, key: str) -> export.Exported | None:
         path = self.folder / key
         try:
             exported = export.deserialize(bytearray(path.read_bytes()))
-            path.touch()
-            return exported
         except FileNotFoundError:
             return None
         except Exception as error:  # noqa: BLE001 - a cache file that does not read back is made again
             logging.warning("%s does not read back as an exported train step (%s): exported again", path, error)
             return None
+        # used now: the last to go (a read-only cache keeps its order)
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+        return exported
 
     def _export(self, key: str, state: dict, batch: dict) -> export.Exported | None:
         state_tree, batch_tree = jax.tree.structure(state), jax.tree.structure(batch)
@@ -144,16 +163,23 @@ class ExportedStep:
             self.folder.mkdir(parents=True, exist_ok=True)
             files.write_whole(self.folder / key, lambda temporary: temporary.write_bytes(exported.serialize()))
             keep_newest(self.folder, EXPORTS_KEPT)
-        except OSError as error:
-            logging.debug("the exported train step is not kept: %s", error)
+        except Exception as error:  # noqa: BLE001 - a cache that cannot be written: this run goes on, unkept
+            logging.info("the exported train step is not kept (%s)", error)
         return exported
 
     def lower(self, state: dict, batch: dict) -> jax.stages.Lowered:
-        call, leaves = self._call_of(state, batch)
-        return self.jitted.lower(state, batch) if call is None else call.lower(*leaves)
+        key, call, leaves = self._call_of(state, batch)
+        if call is not None:
+            try:
+                return call.lower(*leaves)
+            except Exception as error:  # noqa: BLE001 - an export this JAX cannot lower: not kept, not used
+                logging.warning("the exported train step %s does not lower (%s): the step is traced", key, error)
+                (self.folder / key).unlink(missing_ok=True)
+                self.calls[key] = None
+        return self.jitted.lower(state, batch)
 
     def __call__(self, state: dict, batch: dict) -> tuple[dict, dict]:
-        call, leaves = self._call_of(state, batch)
+        _, call, leaves = self._call_of(state, batch)
         if call is None:
             return self.jitted(state, batch)
         state_leaves, metrics = call(*leaves)

@@ -192,7 +192,7 @@ def packed_keep_mask(key: Array, keep: float, shape: tuple[int, ...]) -> tuple[A
     float: on this 2-core CPU the kjv_web_transformer step's 36M residual-dropout entries took
     0.43 s of a 2.5 s step that way, 0.11 s this way (docs/performance.md, "What each choice is
     worth"). A block's counter is its index in the `[..., ceil(last / 4)]` grid, made from iotas
-    as JAX's partitionable draws are, so a sharded array's part is drawn where it lives.
+    as JAX's partitionable draws are (elementwise, no sequential state to split across devices).
     """
     threshold = round(keep * 2**16)
     if not 0 < threshold <= 2**16:
@@ -215,10 +215,13 @@ def packed_keep_mask(key: Array, keep: float, shape: tuple[int, ...]) -> tuple[A
 class Dropout(nnx.Dropout):
     """`nnx.Dropout` (the same `rate`, `deterministic`, `dropout` stream and `nnx.reseed`), its mask
     drawn as `masks` says: "packed" (`packed_keep_mask`; kept entries divided by the rounded keep
-    probability, so the expectation stays the input), or "bernoulli" (`nnx.Dropout`'s own draw).
-    A key of another PRNG than Threefry (`jax_default_prng_impl`) draws as "bernoulli"."""
+    probability in the input's dtype, as `nnx.Dropout` divides by its own, so in float32 the
+    expectation stays the input), or "bernoulli" (`nnx.Dropout`'s own draw). A key of another PRNG
+    than Threefry (`jax_default_prng_impl`) draws as "bernoulli"."""
 
     def __init__(self, rate: float, *, masks: str = "packed", rngs: nnx.Rngs):
+        if masks not in DROPOUT_MASKS:
+            raise ValueError(f"dropout masks must be one of {', '.join(DROPOUT_MASKS)}, got {masks!r}")
         super().__init__(rate, rngs=rngs)
         self.masks = masks
 

@@ -46,6 +46,10 @@ def test_the_exported_step_is_the_jitted_one_and_the_next_run_reads_it_back(tmp_
     first = exported_step.ExportedStep(JITTED, SETTINGS, REPLICATED, tmp_path)
     jax.tree.map(np.testing.assert_array_equal, run_twice(first), expected)
     assert len(list(tmp_path.iterdir())) == 1
+    # the state is donated, as the jitted step donates it
+    state, batch = state_and_batch()
+    first(state, batch)
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))
 
     # the next run: read back, not exported (nor traced) again
     def no_export(*args, **kwargs):
@@ -65,6 +69,21 @@ def test_an_unreadable_export_is_made_again(tmp_path, caplog):
     jax.tree.map(np.testing.assert_array_equal, run_twice(again), run_twice(JITTED))
     assert f"{kept} does not read back as an exported train step" in caplog.text
     assert kept.read_bytes() != b"not a flatbuffer"
+
+
+def test_an_export_that_does_not_lower_is_removed_and_the_step_traced(tmp_path, caplog):
+    """A file under the key of 4 rows holding the step exported for 5 (what a key that missed
+    something would hold): lowering it fails, the file goes, the jitted step runs."""
+    exported_step.ExportedStep(JITTED, SETTINGS, REPLICATED, tmp_path)(*state_and_batch(rows=5))
+    [five_rows] = tmp_path.iterdir()
+    four_rows = tmp_path / exported_step.export_key(SETTINGS, state_and_batch())
+    five_rows.rename(four_rows)
+    step = exported_step.ExportedStep(JITTED, SETTINGS, REPLICATED, tmp_path)
+    state, batch = state_and_batch()
+    step.lower(state, batch).compile()
+    jax.tree.map(np.testing.assert_array_equal, run_twice(step), run_twice(JITTED))
+    assert f"the exported train step {four_rows.name} does not lower" in caplog.text
+    assert not four_rows.exists()
 
 
 def test_a_step_that_cannot_be_exported_runs_jitted(tmp_path, caplog):
@@ -99,8 +118,18 @@ def test_the_key_changes_with_the_code_settings_and_arguments(monkeypatch):
 
 
 def test_the_code_digest_reads_the_steps_sources_only(tmp_path, monkeypatch):
-    """Every .py of the project but tests, benchmarks, tools, docs and data, by path and bytes."""
-    for name in ("models/a.py", "train.py", "tests/test_a.py", "benchmarks/b.py"):
+    """The root's modules and its packages' but tests, benchmarks and tools, by path and bytes; not a
+    folder without `__init__.py` (a run folder, a virtual environment)."""
+    for name in (
+        "models/__init__.py",
+        "models/a.py",
+        "train.py",
+        "tests/__init__.py",
+        "tests/test_a.py",
+        "benchmarks/__init__.py",
+        "benchmarks/b.py",
+        "runs/c.py",
+    ):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x = 1\n")
     monkeypatch.setattr(exported_step, "PROJECT_ROOT", tmp_path)
@@ -110,11 +139,13 @@ def test_the_code_digest_reads_the_steps_sources_only(tmp_path, monkeypatch):
         return exported_step.code_digest()
 
     before = digest()
-    (tmp_path / "tests" / "test_a.py").write_text("x = 2\n")
-    (tmp_path / "benchmarks" / "b.py").write_text("x = 2\n")
+    for unread in ("tests/test_a.py", "benchmarks/b.py", "runs/c.py"):
+        (tmp_path / unread).write_text("x = 2\n")
     assert digest() == before
-    (tmp_path / "models" / "a.py").write_text("x = 2\n")
-    assert digest() != before
+    for read in ("models/a.py", "train.py"):
+        (tmp_path / read).write_text(f"x = '{read}'\n")
+        assert digest() != before
+        before = digest()
     exported_step.code_digest.cache_clear()
 
 

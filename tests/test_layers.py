@@ -272,15 +272,22 @@ def test_packed_keep_mask_keeps_the_rounded_share_independently_of_position():
 
 def test_packed_keep_mask_is_the_keys_own():
     """The same key draws the same mask; another key (the next step's) another; a width that is
-    not a multiple of four is the first entries of the next multiple's mask."""
+    not a multiple of four is the first entries of the next multiple's mask; blocks are counted
+    over the whole array (rows do not reuse counters); an unknown kind of mask is refused."""
     key = jax.random.key(3)
     first, _ = layers.packed_keep_mask(key, 0.5, (8, 16))
     np.testing.assert_array_equal(first, layers.packed_keep_mask(key, 0.5, (8, 16))[0])
     assert not np.array_equal(first, layers.packed_keep_mask(jax.random.fold_in(key, 1), 0.5, (8, 16))[0])
-    # a 1-D row of 6 is the first 6 of the row of 8: the same two blocks
+    # a row of 6 is the first 6 of the row of 8: the same two blocks, in every row
     np.testing.assert_array_equal(
-        layers.packed_keep_mask(key, 0.5, (6,))[0], layers.packed_keep_mask(key, 0.5, (8,))[0][:6]
+        layers.packed_keep_mask(key, 0.5, (2, 3, 6))[0], layers.packed_keep_mask(key, 0.5, (2, 3, 8))[0][..., :6]
     )
+    # each block's counter is its place in the whole grid: rows of 8 are the flat mask's pieces
+    np.testing.assert_array_equal(
+        layers.packed_keep_mask(key, 0.5, (5, 8))[0], layers.packed_keep_mask(key, 0.5, (40,))[0].reshape(5, 8)
+    )
+    with pytest.raises(ValueError, match="dropout masks must be one of packed, bernoulli, got 'mask'"):
+        layers.Dropout(0.1, masks="mask", rngs=nnx.Rngs(0))
 
 
 def test_packed_dropout_keeps_the_expectation_and_the_stream():
