@@ -28,7 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import flax
 import jax
+import jaxlib
+import optax
 from jax import export
 
 from run_setup.settings import Settings
@@ -68,10 +71,6 @@ def export_key(settings: Settings, arguments: Any) -> str:
     JAX's config, the devices, and the arguments' (a pytree of arrays) structure, shapes, dtypes
     and shardings."""
     leaves, structure = jax.tree.flatten(arguments)
-    import flax
-    import jaxlib
-    import optax
-
     facts = [
         code_digest(),
         repr((settings.seed, settings.model, settings.optimization, settings.cluster)),
