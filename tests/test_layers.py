@@ -286,6 +286,10 @@ def test_packed_keep_mask_is_the_keys_own():
     np.testing.assert_array_equal(
         layers.packed_keep_mask(key, 0.5, (5, 8))[0], layers.packed_keep_mask(key, 0.5, (40,))[0].reshape(5, 8)
     )
+    # the smallest keep probability, 2^-16: an entry is kept when its draw is 0 alone (a `<=` would
+    # keep 1 as well and double the count): 128 expected in 2^23 entries, 11 their standard deviation
+    kept = int(layers.packed_keep_mask(key, 2**-16, (2048, 4096))[0].sum())
+    assert abs(kept - 128) < 5 * np.sqrt(128), kept
     with pytest.raises(ValueError, match="dropout masks must be one of packed, bernoulli, got 'mask'"):
         layers.Dropout(0.1, masks="mask", rngs=nnx.Rngs(0))
 
