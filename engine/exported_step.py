@@ -108,24 +108,25 @@ class ExportedStep:
         self.keys: dict[Any, str] = {}
         self.calls: dict[str, Callable | None] = {}
 
-    def _call_of(self, state: dict, batch: dict) -> tuple[str, Callable | None, list[jax.Array]]:
-        """The key, the jitted call of the export (None: use the jitted step) and the leaves of these
-        arguments."""
-        leaves, structure = jax.tree.flatten((state, batch))
-        signature = (structure, tuple((leaf.shape, leaf.dtype, leaf.sharding) for leaf in leaves))
+    def _call_of(self, state: dict, batch: dict) -> tuple[str, Callable | None, list[jax.Array], Any]:
+        """The key, the jitted call of the export (None: use the jitted step), the arguments' leaves
+        (the state's first) and the state's tree: the arguments flattened once a call."""
+        state_leaves, state_tree = jax.tree.flatten(state)
+        batch_leaves, batch_tree = jax.tree.flatten(batch)
+        leaves = state_leaves + batch_leaves
+        signature = (state_tree, batch_tree, tuple((leaf.shape, leaf.dtype, leaf.sharding) for leaf in leaves))
         if signature not in self.keys:
             self.keys[signature] = export_key(self.settings, (state, batch))
         key = self.keys[signature]
         if key not in self.calls:
-            exported = self._read(key) or self._export(key, state, batch)
-            state_leaves = jax.tree.leaves(state)
+            exported = self._read(key) or self._export(key, state_tree, batch_tree, leaves)
             self.calls[key] = exported and jax.jit(
                 exported.call,
                 in_shardings=tuple(leaf.sharding for leaf in leaves),
                 out_shardings=([leaf.sharding for leaf in state_leaves], self.replicated),
                 donate_argnums=tuple(range(len(state_leaves))),
             )
-        return key, self.calls[key], leaves
+        return key, self.calls[key], leaves, state_tree
 
     def _read(self, key: str) -> export.Exported | None:
         path = self.folder / key
@@ -143,8 +144,7 @@ class ExportedStep:
             pass
         return exported
 
-    def _export(self, key: str, state: dict, batch: dict) -> export.Exported | None:
-        state_tree, batch_tree = jax.tree.structure(state), jax.tree.structure(batch)
+    def _export(self, key: str, state_tree: Any, batch_tree: Any, leaves: list[jax.Array]) -> export.Exported | None:
         count = state_tree.num_leaves
 
         def flat_step(*leaves):
@@ -154,7 +154,7 @@ class ExportedStep:
             return jax.tree.leaves(new_state), metrics
 
         try:
-            exported = export.export(jax.jit(flat_step))(*jax.tree.leaves(state), *jax.tree.leaves(batch))
+            exported = export.export(jax.jit(flat_step))(*leaves)
         except Exception as error:  # noqa: BLE001 - not every step exports (host callbacks): it runs jitted
             logging.info("the train step is not exported (%s): it is traced at every start", error)
             return None
@@ -167,7 +167,7 @@ class ExportedStep:
         return exported
 
     def lower(self, state: dict, batch: dict) -> jax.stages.Lowered:
-        key, call, leaves = self._call_of(state, batch)
+        key, call, leaves, _ = self._call_of(state, batch)
         if call is not None:
             try:
                 return call.lower(*leaves)
@@ -178,11 +178,11 @@ class ExportedStep:
         return self.jitted.lower(state, batch)
 
     def __call__(self, state: dict, batch: dict) -> tuple[dict, dict]:
-        _, call, leaves = self._call_of(state, batch)
+        _, call, leaves, state_tree = self._call_of(state, batch)
         if call is None:
             return self.jitted(state, batch)
         state_leaves, metrics = call(*leaves)
-        return jax.tree.unflatten(jax.tree.structure(state), state_leaves), metrics
+        return jax.tree.unflatten(state_tree, state_leaves), metrics
 
 
 def cached(jitted: Callable, settings: Settings, replicated: jax.sharding.Sharding) -> Callable:

@@ -4,6 +4,7 @@ A small step of the train step's form (a donated state dict, a batch dict, metri
 the real one, which `test_training_loop.py` runs through the loop."""
 
 import logging
+import os
 
 import jax
 import jax.numpy as jnp
@@ -151,8 +152,6 @@ def test_the_code_digest_reads_the_steps_sources_only(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("count", [1, 3])
 def test_only_the_most_recently_used_exports_are_kept(tmp_path, count):
-    import os
-
     for age, name in enumerate("abcd"):
         (tmp_path / name).write_text(name)
         os.utime(tmp_path / name, (1000 + age, 1000 + age))
