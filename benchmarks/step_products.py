@@ -1,0 +1,127 @@
+"""The kjv_web_transformer step's matrix products, one at a time: XLA's rate against PyTorch's.
+
+    python benchmarks/step_products.py [--torch_python=PEERS/torch/bin/python] [--repeats 50]
+    XLA_FLAGS="..." python benchmarks/step_products.py       # an XLA:CPU back end's products
+
+Each product of a microbatch (16 rows x 128 tokens, d_model 256, 4 heads of 64, d_ff 1024, 8000
+pieces) as the step runs it, jitted alone, median of `--repeats`: attention's batched products
+(the scores, the weighted values and the gradient into the keys, which contracts the query
+positions) and a `Linear`'s three (forward, into its input, into its weight) at each width. Each
+call writes a new output (the 65 MB logits' page faults slow both libraries' `256->8000` forward
+here, which the train step's kept memory does not see: utils/allocator.py). With
+`--torch_python`, the same products in PyTorch (oneDNN/MKL, 2 threads) in that interpreter
+(`TORCH_RATES`). Prints one table of GFLOP/s. The figures measured with it: docs/performance.md
+("Against the strongest peers").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+# (name, einsum, lhs shape, rhs shape): one microbatch's product as the step runs it
+# attention's in models/attention.py's heads-major layout, [B, N, T, H]
+BATCH, HEADS, LENGTH, HEAD_DIM = 16, 4, 128, 64
+ROWS = BATCH * LENGTH
+QUERIES, WEIGHTS = (BATCH, HEADS, LENGTH, HEAD_DIM), (BATCH, HEADS, LENGTH, LENGTH)
+PRODUCTS = [
+    ("attention scores QK^T", "bnth,bnsh->bnts", QUERIES, QUERIES),
+    ("attention weighted values PV", "bnts,bnsh->bnth", WEIGHTS, QUERIES),
+    ("attention gradient into K or V, P^T dO", "bnts,bnth->bnsh", WEIGHTS, QUERIES),
+]
+for width_in, width_out in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
+    PRODUCTS += [
+        (f"Linear {width_in}->{width_out} forward", "mk,kn->mn", (ROWS, width_in), (width_in, width_out)),
+        (f"Linear {width_in}->{width_out} into its input", "mn,kn->mk", (ROWS, width_out), (width_in, width_out)),
+        (f"Linear {width_in}->{width_out} into its weight", "mk,mn->kn", (ROWS, width_in), (ROWS, width_out)),
+    ]
+
+
+def flop(equation: str, lhs: tuple, rhs: tuple) -> int:
+    """2 x the product of every index's size (each index once)."""
+    sizes = {}
+    for letters, shape in zip(equation.split("->")[0].split(","), (lhs, rhs)):
+        sizes.update(zip(letters, shape))
+    count = 2
+    for size in sizes.values():
+        count *= size
+    return count
+
+
+def median_seconds(run, repeats: int) -> float:
+    # a few calls first: oneDNN's kernels (XLA_FLAGS=--xla_cpu_use_onednn...) are generated on the first
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def xla_rates(repeats: int) -> list[float]:
+    import jax
+    import jax.numpy as jnp
+
+    rates = []
+    for _, equation, lhs, rhs in PRODUCTS:
+        a, b = (jax.random.normal(jax.random.key(i), shape, jnp.float32) for i, shape in enumerate((lhs, rhs)))
+        product = jax.jit(lambda a, b, equation=equation: jnp.einsum(equation, a, b))
+        rates.append(flop(equation, lhs, rhs) / median_seconds(lambda: product(a, b).block_until_ready(), repeats))
+    return rates
+
+
+# PyTorch's side, run in the peer's own interpreter (PyTorch is no dependency of this project):
+# argv is the products as JSON `[[equation, lhs, rhs, flop], ...]` and the repeats; prints GFLOP/s.
+TORCH_RATES = """
+import json, statistics, sys, time, torch
+torch.set_num_threads(2)
+rates = []
+for equation, lhs, rhs, flop in json.loads(sys.argv[1]):
+    a, b = torch.randn(lhs), torch.randn(rhs)
+    for _ in range(3):
+        torch.einsum(equation, a, b)
+    times = []
+    for _ in range(int(sys.argv[2])):
+        start = time.perf_counter()
+        torch.einsum(equation, a, b)
+        times.append(time.perf_counter() - start)
+    rates.append(flop / statistics.median(times))
+print(json.dumps(rates))
+"""
+
+
+def torch_rates(python: str, repeats: int) -> list[float]:
+    products = json.dumps([[eq, lhs, rhs, flop(eq, lhs, rhs)] for _, eq, lhs, rhs in PRODUCTS])
+    command = [python, "-c", TORCH_RATES, products, str(repeats)]
+    return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--torch_python", default=os.environ.get("ATTEND_TORCH_PYTHON", ""))
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    xla = xla_rates(args.repeats)
+    torch = None
+    if args.torch_python:
+        torch = torch_rates(args.torch_python, args.repeats)
+    else:
+        print("skipped: PyTorch (no interpreter: --torch_python or ATTEND_TORCH_PYTHON)")
+    print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}\n")
+    print("| product (one microbatch) | shapes | GFLOP | XLA GFLOP/s | PyTorch GFLOP/s |")
+    print("|---|---|---:|---:|---:|")
+    for i, (name, equation, lhs, rhs) in enumerate(PRODUCTS):
+        theirs = f"{torch[i] / 1e9:.0f}" if torch else ""
+        shapes = f"{equation}: {list(lhs)} x {list(rhs)}"
+        print(f"| {name} | {shapes} | {flop(equation, lhs, rhs) / 1e9:.2f} | {xla[i] / 1e9:.0f} | {theirs} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
