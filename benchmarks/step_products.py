@@ -16,13 +16,23 @@ here, which the train step's kept memory does not see: utils/allocator.py). With
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from absl import flags  # noqa: E402
+
+from run_setup import command_line  # noqa: E402
+
+# this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("torch_python", os.environ.get("ATTEND_TORCH_PYTHON", ""), "PyTorch's python", flag_values=FLAGS)
+flags.DEFINE_integer("repeats", 50, "timed calls of each product", flag_values=FLAGS)
 
 # (name, einsum, lhs shape, rhs shape): one microbatch's product as the step runs it
 # attention's in models/attention.py's heads-major layout, [B, N, T, H]
@@ -104,14 +114,11 @@ def torch_rates(python: str, repeats: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--torch_python", default=os.environ.get("ATTEND_TORCH_PYTHON", ""))
-    parser.add_argument("--repeats", type=int, default=50)
-    args = parser.parse_args()
-    xla = xla_rates(args.repeats)
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    xla = xla_rates(FLAGS.repeats)
     torch = None
-    if args.torch_python:
-        torch = torch_rates(args.torch_python, args.repeats)
+    if FLAGS.torch_python:
+        torch = torch_rates(FLAGS.torch_python, FLAGS.repeats)
     else:
         print("skipped: PyTorch (no interpreter: --torch_python or ATTEND_TORCH_PYTHON)")
     print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}\n")
@@ -124,4 +131,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
