@@ -17,16 +17,16 @@ here, which the train step's kept memory does not see: utils/allocator.py). With
 from __future__ import annotations
 
 import json
+import math
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
+from benchmarks.timing import median_seconds  # noqa: E402
 from run_setup import command_line  # noqa: E402
 
 # this script's own (run_setup/command_line.py: absl's syntax, like train.py's)
@@ -57,22 +57,7 @@ def flop(equation: str, lhs: tuple, rhs: tuple) -> int:
     sizes = {}
     for letters, shape in zip(equation.split("->")[0].split(","), (lhs, rhs)):
         sizes.update(zip(letters, shape))
-    count = 2
-    for size in sizes.values():
-        count *= size
-    return count
-
-
-def median_seconds(run, repeats: int) -> float:
-    # a few calls first: oneDNN's kernels (XLA_FLAGS=--xla_cpu_use_onednn...) are generated on the first
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return 2 * math.prod(sizes.values())
 
 
 def xla_rates(repeats: int) -> list[float]:
@@ -83,7 +68,8 @@ def xla_rates(repeats: int) -> list[float]:
     for _, equation, lhs, rhs in PRODUCTS:
         a, b = (jax.random.normal(jax.random.key(i), shape, jnp.float32) for i, shape in enumerate((lhs, rhs)))
         product = jax.jit(lambda a, b, equation=equation: jnp.einsum(equation, a, b))
-        rates.append(flop(equation, lhs, rhs) / median_seconds(lambda: product(a, b).block_until_ready(), repeats))
+        # three untimed calls: oneDNN's kernels (XLA_FLAGS=--xla_cpu_use_onednn...) are made on the first
+        rates.append(flop(equation, lhs, rhs) / median_seconds(product, (a, b), repeats, warmup=3))
     return rates
 
 

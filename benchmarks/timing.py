@@ -9,9 +9,10 @@ from collections.abc import Callable
 import jax
 
 
-def median_seconds(fn: Callable, args: tuple, repeats: int) -> float:
-    """Median wall time of `fn(*args)` (already compiled by a first, untimed call)."""
-    jax.block_until_ready(fn(*args))
+def median_seconds(fn: Callable, args: tuple, repeats: int, warmup: int = 1) -> float:
+    """Median wall time of `fn(*args)` after `warmup` untimed calls (the first compiles it)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
