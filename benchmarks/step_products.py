@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from absl import flags  # noqa: E402
 
+from benchmarks.peer_comparison import peer_python  # noqa: E402
 from benchmarks.timing import median_seconds  # noqa: E402
 from run_setup import command_line  # noqa: E402
 
@@ -102,11 +103,8 @@ def torch_rates(python: str, repeats: int) -> list[float]:
 def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
     xla = xla_rates(FLAGS.repeats)
-    torch = None
-    if FLAGS.torch_python:
-        torch = torch_rates(FLAGS.torch_python, FLAGS.repeats)
-    else:
-        print("skipped: PyTorch (no interpreter: --torch_python or ATTEND_TORCH_PYTHON)")
+    python = peer_python("torch", FLAGS.torch_python)
+    torch = torch_rates(python, FLAGS.repeats) if python else None
     print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}\n")
     print("| product (one microbatch) | shapes | GFLOP | XLA GFLOP/s | PyTorch GFLOP/s |")
     print("|---|---|---:|---:|---:|")
