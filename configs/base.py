@@ -82,6 +82,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.batch_size = 64
     # Microbatches per update (gradient accumulation); batch_size must be divisible by it.
     config.grad_accum_steps = 1
+    # Microbatches in each iteration of the accumulation loop (`lax.scan`'s unroll): XLA may run
+    # them side by side, which keeps a CPU's cores busier; each adds its activations to the step's
+    # memory. The same update whatever its value (to rounding).
+    config.grad_accum_unroll = 1
 
     # Peak learning rate (reached at the end of warmup).
     config.learning_rate = 1e-3

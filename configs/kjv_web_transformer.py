@@ -3,7 +3,7 @@
     python train.py --config=configs/kjv_web_transformer.py --workdir=runs/kjv
 
 3+3 layers, d_model 256, 4 heads, d_ff 1024, one shared 8000-piece SentencePiece
-vocabulary, 64 packed rows of 128 tokens a step (in four microbatches), float32: the
+vocabulary, 64 packed rows of 128 tokens a step (in eight microbatches, two at a time), float32: the
 size the performance comparisons (benchmarks/train_throughput.py) use.
 """
 
@@ -16,12 +16,14 @@ def get_config():
     config.task = base.task("parallel_text")
     config.num_train_steps = 20_000
     config.batch_size = 64
-    # The 64 rows as four microbatches of 16, their gradients summed: the same update. On a 2-core
-    # CPU the step is 6-8% faster than in two (and two were 8-15% faster than one), and its XLA
-    # buffer is 0.67 GiB against 1.39 GiB with two (a microbatch's activations and its
-    # [rows x 128 x 8000] logits); eight are no faster. benchmarks/train_throughput.py --train_py
-    # with --config.grad_accum_steps=N; docs/performance.md. On a GPU, set it to 1.
-    config.grad_accum_steps = 4
+    # The 64 rows as eight microbatches of 8, their gradients summed: the same update. Two of them in
+    # each iteration of the loop, side by side: on a 2-core CPU the step is 3% faster than four
+    # microbatches of 16 one at a time (the previous setting, itself 6-8% faster than two), and its
+    # XLA buffer 0.59 GiB against 0.64 (a microbatch's activations and its [rows x 128 x 8000]
+    # logits; four of 16 two at a time: 6% faster, 1.15 GiB). docs/performance.md, "What each
+    # choice is worth". On a GPU, set both to 1.
+    config.grad_accum_steps = 8
+    config.grad_accum_unroll = 2
     config.learning_rate = 1e-3
     config.warmup_steps = 2_000
     config.eval_every_steps = 2_000

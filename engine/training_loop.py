@@ -94,7 +94,9 @@ def make_train_step(
 
     The global batch is split into `grad_accum_steps` microbatches whose
     gradients of the summed token loss are added; the update uses the sum over
-    all non-padding tokens, so accumulation equals one big batch.
+    all non-padding tokens, so accumulation equals one big batch. The loop over
+    them holds `grad_accum_unroll` microbatches an iteration (`lax.scan`'s
+    `unroll`), independent, so that XLA may run them side by side.
 
     Of the settings, the step reads the seed, the model, the optimization and (through the mesh) the
     cluster's: `engine.exported_step.export_key` keys a kept step on those; a setting read here
@@ -102,6 +104,7 @@ def make_train_step(
     """
     dropout_seed = jax.random.key(run.settings.seed + 2)
     accumulate = run.settings.optimization.grad_accum_steps
+    unroll = run.settings.optimization.grad_accum_unroll
     smoothing = run.settings.optimization.label_smoothing
 
     def loss_sums(params, model_state, batch, key):
@@ -141,7 +144,7 @@ def make_train_step(
                 grad_fn, state["params"], model_state, jax.tree.map(lambda x: x[0], micro), key
             )
             zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), (grad_shapes, sum_shapes))
-            (grads, sums), new_states = jax.lax.scan(add, zeros, (jnp.arange(accumulate), micro))
+            (grads, sums), new_states = jax.lax.scan(add, zeros, (jnp.arange(accumulate), micro), unroll=unroll)
             # the mean of the microbatches' next states: for a moving average such as hard attention's
             # baseline, the update with the whole batch's mean, as one big batch would make
             model_state = jax.tree.map(lambda s: s.mean(axis=0), new_states)

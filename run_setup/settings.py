@@ -187,6 +187,8 @@ class OptimizationSettings:
     # global rows per update
     batch_size: int
     grad_accum_steps: int
+    # microbatches an iteration of the accumulation loop
+    grad_accum_unroll: int
     learning_rate: float
     warmup_steps: int
     schedule: str
@@ -202,7 +204,7 @@ class OptimizationSettings:
         _check_numbers(
             self,
             "",
-            at_least_one=("num_train_steps", "batch_size", "grad_accum_steps", "log_every_steps"),
+            at_least_one=("num_train_steps", "batch_size", "grad_accum_steps", "grad_accum_unroll", "log_every_steps"),
             not_negative=("warmup_steps", "learning_rate", "weight_decay", "grad_clip_norm"),
             fractions=("label_smoothing", "adam_b1", "adam_b2"),
             positive=("adam_eps",),

@@ -93,19 +93,22 @@ def test_eight_devices_equal_one_device(shared_data_dir, tmp_path):
 
 
 def test_gradient_accumulation_equals_one_big_batch(shared_data_dir, tmp_path):
-    whole = prepare_run(
-        parse(tiny_config(shared_data_dir, batch_size=32, **{"model.dropout_rate": 0.0})), tmp_path / "a"
-    )
-    split = prepare_run(
-        parse(tiny_config(shared_data_dir, batch_size=32, grad_accum_steps=2, **{"model.dropout_rate": 0.0})),
-        tmp_path / "b",
-    )
+    """One microbatch at a time, and three an iteration of a loop of four (one whole iteration of
+    three side by side, then the one left over)."""
+
+    def run_of(name, **fields):
+        config = tiny_config(shared_data_dir, batch_size=32, **fields, **{"model.dropout_rate": 0.0})
+        return prepare_run(parse(config), tmp_path / name)
+
+    whole = run_of("whole")
     batch = next(iter(train_dataset(whole.task, whole.tokens, whole.settings.data, whole.settings.source)[0]))
     state_a, metrics_a = first_step(whole, batch)
-    state_b, metrics_b = first_step(split, batch)
-    np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(state_a["params"]), jax.tree.leaves(state_b["params"])):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    for accumulate, unroll in ((2, 1), (4, 3)):
+        split = run_of(f"{accumulate}_{unroll}", grad_accum_steps=accumulate, grad_accum_unroll=unroll)
+        state_b, metrics_b = first_step(split, batch)
+        np.testing.assert_allclose(metrics_a["loss"], metrics_b["loss"], rtol=1e-5)
+        for a, b in zip(jax.tree.leaves(state_a["params"]), jax.tree.leaves(state_b["params"]), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------ whole runs
