@@ -1,0 +1,77 @@
+"""Variants of a config's train step timed against each other in one process, their steps alternated.
+
+    python benchmarks/step_variants.py [--config kjv_web_transformer] [--rounds 16] --variant=OVERRIDES ...
+    python benchmarks/step_variants.py --variant="" --variant="--config.grad_accum_steps=4 --config.grad_accum_unroll=1"
+
+Each `--variant` is a list of train.py overrides (empty: the config as it is). Every variant's step
+is built as train.py's loop builds it (`train_throughput.prepared_step`), compiled and run twice;
+then each round runs one step of every variant in turn. This machine's speed drifts by 10-15%
+within minutes, more than the changes worth measuring, so the table gives each variant's median
+step beside the median over rounds of its step divided by the first variant's in the same round,
+and the XLA buffer of its compiled step (`memory_analysis`'s temporaries, GiB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT))
+from absl import flags  # noqa: E402
+
+from benchmarks.train_throughput import prepared_step  # noqa: E402
+from run_setup import command_line  # noqa: E402
+
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("config", "kjv_web_transformer", "configs/NAME.py", flag_values=FLAGS)
+flags.DEFINE_multi_string("variant", [], "overrides of one variant, space-separated ('' for none)", flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 16, "timed steps of each variant, alternated", flag_values=FLAGS)
+
+
+def main() -> None:
+    command_line.parse(FLAGS, sys.argv, __doc__)
+    import jax
+
+    import train
+    from configs import base
+
+    train.set_up_process()
+    variants = FLAGS.variant or [""]
+    with contextlib.ExitStack() as stack:
+        prepared, buffers = [], []
+        for variant in variants:
+            config = base.load(PROJECT_ROOT / "configs" / f"{FLAGS.config}.py", variant.split())
+            run, step, state, batches = stack.enter_context(prepared_step(config))
+            batch = run.global_batch(next(batches))
+            buffers.append(step.lower(state, batch).compile().memory_analysis().temp_size_in_bytes / 2**30)
+            for _ in range(2):
+                state, _ = step(state, batch)
+            jax.block_until_ready(state)
+            prepared.append([run, step, state, batches])
+        seconds = [[] for _ in variants]
+        for _ in range(FLAGS.rounds):
+            for index, (run, step, state, batches) in enumerate(prepared):
+                batch = run.global_batch(next(batches))
+                start = time.perf_counter()
+                state, _ = step(state, batch)
+                jax.block_until_ready(state)
+                seconds[index].append(time.perf_counter() - start)
+                prepared[index][2] = state
+    print(f"{FLAGS.config}: {FLAGS.rounds} rounds, one step of each variant a round\n")
+    print("| variant | s/step (median) | / the first's, same round (median) | XLA buffer, GiB |")
+    print("|---|---:|---:|---:|")
+    for variant, times, buffer in zip(variants, seconds, buffers, strict=True):
+        ratio = statistics.median(t / first for t, first in zip(times, seconds[0], strict=True))
+        print(f"| {variant or '(as configured)'} | {statistics.median(times):.3f} | {ratio:.3f} | {buffer:.2f} |")
+
+
+if __name__ == "__main__":
+    from utils import allocator
+
+    # as train.py runs
+    allocator.restart_with_huge_pages(__file__)
+    main()
