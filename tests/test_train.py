@@ -143,7 +143,8 @@ def test_readme_own_corpus_command(tmp_path):
         "--config.model.num_heads=2",
         "--config.model.num_encoder_layers=1",
         "--config.model.num_decoder_layers=1",
-        "--config.batch_size=4",
+        # the config's eight microbatches, one row each
+        "--config.batch_size=8",
         "--config.num_train_steps=4",
         "--config.warmup_steps=2",
         "--config.eval_every_steps=4",
