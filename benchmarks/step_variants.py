@@ -8,7 +8,8 @@ is built as train.py's loop builds it (`train_throughput.prepared_step`), compil
 then each round runs one step of every variant in turn. This machine's speed drifts by 10-15%
 within minutes, more than the changes worth measuring, so the table gives each variant's median
 step beside the median over rounds of its step divided by the first variant's in the same round,
-and the XLA buffer of its compiled step (`memory_analysis`'s temporaries, GiB).
+and the XLA buffer of its compiled step (`memory_analysis`'s temporaries, GiB). On huge pages
+train.py maps that buffer afresh at every step: a larger buffer costs more there than here.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from utils import allocator
-
-    # as train.py runs
-    allocator.restart_with_huge_pages(__file__)
+    # Not on huge pages (train.py's `allocator.restart_with_huge_pages`): there every step maps its
+    # buffer afresh, and with buffers of several sizes alternating, the largest variant's steps were
+    # charged 25-40% more (page faults, compaction) than the same program alone. On the heap that
+    # `train.set_up_process` keeps (`allocator.keep_freed_memory`) every variant reuses its memory.
     main()
