@@ -17,11 +17,11 @@ def get_config():
     config.num_train_steps = 20_000
     config.batch_size = 64
     # The 64 rows as eight microbatches of 8, their gradients summed: the same update. Two of them in
-    # each iteration of the loop, side by side: on a 2-core CPU the step is 3% faster than four
+    # each iteration of the loop, side by side: on a 2-core CPU the step is 2-3% faster than four
     # microbatches of 16 one at a time (the previous setting, itself 6-8% faster than two), and its
     # XLA buffer 0.59 GiB against 0.64 (a microbatch's activations and its [rows x 128 x 8000]
     # logits; four of 16 two at a time: 6% faster, 1.15 GiB). docs/performance.md, "What each
-    # choice is worth". On a GPU, set both to 1.
+    # choice is worth" (benchmarks/step_variants.py). On a GPU, set both to 1.
     config.grad_accum_steps = 8
     config.grad_accum_unroll = 2
     config.learning_rate = 1e-3
