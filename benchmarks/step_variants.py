@@ -4,7 +4,7 @@
     python benchmarks/step_variants.py --variant="" --variant="--config.grad_accum_steps=4 --config.grad_accum_unroll=1"
 
 Each `--variant` is a list of train.py overrides (empty: the config as it is). Every variant's step
-is built as train.py's loop builds it (`train_throughput.prepared_step`), compiled and run twice;
+is built as train.py's loop builds it (`train_throughput.prepared_step`), compiled once and run twice;
 then each round runs one step of every variant in turn. This machine's speed drifts by 10-15%
 within minutes, more than the changes worth measuring, so the table gives each variant's median
 step beside the median over rounds of its step divided by the first variant's in the same round,
@@ -43,25 +43,26 @@ def main() -> None:
     train.set_up_process()
     variants = FLAGS.variant or [""]
     with contextlib.ExitStack() as stack:
-        prepared, buffers = [], []
+        # per variant: (run, compiled step, batches), its state, its XLA buffer (GiB)
+        prepared, states, buffers = [], [], []
         for variant in variants:
             config = base.load(PROJECT_ROOT / "configs" / f"{FLAGS.config}.py", variant.split())
             run, step, state, batches = stack.enter_context(prepared_step(config))
             batch = run.global_batch(next(batches))
-            buffers.append(step.lower(state, batch).compile().memory_analysis().temp_size_in_bytes / 2**30)
+            compiled = step.lower(state, batch).compile()
+            buffers.append(compiled.memory_analysis().temp_size_in_bytes / 2**30)
             for _ in range(2):
-                state, _ = step(state, batch)
-            jax.block_until_ready(state)
-            prepared.append([run, step, state, batches])
+                state, _ = compiled(state, batch)
+            prepared.append((run, compiled, batches))
+            states.append(jax.block_until_ready(state))
         seconds = [[] for _ in variants]
         for _ in range(FLAGS.rounds):
-            for index, (run, step, state, batches) in enumerate(prepared):
+            for index, (run, compiled, batches) in enumerate(prepared):
                 batch = run.global_batch(next(batches))
                 start = time.perf_counter()
-                state, _ = step(state, batch)
-                jax.block_until_ready(state)
+                states[index], _ = compiled(states[index], batch)
+                jax.block_until_ready(states[index])
                 seconds[index].append(time.perf_counter() - start)
-                prepared[index][2] = state
     print(f"{FLAGS.config}: {FLAGS.rounds} rounds, one step of each variant a round\n")
     print("| variant | s/step (median) | / the first's, same round (median) | XLA buffer, GiB |")
     print("|---|---:|---:|---:|")
