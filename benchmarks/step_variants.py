@@ -2,8 +2,11 @@
 
     python benchmarks/step_variants.py [--config kjv_web_transformer] [--rounds 16] --variant=OVERRIDES ...
     python benchmarks/step_variants.py --variant="" --variant="--config.grad_accum_steps=4 --config.grad_accum_unroll=1"
+    python benchmarks/step_variants.py --variant="" --variant="xla:xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"
 
-Each `--variant` is a list of train.py overrides (empty: the config as it is). Every variant's step
+Each `--variant` is a list of train.py overrides (empty: the config as it is) and of XLA options
+written `xla:NAME=VALUE` (XLA_FLAGS' debug options, for this variant's compilation alone: XLA_FLAGS
+hold for the whole process, so that flags could only be compared one process each). Every variant's step
 is built as train.py's loop builds it (`train_throughput.prepared_step`), compiled once and run twice;
 then each round runs one step of every variant in turn. This machine's speed drifts by 10-15%
 within minutes, more than the changes worth measuring, so the table gives each variant's median
@@ -33,6 +36,22 @@ flags.DEFINE_multi_string("variant", [], "overrides of one variant, space-separa
 flags.DEFINE_integer("rounds", 16, "timed steps of each variant, alternated", flag_values=FLAGS)
 
 
+def split_variant(variant: str) -> tuple[list[str], dict[str, bool | int | str]]:
+    """`(train.py overrides, XLA compile options)` of a `--variant`: its `xla:NAME=VALUE` words are
+    options (`true`/`false` as booleans, digits as integers, anything else as written, such as an
+    enum's name), the other words overrides."""
+    overrides, options = [], {}
+    for word in variant.split():
+        if not word.startswith("xla:"):
+            overrides.append(word)
+            continue
+        name, equals, value = word.removeprefix("xla:").partition("=")
+        if not (name and equals and value):
+            raise ValueError(f"an XLA option is written xla:NAME=VALUE, got {word!r}")
+        options[name] = {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
+    return overrides, options
+
+
 def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
     import jax
@@ -46,10 +65,11 @@ def main() -> None:
         # per variant: (run, compiled step, batches), its state, its XLA buffer (GiB)
         prepared, states, buffers = [], [], []
         for variant in variants:
-            config = base.load(PROJECT_ROOT / "configs" / f"{FLAGS.config}.py", variant.split())
+            overrides, options = split_variant(variant)
+            config = base.load(PROJECT_ROOT / "configs" / f"{FLAGS.config}.py", overrides)
             run, step, state, batches = stack.enter_context(prepared_step(config))
             batch = run.global_batch(next(batches))
-            compiled = step.lower(state, batch).compile()
+            compiled = step.lower(state, batch).compile(compiler_options=options or None)
             buffers.append(compiled.memory_analysis().temp_size_in_bytes / 2**30)
             for _ in range(2):
                 state, _ = compiled(state, batch)
