@@ -2,7 +2,7 @@
 
     python benchmarks/step_variants.py [--config kjv_web_transformer] [--rounds 16] --variant=OVERRIDES ...
     python benchmarks/step_variants.py --variant="" --variant="--config.grad_accum_steps=4 --config.grad_accum_unroll=1"
-    python benchmarks/step_variants.py --variant="" --variant="xla:xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"
+    python benchmarks/step_variants.py --variant="" --variant="xla:xla_cpu_use_xnnpack=false"
 
 Each `--variant` is a list of train.py overrides (empty: the config as it is) and of XLA options
 written `xla:NAME=VALUE` (XLA_FLAGS' debug options, for this variant's compilation alone: XLA_FLAGS
