@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -136,3 +137,38 @@ def test_arrays_compare_bit_for_bit_or_to_a_tolerance_of_the_largest_entry():
     # counts and flags: equal or not, whatever the tolerance
     assert not compare_runs.arrays_equal(np.array([3]), np.array([4]), rtol=1.0)
     assert compare_runs.arrays_equal(np.array([True, False]), np.array([True, False]), rtol=1e-5)
+
+
+def test_a_checkpoint_array_that_differs_is_named_and_restored_without_orbaxs_topology_warning(tmp_path):
+    """`compare_runs.differences` reads the latest checkpoint of each run as NumPy arrays (no saved
+    sharding looked up, so no Orbax warning that restoring onto it is unsafe elsewhere): equal
+    trees are one `same` item, a changed entry names its array, a newer step says so."""
+    import orbax.checkpoint as ocp
+
+    import jax.numpy as jnp
+
+    # device arrays, saved with their sharding, as a run saves its state
+    state = {"params": {"kernel": jnp.arange(6, dtype=jnp.float32).reshape(2, 3)}, "step": jnp.int32(4)}
+
+    def run_folder(name: str, step: int, tree: dict) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text('{"step": 4, "split": "train", "loss": 1.5}\n')
+        ocp.PyTreeCheckpointer().save((folder / "checkpoints" / str(step) / "state").absolute(), tree)
+        return folder
+
+    first = run_folder("first", 4, state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compare_runs.differences(first, run_folder("copy", 4, state)) == (
+            [],
+            ["metrics.jsonl: 1 and 1 rows", "checkpoint 4: 2 arrays"],
+        )
+    # one entry 1e-3 off: 2e-4 of the array's largest (5)
+    kernel = state["params"]["kernel"] + jnp.float32([[0, 0, 0], [0, 0, 1e-3]])
+    changed = run_folder("changed", 4, {"params": {"kernel": kernel}, "step": state["step"]})
+    assert compare_runs.differences(first, changed)[0] == ["checkpoint 4: ['params']['kernel']"]
+    assert compare_runs.differences(first, changed, rtol=1e-3)[0] == []
+    assert compare_runs.differences(first, run_folder("later", 8, state))[0] == [
+        "checkpoints: step 4 with 2 arrays, step 8 with 2 arrays"
+    ]

@@ -47,7 +47,14 @@ def latest_checkpoint_arrays(workdir: Path) -> tuple[int, dict[str, np.ndarray]]
     import orbax.checkpoint as ocp
 
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-    state = ocp.PyTreeCheckpointer().restore((workdir / "checkpoints" / str(steps[-1]) / "state").absolute())
+    directory = (workdir / "checkpoints" / str(steps[-1]) / "state").absolute()
+    checkpointer = ocp.PyTreeCheckpointer()
+    # NumPy arrays on the host: no device to place them on, so Orbax looks up no saved sharding
+    # (restoring onto those it warns is unsafe on another topology than the run's)
+    as_numpy = jax.tree.map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), checkpointer.metadata(directory).item_metadata.tree
+    )
+    state = checkpointer.restore(directory, restore_args=as_numpy)
     leaves = jax.tree_util.tree_leaves_with_path(state)
     return steps[-1], {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
 
@@ -84,7 +91,9 @@ def differences(first: Path, second: Path, rtol: float = 0.0) -> tuple[list[str]
             (same if equal else differ).append(f"{folder}/{name}")
     (step, arrays), (other_step, other_arrays) = latest_checkpoint_arrays(first), latest_checkpoint_arrays(second)
     if step != other_step or arrays.keys() != other_arrays.keys():
-        differ.append(f"checkpoints: step {step} with {len(arrays)} arrays, step {other_step} with {len(other_arrays)}")
+        differ.append(
+            f"checkpoints: step {step} with {len(arrays)} arrays, step {other_step} with {len(other_arrays)} arrays"
+        )
     else:
         unequal = [key for key in arrays if not arrays_equal(arrays[key], other_arrays[key], rtol)]
         differ.extend(f"checkpoint {step}: {key}" for key in unequal)
