@@ -143,9 +143,8 @@ def test_a_checkpoint_array_that_differs_is_named_and_restored_without_orbaxs_to
     """`compare_runs.differences` reads the latest checkpoint of each run as NumPy arrays (no saved
     sharding looked up, so no Orbax warning that restoring onto it is unsafe elsewhere): equal
     trees are one `same` item, a changed entry names its array, a newer step says so."""
-    import orbax.checkpoint as ocp
-
     import jax.numpy as jnp
+    import orbax.checkpoint as ocp
 
     # device arrays, saved with their sharding, as a run saves its state
     state = {"params": {"kernel": jnp.arange(6, dtype=jnp.float32).reshape(2, 3)}, "step": jnp.int32(4)}
