@@ -6,7 +6,7 @@
 
 Each `--variant` is a list of train.py overrides (empty: the config as it is) and of XLA options
 written `xla:NAME=VALUE` (XLA_FLAGS' debug options, for this variant's compilation alone: XLA_FLAGS
-hold for the whole process, so that flags could only be compared one process each). Every variant's step
+hold for the whole process, which would leave flags to be compared one process at a time). Every variant's step
 is built as train.py's loop builds it (`train_throughput.prepared_step`), compiled once and run twice;
 then each round runs one step of every variant in turn. This machine's speed drifts by 10-15%
 within minutes, more than the changes worth measuring, so the table gives each variant's median
@@ -32,14 +32,20 @@ from run_setup import command_line  # noqa: E402
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string("config", "kjv_web_transformer", "configs/NAME.py", flag_values=FLAGS)
-flags.DEFINE_multi_string("variant", [], "overrides of one variant, space-separated ('' for none)", flag_values=FLAGS)
+flags.DEFINE_multi_string(
+    "variant",
+    [],
+    "train.py overrides and xla:NAME=VALUE compile options of one variant, space-separated ('' for none)",
+    flag_values=FLAGS,
+)
 flags.DEFINE_integer("rounds", 16, "timed steps of each variant, alternated", flag_values=FLAGS)
 
 
-def split_variant(variant: str) -> tuple[list[str], dict[str, bool | int | str]]:
+def split_variant(variant: str) -> tuple[list[str], dict[str, bool | str]]:
     """`(train.py overrides, XLA compile options)` of a `--variant`: its `xla:NAME=VALUE` words are
-    options (`true`/`false` as booleans, digits as integers, anything else as written, such as an
-    enum's name), the other words overrides."""
+    options, the other words overrides. `true`/`false` become booleans (XLA reads the string "false"
+    as no boolean); any other value goes as written, which XLA parses by the option's type (`512`,
+    `-1`, `1.5`, an enum's name)."""
     overrides, options = [], {}
     for word in variant.split():
         if not word.startswith("xla:"):
@@ -48,7 +54,9 @@ def split_variant(variant: str) -> tuple[list[str], dict[str, bool | int | str]]
         name, equals, value = word.removeprefix("xla:").partition("=")
         if not (name and equals and value):
             raise ValueError(f"an XLA option is written xla:NAME=VALUE, got {word!r}")
-        options[name] = {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
+        if name in options:
+            raise ValueError(f"XLA option {name} given twice in one variant: {variant!r}")
+        options[name] = {"true": True, "false": False}.get(value.lower(), value)
     return overrides, options
 
 

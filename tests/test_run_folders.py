@@ -139,15 +139,21 @@ def test_arrays_compare_bit_for_bit_or_to_a_tolerance_of_the_largest_entry():
     assert compare_runs.arrays_equal(np.array([True, False]), np.array([True, False]), rtol=1e-5)
 
 
-def test_a_checkpoint_array_that_differs_is_named_and_restored_without_orbaxs_topology_warning(tmp_path):
-    """`compare_runs.differences` reads the latest checkpoint of each run as NumPy arrays (no saved
-    sharding looked up, so no Orbax warning that restoring onto it is unsafe elsewhere): equal
-    trees are one `same` item, a changed entry names its array, a newer step says so."""
+def test_a_checkpoint_array_that_differs_is_named_and_read_on_any_devices(tmp_path):
+    """`compare_runs.differences` reads the latest checkpoint of each run as NumPy arrays: one saved
+    across this process's 8 devices is read by a process of one device (on its saved shardings it
+    did not restore there) and without Orbax's warning that those shardings are unsafe elsewhere;
+    equal trees are one `same` item, a changed entry names its array, a newer step says so."""
+    import jax
     import jax.numpy as jnp
     import orbax.checkpoint as ocp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
-    # device arrays, saved with their sharding, as a run saves its state
-    state = {"params": {"kernel": jnp.arange(6, dtype=jnp.float32).reshape(2, 3)}, "step": jnp.int32(4)}
+    # device arrays, saved with their sharding, as a run saves its state: the kernel's rows over 8 devices
+    rows = NamedSharding(jax.make_mesh((8,), ("data",)), P("data"))
+    kernel = jax.device_put(jnp.arange(24, dtype=jnp.float32).reshape(8, 3), rows)
+    state = {"params": {"kernel": kernel}, "step": jnp.int32(4)}
 
     def run_folder(name: str, step: int, tree: dict) -> Path:
         folder = tmp_path / name
@@ -156,18 +162,22 @@ def test_a_checkpoint_array_that_differs_is_named_and_restored_without_orbaxs_to
         ocp.PyTreeCheckpointer().save((folder / "checkpoints" / str(step) / "state").absolute(), tree)
         return folder
 
-    first = run_folder("first", 4, state)
+    first, copy = run_folder("first", 4, state), run_folder("copy", 4, state)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert compare_runs.differences(first, run_folder("copy", 4, state)) == (
-            [],
-            ["metrics.jsonl: 1 and 1 rows", "checkpoint 4: 2 arrays"],
-        )
-    # one entry 1e-3 off: 2e-4 of the array's largest (5)
-    kernel = state["params"]["kernel"] + jnp.float32([[0, 0, 0], [0, 0, 1e-3]])
+        warnings.filterwarnings("error", message="Sharding info not provided")
+        assert compare_runs.differences(first, copy) == ([], ["metrics.jsonl: 1 and 1 rows", "checkpoint 4: 2 arrays"])
+    one_device = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "tools" / "compare_runs.py"), str(first), str(copy)],
+        env={**os.environ, "XLA_FLAGS": xla_flags(1)},
+        capture_output=True,
+        text=True,
+    )
+    assert one_device.returncode == 0 and "checkpoint 4: 2 arrays" in one_device.stdout, one_device.stderr
+    # one entry 1e-3 off: 4e-5 of the array's largest (23)
+    kernel = kernel + jnp.zeros((8, 3), jnp.float32).at[7, 2].set(1e-3)
     changed = run_folder("changed", 4, {"params": {"kernel": kernel}, "step": state["step"]})
     assert compare_runs.differences(first, changed)[0] == ["checkpoint 4: ['params']['kernel']"]
-    assert compare_runs.differences(first, changed, rtol=1e-3)[0] == []
+    assert compare_runs.differences(first, changed, rtol=1e-4)[0] == []
     assert compare_runs.differences(first, run_folder("later", 8, state))[0] == [
         "checkpoints: step 4 with 2 arrays, step 8 with 2 arrays"
     ]

@@ -49,8 +49,9 @@ def latest_checkpoint_arrays(workdir: Path) -> tuple[int, dict[str, np.ndarray]]
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     directory = (workdir / "checkpoints" / str(steps[-1]) / "state").absolute()
     checkpointer = ocp.PyTreeCheckpointer()
-    # NumPy arrays on the host: no device to place them on, so Orbax looks up no saved sharding
-    # (restoring onto those it warns is unsafe on another topology than the run's)
+    # NumPy arrays on the host: no device to place them on, so Orbax looks up no saved sharding. On
+    # the saved shardings a run of 8 devices (or several processes) did not restore at all in a
+    # process of one, and elsewhere Orbax warned that restoring onto them is unsafe.
     as_numpy = jax.tree.map(
         lambda _: ocp.RestoreArgs(restore_type=np.ndarray), checkpointer.metadata(directory).item_metadata.tree
     )
