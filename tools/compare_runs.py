@@ -10,8 +10,9 @@ with checkpoint arrays a few units in the last place apart: `--rtol` compares th
 within `rtol` of each array's largest magnitude.
 
 Prints what differs, one line each, and exits with 1 if anything does; with 0 and a summary if not.
-It reads the folders only (no config, no model code), so runs written by different versions of
-attend compare alike.
+It reads the folders only (no config, no model code, no devices: the checkpoint's arrays land in
+host memory whatever devices or processes saved them), so runs written by different versions of
+attend, or on different devices (8 against 1, a cluster's), compare alike.
 """
 
 from __future__ import annotations
