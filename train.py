@@ -54,6 +54,13 @@ DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.py"
 # unless JAX_COMPILATION_CACHE_DIR names another
 COMPILATION_CACHE = Path.home() / ".cache" / "attend" / "jax"
 COMPILATION_CACHE_BYTES = 2 * 2**30
+# The libraries' warnings that tell a run nothing it can act on, by their format strings (absl's logger):
+# Orbax's at every checkpoint saved between evaluations (run_setup/checkpoints.py saves those without
+# metrics on purpose: only an evaluated checkpoint is a candidate for the best), and TFDS's at every
+# start (each task makes its builder's config from its own fields; none is one of TFDS's predefined).
+UNACTIONABLE_LIBRARY_WARNINGS = frozenset(
+    {"Requested `tracked_metric`; did not provide metrics.", "Using custom data configuration: %s"}
+)
 
 flags.DEFINE_string(
     "config", str(DEFAULT_CONFIG), "Experiment config file (eval/predict: default the run's config.json)."
@@ -138,10 +145,12 @@ def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     set_up_process()
-    # the libraries' INFO lines (Orbax and TFDS log through absl's logger) with --verbosity=1
+    # the libraries' INFO lines (Orbax and TFDS log through absl's logger), and their warnings that a run
+    # cannot act on, with --verbosity=1
     if FLAGS.verbosity < 1:
         for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
             logging.getLogger(library).setLevel(logging.WARNING)
+        logging.getLogger("absl").addFilter(lambda record: record.msg not in UNACTIONABLE_LIBRARY_WARNINGS)
     workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
     try:
         # SIGTERM/SIGINT stop every phase within seconds (utils/stop_signals.py)

@@ -170,6 +170,20 @@ def test_readme_own_corpus_command(tmp_path):
     assert "bleu" in json.loads((workdir / "eval" / "step_4.json").read_text())["test"]
     # the run's log, in the run folder
     assert "INFO" in (workdir / "log.txt").read_text()
+    # TFDS's warning at every start about the task's own builder config (train.UNACTIONABLE_LIBRARY_WARNINGS)
+    assert "Using custom data configuration" not in result.stderr, result.stderr[-3000:]
+
+
+def test_a_runs_log_holds_no_warning_it_cannot_act_on(whole_tiny_run):
+    """The whole tiny run saved its checkpoints at 20 and 40 between evaluations, without metrics on
+    purpose (only an evaluated one is a candidate for the best): Orbax's warning at each of those
+    saves is dropped (train.UNACTIONABLE_LIBRARY_WARNINGS), and the log holds no warning at all."""
+    from helpers.subprocess_runs import WHOLE_RUN_FLAGS
+
+    # the premise: saves between evaluations
+    assert {"--config.checkpoint_every_steps=20", "--config.eval_every_steps=30"} <= set(WHOLE_RUN_FLAGS)
+    log = (whole_tiny_run / "log.txt").read_text()
+    assert "tracked_metric" not in log and "WARNING" not in log, log
 
 
 def test_switching_task_or_model_in_any_order_and_misspelt_fields():
