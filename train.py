@@ -150,7 +150,8 @@ def main(argv) -> int:
     if FLAGS.verbosity < 1:
         for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
             logging.getLogger(library).setLevel(logging.WARNING)
-        logging.getLogger("absl").addFilter(lambda record: record.msg not in UNACTIONABLE_LIBRARY_WARNINGS)
+        # (a record's msg may be any object, an unhashable one too)
+        logging.getLogger("absl").addFilter(lambda record: str(record.msg) not in UNACTIONABLE_LIBRARY_WARNINGS)
     workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
     try:
         # SIGTERM/SIGINT stop every phase within seconds (utils/stop_signals.py)
