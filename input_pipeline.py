@@ -71,9 +71,13 @@ def select(lengths: np.ndarray, settings: PipelineSettings, policy: str, what: s
     return indices, report
 
 
-def shard(indices: np.ndarray, process_index: int, process_count: int) -> np.ndarray:
-    """This process's share: every `process_count`-th index from `process_index` (disjoint, covering)."""
-    return indices[process_index::process_count]
+def eval_batch_records(number: int, rows: int, process_index: int, process_count: int, total: int) -> range:
+    """The records of eval batch `number` that process `process_index` reads: its `rows` consecutive
+    ones of the batch's `rows * process_count`, so that the processes' rows side by side (the first
+    process's first, as a global batch lays them out) are the batch one process would read, and an
+    evaluation sums the same rows in the same order whatever the number of processes."""
+    start = (number * process_count + process_index) * rows
+    return range(min(start, total), min(start + rows, total))
 
 
 def pad_batch(examples: Sequence[Batch], lengths: Mapping[str, int], batch_size: int) -> Batch:
@@ -367,15 +371,15 @@ def eval_batches(
     (`settings.eval_rows()` rows: with token batching, as many as fit).
 
     Every process gets the same number of batches (rows past the end are
-    padding with `index` -1), as collective eval steps need.
+    padding with `index` -1), as collective eval steps need, each holding the
+    process's block of the global batch (`eval_batch_records`).
     """
     records = task.splits[split]
     if len(records) == 0:
         raise DataError(f"task {task.name}: the {split} split is empty")
     rows = settings.eval_rows() // process_count
     _, report = select(kind.lengths(task, split, tokenizers), settings, "trim", f"{task.name} {split}")
-    indices = shard(np.arange(len(records)), process_index, process_count)
-    num_batches = -(-len(records) // settings.eval_rows())
+    num_batches = -(-len(records) // (rows * process_count))
     encode = kind.encoder(task, split, tokenizers, settings.max_source_length, settings.max_target_length)
     limits = kind.padded_keys(settings.max_source_length, settings.max_target_length)
     extras = {name: get for name, get in (("alignment", task.alignment), ("boxes", task.boxes)) if get is not None}
@@ -389,7 +393,7 @@ def eval_batches(
         return {**encode(index), "index": np.int32(index), **found}
 
     def batch(number: int) -> Batch:
-        examples = [example(i) for i in indices[number * rows : (number + 1) * rows]]
+        examples = [example(i) for i in eval_batch_records(number, rows, process_index, process_count, len(records))]
         return pad_batch(examples + [blank] * (rows - len(examples)), limits, rows)
 
     dataset = grain.MapDataset.range(num_batches).map(batch).to_iter_dataset(read_options(settings))

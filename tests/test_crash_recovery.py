@@ -143,14 +143,15 @@ def two_processes(
     coordinator: str = "cluster",
     sigterm_at: int | None = None,
     sharding: str = "replicated",
+    devices: int = 2,
 ) -> list[subprocess.Popen]:
-    """Two processes training together on 2 CPU devices each; `cluster`: joined by a faked SLURM job
-    of two tasks (the environment SLURM gives srun's tasks), which JAX detects. With `sigterm_at`
+    """Two processes training together on `devices` CPU devices each; `cluster`: joined by a faked SLURM
+    job of two tasks (the environment SLURM gives srun's tasks), which JAX detects. With `sigterm_at`
     the second process is sent SIGTERM while that step runs (by itself: the step is then known)."""
     port = str(29000 + os.getpid() % 1000)
     workers = []
     for index in range(2):
-        environment = {**os.environ, "XLA_FLAGS": xla_flags(2)}
+        environment = {**os.environ, "XLA_FLAGS": xla_flags(devices)}
         if coordinator == "cluster":
             environment.update(
                 SLURM_JOB_ID="4242",
@@ -236,26 +237,33 @@ def test_every_process_decides_from_the_smallest_device_memory_of_all(monkeypatc
 
 
 @pytest.mark.slow
+@pytest.mark.all_devices
 def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_and_the_resumed_run_equals_a_whole_one(
-    shared_data_dir, tmp_path
+    shared_data_dir, tmp_path, monkeypatch
 ):
+    """Two processes of one device each, cut by SIGTERM to one of them and resumed, end bit for bit where
+    one process on two devices ends, rows and evaluations included: the gradients' mean over two devices
+    sums two numbers (the same either way round) and each process reads its block of every batch."""
     # JAX agrees on a step a little later: within a second of the signal, and the signalled process's
     # later steps take 0.2 s each (helpers/two_process_worker.py); between two log rows (every 4), the resumed run
     # completes the cut one
     steps, sigterm_at = 20, 9
     whole = tmp_path / "whole"
-    outputs = finished(two_processes(whole, shared_data_dir, steps, coordinator="127.0.0.1:PORT"))
-    assert "process 0 of 2 on 4 devices" in outputs[0] and "process 1 of 2 on 4 devices" in outputs[1]
+    monkeypatch.setattr(run_module, "make_mesh", first_devices_mesh(2))
+    training_loop.train_and_evaluate(parse(two_process_config(shared_data_dir, steps)), whole)
 
     cut = tmp_path / "cut"
-    outputs = finished(two_processes(cut, shared_data_dir, steps, sigterm_at=sigterm_at), 128 + signal.SIGTERM)
+    outputs = finished(
+        two_processes(cut, shared_data_dir, steps, sigterm_at=sigterm_at, devices=1), 128 + signal.SIGTERM
+    )
+    assert "process 0 of 2 on 2 devices" in outputs[0] and "process 1 of 2 on 2 devices" in outputs[1]
     stopped = [re.search(r"saves a checkpoint after step (\d+)", output) for output in outputs]
     assert all(stopped), outputs
     stopped = [int(match.group(1)) for match in stopped]
     assert stopped[0] == stopped[1] and sigterm_at <= stopped[0] < steps, outputs
     assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == [stopped[0]]
 
-    outputs = finished(two_processes(cut, shared_data_dir, steps))
+    finished(two_processes(cut, shared_data_dir, steps, devices=1))
     assert f"resuming from the checkpoint at step {stopped[0]}" in (cut / "log.txt").read_text()
     assert compare_runs.metric_rows(cut) == compare_runs.metric_rows(whole)
     assert_same_final_state(tiny_config(shared_data_dir, num_train_steps=steps), whole, cut, steps)

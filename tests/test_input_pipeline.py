@@ -2,7 +2,6 @@
 
 import collections
 import dataclasses
-import itertools
 
 import numpy as np
 import pytest
@@ -89,13 +88,6 @@ def test_first_fit_fills_rows_before_opening_a_batch():
     lengths = np.array([[4, 4], [4, 4], [3, 3], [5, 5], [6, 6]])
     # rows of 8: row 0 takes 0 and 1; 2 goes to row 1; 3 fits row 1 (3+5=8); 4 fits nowhere: new batch
     assert ip.pack_plan(np.arange(5), lengths, rows=2, limits=(8, 8)) == [[[0, 1], [2, 3]], [[4], []]]
-
-
-def test_shard_is_disjoint_and_covering():
-    indices = np.arange(11)
-    shards = [ip.shard(indices, p, 3) for p in range(3)]
-    assert sorted(np.concatenate(shards).tolist()) == list(range(11))
-    assert all(not set(a) & set(b) for a, b in itertools.combinations(map(set, shards), 2))
 
 
 def test_epoch_plans_are_made_only_as_far_as_they_are_read():
@@ -363,18 +355,32 @@ def test_eval_batches_hold_every_example_once_in_order(copy_task, char_tokenizer
     assert rows[21:] == ["", "", ""]
 
 
-def test_eval_batches_of_two_processes_align(copy_task, char_tokenizers):
+def test_eval_batches_of_two_processes_side_by_side_are_one_processes(copy_task, char_tokenizers):
+    """Each process reads its block of every global batch: the first process's rows, then the second's,
+    are the batch one process reads (the same rows summed in the same order), padding included."""
+    wide = settings(batch_size=4, max_source_length=41, max_target_length=41)
+    one = list(ip.eval_batches(copy_task, char_tokenizers, "dev", wide, TEXT)[0])
     per_process = [
-        list(
-            ip.eval_batches(
-                copy_task, char_tokenizers, "dev", settings(batch_size=4), TEXT, process_index=p, process_count=2
-            )[0]
-        )
+        list(ip.eval_batches(copy_task, char_tokenizers, "dev", wide, TEXT, process_index=p, process_count=2)[0])
         for p in range(2)
     ]
-    assert len(per_process[0]) == len(per_process[1]) == 6
-    seen = [i for batches in per_process for b in batches for i in b["index"] if i >= 0]
-    assert sorted(seen) == list(range(21))
+    # ceil(21 / 4), in every process
+    assert len(one) == len(per_process[0]) == len(per_process[1]) == 6
+    for whole, first, second in zip(one, *per_process, strict=True):
+        assert whole.keys() == first.keys() == second.keys()
+        for key in whole:
+            np.testing.assert_array_equal(np.concatenate([first[key], second[key]]), whole[key], err_msg=key)
+    # the last batch: record 20 and three padding rows, the second process's two all padding
+    np.testing.assert_array_equal(per_process[0][-1]["index"], [20, -1])
+    np.testing.assert_array_equal(per_process[1][-1]["index"], [-1, -1])
+
+
+def test_eval_batch_records_are_disjoint_consecutive_blocks_covering_the_split():
+    # 11 records, 3 processes of 2 rows: batches of 6
+    blocks = [[list(ip.eval_batch_records(n, 2, p, 3, 11)) for p in range(3)] for n in range(2)]
+    assert blocks == [[[0, 1], [2, 3], [4, 5]], [[6, 7], [8, 9], [10]]]
+    # past the end: nothing
+    assert list(ip.eval_batch_records(2, 2, 0, 3, 11)) == []
 
 
 def test_eval_batches_carry_the_dates_alignment(tmp_path):
