@@ -74,8 +74,10 @@ def select(lengths: np.ndarray, settings: PipelineSettings, policy: str, what: s
 def eval_batch_records(number: int, rows: int, process_index: int, process_count: int, total: int) -> range:
     """The records of eval batch `number` that process `process_index` reads: its `rows` consecutive
     ones of the batch's `rows * process_count`, so that the processes' rows side by side (the first
-    process's first, as a global batch lays them out) are the batch one process would read, and an
-    evaluation sums the same rows in the same order whatever the number of processes."""
+    process's first, as a global batch lays them out where the mesh lists each process's devices
+    together, as `cluster.make_mesh` does over `jax.devices()` on CPU and GPU) are the batch one
+    process would read: on as many devices, each device sums the rows it would in one process,
+    in the same order."""
     start = (number * process_count + process_index) * rows
     return range(min(start, total), min(start + rows, total))
 
@@ -367,13 +369,15 @@ def eval_batches(
     process_index: int = 0,
     process_count: int = 1,
 ) -> tuple[grain.IterDataset, dict]:
-    """Every example of `split` once, in order, in batches padded to the maximum lengths
-    (`settings.eval_rows()` rows: with token batching, as many as fit).
+    """Every example of `split` once, in order, in global batches padded to the maximum lengths
+    (`settings.eval_rows()` rows: with token batching, as many as fit), of which this process
+    reads its block (`eval_batch_records`).
 
     Every process gets the same number of batches (rows past the end are
-    padding with `index` -1), as collective eval steps need, each holding the
-    process's block of the global batch (`eval_batch_records`).
+    padding with `index` -1), as collective eval steps need.
     """
+    if settings.eval_rows() % process_count:
+        raise ConfigError(f"an eval batch's {settings.eval_rows()} rows are not divisible by {process_count} processes")
     records = task.splits[split]
     if len(records) == 0:
         raise DataError(f"task {task.name}: the {split} split is empty")

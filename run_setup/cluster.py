@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 
 from run_setup.settings import ClusterSettings
 from run_setup.sharding import DATA, MODEL, mesh_shape
+from utils.errors import ConfigError
 
 
 def setup_distributed(cluster: ClusterSettings) -> None:
@@ -57,11 +58,28 @@ def make_mesh(
     has `tensor_parallel` devices under `sharding="fsdp_tp"` (else 1), `data` the rest.
 
     Raises:
-      ConfigError: `tensor_parallel` does not divide the device count, naming both.
+      ConfigError: `tensor_parallel` does not divide the device count, or puts devices of two
+        processes on one row of `data`, naming the numbers.
     """
     devices = np.array(jax.devices() if devices is None else devices)
-    shape = mesh_shape(devices.size, sharding, tensor_parallel)
-    return Mesh(devices.reshape(shape), (DATA, MODEL))
+    grid = devices.reshape(mesh_shape(devices.size, sharding, tensor_parallel))
+    check_rows_within_processes(grid)
+    return Mesh(grid, (DATA, MODEL))
+
+
+def check_rows_within_processes(grid: np.ndarray) -> None:
+    """A ConfigError where a row of the `[data, model]` device grid holds devices of several
+    processes: each process reads its own rows of every batch, so devices that share rows (a
+    `model` group) must share the process; else each process would put other rows into the one
+    array and nothing would say so."""
+    for row in grid:
+        processes = sorted({device.process_index for device in row})
+        if len(processes) > 1:
+            local = sum(device.process_index == processes[0] for device in grid.flat)
+            raise ConfigError(
+                f"tensor_parallel {grid.shape[1]} groups devices of processes {processes}; each process reads "
+                f"its own rows of the batch, so a group must lie in one process: pick a divisor of its {local} devices"
+            )
 
 
 def device_memory_bytes(mesh: Mesh) -> int:

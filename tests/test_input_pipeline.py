@@ -375,6 +375,11 @@ def test_eval_batches_of_two_processes_side_by_side_are_one_processes(copy_task,
     np.testing.assert_array_equal(per_process[1][-1]["index"], [-1, -1])
 
 
+def test_eval_batches_that_do_not_split_into_the_processes_are_refused(copy_task, char_tokenizers):
+    with pytest.raises(ConfigError, match="an eval batch's 4 rows are not divisible by 3 processes"):
+        ip.eval_batches(copy_task, char_tokenizers, "dev", settings(batch_size=4), TEXT, process_count=3)
+
+
 def test_eval_batch_records_are_disjoint_consecutive_blocks_covering_the_split():
     # 11 records, 3 processes of 2 rows: batches of 6
     blocks = [[list(ip.eval_batch_records(n, 2, p, 3, 11)) for p in range(3)] for n in range(2)]

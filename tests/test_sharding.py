@@ -6,6 +6,7 @@ Tiny Transformer (d_model 16, d_ff 32, 2 heads), float32, no dropout: three step
 """
 
 import dataclasses
+import types
 
 import jax
 import numpy as np
@@ -18,7 +19,7 @@ import input_pipeline
 from engine import evaluation, training_loop
 from engine.evaluation import Evaluator
 from helpers.tiny import first_devices_mesh, tiny_config
-from run_setup import compatibility, sharding
+from run_setup import cluster, compatibility, sharding
 from run_setup import run as run_module
 from run_setup.run import prepare_run
 from run_setup.settings import parse, read_run_settings, write_run_config
@@ -265,6 +266,19 @@ def test_a_mesh_that_does_not_fit_stops_naming_both_numbers(shared_data_dir, tmp
     assert all(part in str(error.value) for part in named), str(error.value)
     assert len(str(error.value).splitlines()) == 1
     assert not (tmp_path / "never").exists()
+
+
+def test_a_tensor_parallel_group_across_processes_stops_naming_the_devices_a_process_has():
+    """Two processes of 2 devices each: groups of 2 lie in one process; groups of 4 would make both
+    processes' rows one array (each reads its own rows), so the mesh is refused."""
+    devices = [types.SimpleNamespace(id=i, process_index=i // 2) for i in range(4)]
+    cluster.check_rows_within_processes(np.array(devices, dtype=object).reshape(2, 2))
+    with pytest.raises(ConfigError) as error:
+        cluster.make_mesh(devices, "fsdp_tp", 4)
+    assert str(error.value) == (
+        "tensor_parallel 4 groups devices of processes [0, 1]; each process reads its own rows of the batch, "
+        "so a group must lie in one process: pick a divisor of its 2 devices"
+    )
 
 
 def recurrent_config(data_dir, family, mode):
