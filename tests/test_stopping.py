@@ -75,13 +75,12 @@ def test_a_stop_in_every_phase_of_training_then_the_same_command_equals_a_whole_
         ("tokenizing", None),
         ("compiling the train step@0.2", None),
         ("saving the checkpoint at step 20", 20),
-        # a step runs: the checkpoint after it (the hook's step waits for its signal)
-        ("training step 25", 25),
+        # a step runs: the checkpoint after it (the hook's step waits for its signal); two signals
+        # 0.05 s apart, one stop delivered twice (a scheduler signals every process of a job), which
+        # saves as one does
+        ("training step 25x2", 25),
         # the dev evaluation at 30: its checkpoint saved without it
         ("evaluating at step 30", 30),
-        # two signals 0.05 s apart: one stop delivered twice (a scheduler signals every process of
-        # a job), which saves as one does
-        ("training step 45x2", 45),
         ("evaluating at step 60", 60),
         # the rerun evaluates dev again, then test, which is stopped
         ("evaluating test", 60),
