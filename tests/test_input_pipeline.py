@@ -355,24 +355,38 @@ def test_eval_batches_hold_every_example_once_in_order(copy_task, char_tokenizer
     assert rows[21:] == ["", "", ""]
 
 
-def test_eval_batches_of_two_processes_side_by_side_are_one_processes(copy_task, char_tokenizers):
-    """Each process reads its block of every global batch: the first process's rows, then the second's,
+@pytest.mark.parametrize(
+    "overrides, processes, batches",
+    [
+        # ceil(21 / 4); the last batch: record 20 and three padding rows, the second process's two all padding
+        ({"batch_size": 4}, 2, 6),
+        # rows of 2, 2 and 2: ceil(21 / 6)
+        ({"batch_size": 6}, 3, 4),
+        # with token batching, 192 // 41 = 4 rows (two batch_sizes of 2): an eval batch of 4 rows, 2 a process
+        ({"batching": "bucket", "batch_size": 2, "batch_tokens": 192}, 2, 6),
+    ],
+)
+def test_eval_batches_of_several_processes_side_by_side_are_one_processes(
+    copy_task, char_tokenizers, overrides, processes, batches
+):
+    """Each process reads its block of every global batch: the first process's rows, then the next's,
     are the batch one process reads (the same rows summed in the same order), padding included."""
-    wide = settings(batch_size=4, max_source_length=41, max_target_length=41)
+    wide = settings(max_source_length=41, max_target_length=41, **overrides)
     one = list(ip.eval_batches(copy_task, char_tokenizers, "dev", wide, TEXT)[0])
     per_process = [
-        list(ip.eval_batches(copy_task, char_tokenizers, "dev", wide, TEXT, process_index=p, process_count=2)[0])
-        for p in range(2)
+        list(
+            ip.eval_batches(copy_task, char_tokenizers, "dev", wide, TEXT, process_index=p, process_count=processes)[0]
+        )
+        for p in range(processes)
     ]
-    # ceil(21 / 4), in every process
-    assert len(one) == len(per_process[0]) == len(per_process[1]) == 6
-    for whole, first, second in zip(one, *per_process, strict=True):
-        assert whole.keys() == first.keys() == second.keys()
+    assert [len(b) for b in [one, *per_process]] == [batches] * (1 + processes)
+    assert {b["index"].shape[0] for b in one} == {wide.eval_rows()}
+    for whole, *blocks in zip(one, *per_process, strict=True):
+        assert all(block.keys() == whole.keys() for block in blocks)
         for key in whole:
-            np.testing.assert_array_equal(np.concatenate([first[key], second[key]]), whole[key], err_msg=key)
-    # the last batch: record 20 and three padding rows, the second process's two all padding
-    np.testing.assert_array_equal(per_process[0][-1]["index"], [20, -1])
-    np.testing.assert_array_equal(per_process[1][-1]["index"], [-1, -1])
+            np.testing.assert_array_equal(np.concatenate([block[key] for block in blocks]), whole[key], err_msg=key)
+    # the last process's share of the last batch (past record 20): padding only
+    np.testing.assert_array_equal(per_process[-1][-1]["index"], -1)
 
 
 def test_eval_batches_that_do_not_split_into_the_processes_are_refused(copy_task, char_tokenizers):
