@@ -77,9 +77,10 @@ def eval_batch_records(number: int, rows: int, process_index: int, process_count
     process's first, as a global batch lays them out where the mesh lists each process's devices
     together, as `cluster.make_mesh` does over `jax.devices()` on CPU and GPU) are the batch one
     process would read: on as many devices, each device sums the rows it would in one process,
-    in the same order."""
-    start = (number * process_count + process_index) * rows
-    return range(min(start, total), min(start + rows, total))
+    in the same order. The block is `process_rows`', as training's batches split; past `total`, nothing."""
+    batch = rows * process_count
+    block = process_rows(range(number * batch, (number + 1) * batch), process_index, process_count)
+    return range(min(block.start, total), min(block.stop, total))
 
 
 def pad_batch(examples: Sequence[Batch], lengths: Mapping[str, int], batch_size: int) -> Batch:
@@ -383,7 +384,7 @@ def eval_batches(
         raise DataError(f"task {task.name}: the {split} split is empty")
     rows = settings.eval_rows() // process_count
     _, report = select(kind.lengths(task, split, tokenizers), settings, "trim", f"{task.name} {split}")
-    num_batches = -(-len(records) // (rows * process_count))
+    num_batches = -(-len(records) // settings.eval_rows())
     encode = kind.encoder(task, split, tokenizers, settings.max_source_length, settings.max_target_length)
     limits = kind.padded_keys(settings.max_source_length, settings.max_target_length)
     extras = {name: get for name, get in (("alignment", task.alignment), ("boxes", task.boxes)) if get is not None}
