@@ -114,7 +114,9 @@ def measure(config_name: str, steps: int, window: int, overrides: list[str]) -> 
 def prepared_step(config):
     """`(run, train_step, state, batches)` of `config` as train.py's loop builds them, in a temporary
     run folder: the jitted step (not yet compiled), the initial state and the training batches'
-    iterator (host batches: `run.global_batch` puts one on the devices)."""
+    iterator (host batches: `run.global_batch` puts one on the devices). Grain's iterator is closed
+    and let go on the way out: held by a caller's variable until the interpreter's exit, its
+    `__del__` ran after the modules it needs were torn down and printed a traceback."""
     import input_pipeline
     from engine import training_loop
     from run_setup.run import prepare_run
@@ -125,7 +127,17 @@ def prepared_step(config):
         state = training_loop.initial_state(run, tx)
         train_step = training_loop.compile_train_step(run, tx, state)
         data, _ = input_pipeline.train_dataset(run.task, run.tokens, run.settings.data, run.settings.source)
-        yield run, train_step, state, iter(data)
+        batches = iter(data)
+
+        def handed_out():
+            yield from batches
+
+        handed = handed_out()
+        try:
+            yield run, train_step, state, handed
+        finally:
+            handed.close()
+            batches.close()
 
 
 def recurrent_step_seconds(family: str, length: int, width: int, repeats: int, **fields) -> float:

@@ -1,4 +1,4 @@
-"""benchmarks/step_variants.py's reading of a `--variant`."""
+"""benchmarks/step_variants.py's reading of a `--variant`; the step it prepares (`prepared_step`)."""
 
 import pytest
 
@@ -28,3 +28,38 @@ def test_a_variant_splits_into_overrides_and_xla_options():
             step_variants.split_variant(word)
     with pytest.raises(ValueError, match="xla_cpu_use_xnnpack given twice"):
         step_variants.split_variant("xla:xla_cpu_use_xnnpack=true xla:xla_cpu_use_xnnpack=false")
+
+
+def test_the_prepared_steps_batches_let_go_of_grains_iterator_on_the_way_out(shared_data_dir, monkeypatch):
+    """Held by a caller's variable until the interpreter's exit, grain's iterator ran its `__del__`
+    after the modules it needs were torn down and printed a traceback: `prepared_step` closes it
+    and drops it when its block ends."""
+    import gc
+    import weakref
+
+    import input_pipeline
+    from benchmarks.train_throughput import prepared_step
+    from helpers.tiny import tiny_config
+
+    train_dataset, iterators = input_pipeline.train_dataset, []
+
+    def recorded(*args, **kwargs):
+        data, info = train_dataset(*args, **kwargs)
+
+        class Recorded:
+            def __iter__(self):
+                iterator = iter(data)
+                iterators.append(weakref.ref(iterator))
+                return iterator
+
+        return Recorded(), info
+
+    monkeypatch.setattr(input_pipeline, "train_dataset", recorded)
+    with prepared_step(tiny_config(shared_data_dir)) as (_, _, _, batches):
+        assert next(batches)["inputs"].shape[0] == 16
+        (iterator,) = iterators
+        assert iterator() is not None
+    gc.collect()
+    assert iterator() is None
+    with pytest.raises(StopIteration):
+        next(batches)
