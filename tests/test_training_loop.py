@@ -199,9 +199,7 @@ def test_corrupted_latest_checkpoint_falls_back_with_a_warning(finished_run, tmp
 def test_resuming_past_an_unreadable_checkpoint_keeps_it_aside(finished_run, tmp_path):
     config, workdir, _ = finished_run
     copy = copy_with_a_damaged_checkpoint(workdir, tmp_path, step=20)
-    training_loop.train_and_evaluate(
-        parse(tiny_config(config.data_dir, visualize_examples=3, num_train_steps=30)), copy
-    )
+    training_loop.train_and_evaluate(parse(tiny_config(config.data_dir, num_train_steps=30)), copy)
     names = sorted(p.name for p in (copy / "checkpoints").iterdir() if not p.name.startswith("."))
     # saved again, the bad one kept aside
     assert "20.unreadable" in names and {"20", "30"} <= set(names)
