@@ -3,17 +3,19 @@ image_captions from a folder, the localisation metric, and the mismatches that m
 
 import json
 
+import jax
 import numpy as np
 import pytest
 from PIL import Image
 
 from configs import base
-from engine import training_loop
-from helpers.subprocess_runs import assert_same_final_state, sigkill_and_rerun
+from engine import exported_step, training_loop
+from helpers.subprocess_runs import assert_same_final_state
 from helpers.tiny import TINY_CAPTIONER, captioning_config, tiny_config
 from run_setup.settings import parse
 from scoring import metrics, score_registry
 from tasks import image_captions, load_task
+from tools import compare_runs
 from utils.errors import ConfigError, DataError
 
 
@@ -146,38 +148,65 @@ def test_image_captions_reads_a_folder_and_reports_bad_lines(tmp_path):
         load_task("image_captions", str(tmp_path / "tfds"), **{**params, "images": str(tmp_path / "nowhere")})
 
 
-@pytest.mark.slow
-def test_hard_attention_resumes_bit_identical_after_sigkill(shared_data_dir, tmp_path):
-    """The sampler's keys come from the step and the moving-average baseline is checkpointed with
-    the parameters, so a killed and rerun hard-attention run ends where an uninterrupted one does."""
+class Crash(Exception):
+    """What ends the cut run inside a train step."""
 
-    config = captioning_config(
-        shared_data_dir,
-        attention="hard",
-        num_train_steps=60,
-        checkpoint_every_steps=20,
-        eval_every_steps=60,
-        visualize_examples=0,
+
+@pytest.mark.slow
+def test_hard_attention_resumes_bit_identical_after_a_crash_inside_a_step(
+    shared_data_dir, tmp_path, monkeypatch, caplog
+):
+    """The sampler's keys come from the step and the moving-average baseline is checkpointed with
+    the parameters, so a hard-attention run that died inside step 30 (its checkpoint at 20 committed,
+    rows written up to 28) and was run again ends where an uninterrupted one does, bit for bit. The
+    three runs share this process: what a SIGKILL leaves on disk and how a new process resumes from
+    it is test_crash_recovery.py's (the Transformer's); this test is about the captioner's state."""
+    config = base.load(
+        "configs/captioner_hard_digit_strips.py",
+        [
+            f"--config.data_dir={shared_data_dir}",
+            "--config.task.train_size=96",
+            "--config.task.dev_size=8",
+            "--config.task.test_size=8",
+            "--config.batch_size=8",
+            "--config.warmup_steps=2",
+            "--config.log_every_steps=2",
+            *[f"--config.model.{k}={v}" for k, v in TINY_CAPTIONER.items()],
+            "--config.num_train_steps=60",
+            "--config.checkpoint_every_steps=20",
+            "--config.eval_every_steps=60",
+            "--config.visualize_examples=0",
+            "--config.curves_png=false",
+        ],
     )
-    tiny = [
-        "--config=configs/captioner_hard_digit_strips.py",
-        "--config.task.train_size=96",
-        "--config.task.dev_size=8",
-        "--config.task.test_size=8",
-        "--config.batch_size=8",
-        "--config.warmup_steps=2",
-        "--config.log_every_steps=2",
-        *[f"--config.model.{k}={v}" for k, v in TINY_CAPTIONER.items() if k != "conv_widths"],
-        "--config.model.conv_widths=(8, 8)",
-    ]
-    flags = [
-        "--config.num_train_steps=60",
-        "--config.checkpoint_every_steps=20",
-        "--config.eval_every_steps=60",
-        "--config.visualize_examples=0",
-        "--config.curves_png=false",
-    ]
-    whole, cut = sigkill_and_rerun(tmp_path, shared_data_dir, flags, kill_after=30, checkpoint=20, last=60, tiny=tiny)
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    training_loop.train_and_evaluate(parse(config), whole)
+
+    cached = exported_step.cached
+
+    def crashing_at_step_30(*args, **kwargs):
+        step_function = cached(*args, **kwargs)
+
+        def step(state, batch):
+            if int(jax.device_get(state["step"])) + 1 == 30:
+                raise Crash("inside step 30")
+            return step_function(state, batch)
+
+        # the loop compiles the first step ahead of its call
+        step.lower = step_function.lower
+        return step
+
+    monkeypatch.setattr(exported_step, "cached", crashing_at_step_30)
+    with pytest.raises(Crash):
+        training_loop.train_and_evaluate(parse(config), cut)
+    assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == [20]
+    assert max(r["step"] for r in compare_runs.metric_rows(cut)) == 28
+
+    monkeypatch.setattr(exported_step, "cached", cached)
+    with caplog.at_level("INFO"):
+        training_loop.train_and_evaluate(parse(config), cut)
+    assert "resuming from the checkpoint at step 20" in caplog.text
+    assert compare_runs.metric_rows(cut) == compare_runs.metric_rows(whole)
     state = assert_same_final_state(config, whole, cut, 60)
     # the baseline moved (log-likelihoods are negative)
     assert float(state["model_state"]["baseline"]) < 0.0

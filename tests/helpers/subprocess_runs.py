@@ -1,11 +1,9 @@
 """Running train.py in tests: the tiny flags, a subprocess on them, its metrics rows, the state it saved,
-and a whole run against one killed and rerun."""
+and the states of two runs compared."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -15,7 +13,6 @@ from engine import training_loop
 from helpers.tiny import xla_flags
 from run_setup.run import prepare_run
 from run_setup.settings import parse
-from tools import compare_runs
 from utils import metric_writer
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -91,33 +88,3 @@ def assert_same_final_state(config, whole_dir, cut_dir, step):
         # bit-identical
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     return whole_state
-
-
-def sigkill_and_rerun(tmp_path, data_dir, flags, *, kill_after: int, checkpoint: int, last: int, tiny=TINY_FLAGS):
-    """Runs train.py whole, and again killed (SIGKILL) once the `checkpoint` step's checkpoint is
-    written and training has logged step `kill_after`, then rerun; returns the two run folders
-    after checking that their metrics agree and that the cut run did not get to `last`."""
-    uninterrupted = run_train_py(tmp_path / "whole", data_dir, *flags, tiny=tiny)
-    assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stdout.read()
-
-    interrupted = run_train_py(tmp_path / "cut", data_dir, *flags, tiny=tiny)
-    metrics_file = tmp_path / "cut" / "metrics.jsonl"
-    deadline = time.time() + 300
-    # kill once the checkpoint is complete and training has gone on
-    while time.time() < deadline:
-        past = metrics_file.exists() and any(
-            r["split"] == "train" and r["step"] >= kill_after for r in metric_rows(tmp_path / "cut")
-        )
-        if past and (tmp_path / "cut" / "checkpoints" / str(checkpoint)).exists():
-            break
-        time.sleep(0.01)
-    interrupted.send_signal(signal.SIGKILL)
-    assert interrupted.wait(timeout=60) == -signal.SIGKILL
-    assert not (tmp_path / "cut" / "checkpoints" / str(last)).exists()
-    resumed = run_train_py(tmp_path / "cut", data_dir, *flags, tiny=tiny)
-    output = resumed.communicate(timeout=300)[0]
-    assert resumed.returncode == 0, output
-    assert "resuming from the checkpoint at step" in output
-
-    assert compare_runs.metric_rows(tmp_path / "cut") == compare_runs.metric_rows(tmp_path / "whole")
-    return tmp_path / "whole", tmp_path / "cut"
