@@ -17,7 +17,7 @@ import inference
 import train
 from configs import base
 from engine import evaluation, exported_step, training_loop
-from helpers.subprocess_runs import metric_rows
+from helpers.subprocess_runs import final_state, metric_rows
 from helpers.tiny import tiny_config
 from input_pipeline import train_dataset
 from run_setup.run import prepare_run
@@ -276,15 +276,30 @@ def test_a_process_set_up_like_train_py_reads_its_compilation_cache_back(tmp_pat
     assert any((tmp_path / ".cache" / "attend" / "jax").iterdir())
 
 
-def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path):
+def test_best_checkpoint_is_kept_and_restorable(shared_data_dir, tmp_path, monkeypatch):
+    """The tiny run's dev loss falls at every evaluation, which would make the best checkpoint the
+    last; its dev losses at 10, 20, 30 and 40 are set to 3, 1, 2 and 2.5 here, so that the best (20)
+    is kept beside the last (40) and restores."""
+    evaluate_split, dev_losses = evaluation.evaluate_split, iter([3.0, 1.0, 2.0, 2.5])
+
+    def with_set_dev_losses(evaluator, params, split, **kwargs):
+        results, decoded = evaluate_split(evaluator, params, split, **kwargs)
+        return ({**results, "loss": next(dev_losses)} if split == "dev" else results), decoded
+
+    monkeypatch.setattr(evaluation, "evaluate_split", with_set_dev_losses)
     config = tiny_config(shared_data_dir, num_train_steps=40, keep_checkpoints=1, best_metric="loss")
     training_loop.train_and_evaluate(parse(config), tmp_path)
+    assert {r["step"]: r["loss"] for r in metric_rows(tmp_path) if r["split"] == "dev"} == {
+        10: 3.0,
+        20: 1.0,
+        30: 2.0,
+        40: 2.5,
+    }
     run = prepare_run(parse(config), tmp_path)
-    dev_loss = {r["step"]: r["loss"] for r in metric_rows(tmp_path) if r["split"] == "dev"}
-    best = min(dev_loss, key=dev_loss.get)
-    assert run.checkpoints.best_step() == best
+    assert run.checkpoints.best_step() == 20
     # the last one and the best one
-    assert set(run.checkpoints.steps()) == {best, 40}
+    assert set(run.checkpoints.steps()) == {20, 40}
+    assert int(final_state(config, tmp_path, 20)["step"]) == 20
 
 
 def test_a_window_cut_by_a_stop_keeps_its_seconds_for_the_resumed_row(tmp_path):
