@@ -46,7 +46,7 @@ from run_setup import (  # noqa: E402
     compatibility,
     settings,  # noqa: E402
 )
-from utils import allocator, stop_signals  # noqa: E402
+from utils import allocator, files, stop_signals  # noqa: E402
 from utils.errors import ConfigError, UserError  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent
@@ -133,8 +133,11 @@ def set_up_process() -> None:
     # the next run loads its programs instead of compiling them
     if not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", str(COMPILATION_CACHE))
-        # the least recently used go
-        jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)
+        # the least recently used go, here, once a process: JAX's own cap (`jax_compilation_cache_max_size`)
+        # lists the folder and reads every entry's access time at each program it writes, 17 ms a program
+        # with 500 entries and 172 ms with 5,000 (docs/performance.md, "The compilation cache")
+        if COMPILATION_CACHE.is_dir():
+            files.prune_least_recently_used(COMPILATION_CACHE, "-cache", COMPILATION_CACHE_BYTES, companions=["-atime"])
     # every program kept, the small ones too (JAX keeps only those that took a second to compile): made
     # op by op, the kjv_web_transformer's model took 1.7 s to create, 0.4 s with its programs loaded
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:

@@ -1,4 +1,4 @@
-"""utils/files.py: whole-or-absent writes, digests, and the locks between processes."""
+"""utils/files.py: whole-or-absent writes, digests, the locks between processes, a folder kept under a size."""
 
 import hashlib
 import json
@@ -250,3 +250,31 @@ def test_a_digest_that_cannot_be_computed_leaves_the_asynchronous_save_committed
     step, restored = reader.restore({"w": state["w"]}, step=1)
     reader.close()
     assert step == 1 and (restored["w"] == state["w"]).all()
+
+
+def test_pruning_removes_the_least_recently_used_entries_and_their_companions_down_to_the_size(tmp_path, monkeypatch):
+    second = 10**9
+    # five entries of 100 bytes used at 5, 1, 4, 2 and 3 s, each with a companion; a file of another kind
+    for index, used in enumerate([5, 1, 4, 2, 3]):
+        entry = tmp_path / f"k{index}-cache"
+        entry.write_bytes(b"x" * 100)
+        (tmp_path / f"k{index}-atime").write_bytes(b"t")
+        os.utime(entry, ns=(used * second, used * second))
+    (tmp_path / "memo.json").write_bytes(b"y" * 1000)
+    # 500 bytes to at most 250: k1, k3 and k4 (used at 1, 2 and 3 s) go
+    assert files.prune_least_recently_used(tmp_path, "-cache", 250, companions=["-atime"]) == 300
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k0-atime", "k0-cache", "k2-atime", "k2-cache", "memo.json"]
+    assert files.prune_least_recently_used(tmp_path, "-cache", 250) == 0
+    # a read is a use: k2 read at 9 s (written at 4) outlives k0 (5 s)
+    os.utime(tmp_path / "k2-cache", ns=(9 * second, 4 * second))
+    # another process removed k0 first: passed over, counted as freed
+    unlink = Path.unlink
+
+    def removed_by_another_process(path, *args, **kwargs):
+        if path.name == "k0-cache":
+            unlink(path)
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", removed_by_another_process)
+    assert files.prune_least_recently_used(tmp_path, "-cache", 100, companions=["-atime"]) == 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k2-atime", "k2-cache", "memo.json"]

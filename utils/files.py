@@ -1,4 +1,5 @@
-"""Whole-or-absent writes, SHA-256 digests and locks between processes: one home for them.
+"""Whole-or-absent writes, SHA-256 digests, locks between processes and a folder kept under a size:
+one home for them.
 
 Locks are the `filelock` package's (an `flock` the kernel releases when its
 process ends, however it ends): `exclusive(path)` waits for its turn,
@@ -116,6 +117,29 @@ def file_digests(folder: Path, *, skip: Collection[str] = (), algorithm: str = "
         for path in sorted(folder.rglob("*"))
         if path.is_file() and str(path.relative_to(folder)) not in skip
     }
+
+
+def prune_least_recently_used(folder: Path, suffix: str, max_bytes: int, companions: Collection[str] = ()) -> int:
+    """Deletes the least recently used files of `folder` whose names end in `suffix` until those left
+    take at most `max_bytes`, each with its companions (the same name with `suffix` replaced by each
+    of `companions`); returns the bytes freed. A file's use is the later of its access and
+    modification times: reads move it where the file system records them (Linux's default
+    `relatime`, to within a day), elsewhere the order is the writes'. A file that another process
+    removed meanwhile is passed over."""
+    entries = []
+    for path in folder.glob(f"*{suffix}"):
+        with contextlib.suppress(FileNotFoundError):
+            facts = path.stat()
+            entries.append((max(facts.st_atime_ns, facts.st_mtime_ns), facts.st_size, path))
+    total, freed = sum(size for _, size, _ in entries), 0
+    for _, size, path in sorted(entries):
+        if total - freed <= max_bytes:
+            break
+        for name in (path.name, *(path.name.removesuffix(suffix) + companion for companion in companions)):
+            with contextlib.suppress(FileNotFoundError):
+                (folder / name).unlink()
+        freed += size
+    return freed
 
 
 @contextlib.contextmanager
