@@ -10,7 +10,7 @@ from PIL import Image
 
 from configs import base
 from engine import exported_step, training_loop
-from helpers.subprocess_runs import assert_same_final_state
+from helpers.subprocess_runs import assert_same_final_state, wrap_train_steps
 from helpers.tiny import TINY_CAPTIONER, captioning_config, tiny_config
 from run_setup.settings import parse
 from scoring import metrics, score_registry
@@ -184,19 +184,15 @@ def test_hard_attention_resumes_bit_identical_after_a_crash_inside_a_step(
 
     cached = exported_step.cached
 
-    def crashing_at_step_30(*args, **kwargs):
-        step_function = cached(*args, **kwargs)
-
+    def crashing_at_step_30(step_function):
         def step(state, batch):
             if int(jax.device_get(state["step"])) + 1 == 30:
                 raise Crash("inside step 30")
             return step_function(state, batch)
 
-        # the loop compiles the first step ahead of its call
-        step.lower = step_function.lower
         return step
 
-    monkeypatch.setattr(exported_step, "cached", crashing_at_step_30)
+    wrap_train_steps(crashing_at_step_30, install=monkeypatch.setattr)
     with pytest.raises(Crash):
         training_loop.train_and_evaluate(parse(config), cut)
     assert sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit()) == [20]

@@ -32,31 +32,13 @@ from absl import app  # noqa: E402
 from orbax.checkpoint._src.path import atomicity  # noqa: E402
 
 import train  # noqa: E402
-from engine import (
-    evaluation,  # noqa: E402
-    exported_step,  # noqa: E402
-)
+from engine import evaluation  # noqa: E402
+from helpers.subprocess_runs import wrap_train_steps  # noqa: E402
 from run_setup import checkpoints  # noqa: E402
 
 
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def wrap_train_steps(wrap) -> None:
-    """Makes the training loop run `wrap(step_function)` in place of each train step it runs (the
-    exported one, `engine.exported_step.cached`, or the jitted one where nothing is kept)."""
-    cached = exported_step.cached
-
-    def wrapped_step(*args, **kwargs):
-        step_function = cached(*args, **kwargs)
-        wrapped = wrap(step_function)
-        # the loop compiles the first step ahead of its call
-        if not hasattr(wrapped, "lower"):
-            wrapped.lower = step_function.lower
-        return wrapped
-
-    exported_step.cached = wrapped_step
 
 
 def signal_at_step(number: int, signum: int, pause_after: float = 0.0) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from engine import training_loop
+from engine import exported_step, training_loop
 from helpers.tiny import xla_flags
 from run_setup.run import prepare_run
 from run_setup.settings import parse
@@ -88,3 +88,21 @@ def assert_same_final_state(config, whole_dir, cut_dir, step):
         # bit-identical
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     return whole_state
+
+
+def wrap_train_steps(wrap, install=setattr) -> None:
+    """Makes the training loop run `wrap(step_function)` in place of each train step it runs (the
+    exported one, `engine.exported_step.cached`, or the jitted one where nothing is kept).
+    `install(exported_step, "cached", wrapper)` puts it in place: `setattr` in a process of its own
+    (helpers/fault_worker.py), a test's `monkeypatch.setattr` in the tests' process (undone after it)."""
+    cached = exported_step.cached
+
+    def wrapped_step(*args, **kwargs):
+        step_function = cached(*args, **kwargs)
+        wrapped = wrap(step_function)
+        # the loop compiles the first step ahead of its call
+        if not hasattr(wrapped, "lower"):
+            wrapped.lower = step_function.lower
+        return wrapped
+
+    install(exported_step, "cached", wrapped_step)
