@@ -74,8 +74,9 @@ class TransformerConfig(ModelConfig):
     # for learned positions
     max_length: int = 512
     score: str = "scaled_dot"
-    # biases on the attention projections
-    use_bias: bool = True
+    # biases on the attention's query, value and output projections: none in the paper (section
+    # 3.2.2's W^Q_i, W^K_i, W^V_i and W^O are plain matrices) nor in the authors' tensor2tensor
+    use_bias: bool = False
     # compute dtype; parameters and softmax stay float32
     dtype: str = "float32"
     bos_id: int = 1

@@ -13,10 +13,12 @@ from utils.errors import ConfigError
 
 # The fields that make a run what it is: its checkpoints, vocabulary and data only fit these.
 RUN_IDENTITY = ("seed", "model", "task", "tokenizer", "data")
-# Model fields a resumed run keeps from its config.json whatever the command says: how its dropout
-# masks are drawn (a run made before the field existed reads back as "bernoulli", its family's
-# `fields_before`), so that a run goes on as it began and a command with today's defaults resumes it.
-KEPT_ON_RESUME = ("dropout_masks",)
+# Model fields a resumed or evaluated run keeps from its config.json whatever the command says, so
+# that a run goes on as it began and a command with today's defaults resumes it: how its dropout masks
+# are drawn (a run made before the field existed reads back as "bernoulli", its family's
+# `fields_before`), and whether the Transformer's attention projections have biases (they did by
+# default until 2026-11-28; the paper's have none).
+KEPT_ON_RESUME = ("dropout_masks", "use_bias")
 # The fields --mode=eval and --mode=predict may set for a run folder (data_dir: the folder moved).
 EVALUATION_FIELDS = (
     "eval_split",
@@ -103,7 +105,9 @@ def for_evaluation(saved: Settings, requested: Settings, overridden: Sequence[st
     """The settings --mode=eval/predict run with: the run's own (`saved`), with the evaluation fields
     of `requested` (a config file or overrides). A model, task, vocabulary, data or seed field of
     `requested` that differs from the run's stops with its name. `eval_decode_examples` (decode a
-    subset) carries over only when `overridden` names it: by default the whole split is decoded."""
+    subset) carries over only when `overridden` names it: by default the whole split is decoded.
+    Fields of `KEPT_ON_RESUME` are the run's."""
+    requested = with_run_kept_fields(requested, saved)
     changed = differences(saved, requested, RUN_IDENTITY)
     if changed:
         raise ConfigError(

@@ -65,15 +65,16 @@ def test_an_old_run_folder_loads_and_translates_as_it_predicted(old_run):
 
 def test_todays_code_trains_the_old_run_again_and_resumes_it(old_run, tmp_path):
     """The same command run by today's code, with the dropout masks the old code drew (the run's
-    config.json, made before the field existed, reads back with them), writes the same run as the old code
+    config.json, made before the field existed, reads back with them) and the attention biases its
+    Transformer had by default (today's has none), writes the same run as the old code
     did (metrics rows but timing, evaluations, predictions, every checkpoint array: the arrays to
     1e-5 of each array's largest, as the fixture was made on another machine, and XLA:CPU's kernels
     follow the CPU: a model 207 Xeon ends 10 steps up to 6e-7 of the largest apart from the
     fixture's, its rows and evaluations equal); and the old run, resumed to step 15 by the command
-    without that field, goes on from its checkpoint at step 10 with its rows up to there kept and
-    its own masks (`check_resume`)."""
-    old_masks = "--config.model.dropout_masks=bernoulli"
-    whole = run_train_py(tmp_path / "whole", DATA_DIR, *RUN_FLAGS, "--config.num_train_steps=10", old_masks)
+    without those fields, goes on from its checkpoint at step 10 with its rows up to there kept and
+    its own masks and biases (`check_resume`)."""
+    old_defaults = ["--config.model.dropout_masks=bernoulli", "--config.model.use_bias=true"]
+    whole = run_train_py(tmp_path / "whole", DATA_DIR, *RUN_FLAGS, "--config.num_train_steps=10", *old_defaults)
     resumed = run_train_py(old_run, DATA_DIR, *RUN_FLAGS, "--config.num_train_steps=15")
     outputs = [process.communicate(timeout=300)[0] for process in (whole, resumed)]
     for process, output in zip((whole, resumed), outputs, strict=True):

@@ -251,15 +251,22 @@ def test_a_run_folder_from_before_a_field_existed_resumes_and_loads(finished_run
     assert inference.load(run).translate(["3 March 2021"])
 
 
-def test_a_resumed_run_keeps_its_dropout_masks_whatever_the_command_says(finished_run, tmp_path):
-    """`dropout_masks` is `KEPT_ON_RESUME`: the run's value wins over the command's (either way; a run
-    from before the field reads back as "bernoulli"), and another model field still stops the run."""
+def test_a_resumed_run_keeps_its_dropout_masks_and_attention_biases_whatever_the_command_says(finished_run, tmp_path):
+    """`dropout_masks` and `use_bias` are `KEPT_ON_RESUME`: the run's value wins over the command's,
+    on resume and in evaluation (either way; a run from before the field reads back as "bernoulli";
+    a Transformer run from before 2026-11-28 has attention biases, today's default has none), and
+    another model field still stops the run."""
     config, workdir, _ = finished_run
     run = copy_of(workdir, tmp_path)
     saved = json.loads((run / "config.json").read_text())
-    assert saved["model"]["dropout_masks"] == "packed"
-    command = locked_with(config.copy_and_resolve_references(), {"model.dropout_masks": "bernoulli"})
-    assert compatibility.check_resume(parse(command), run).model.hyperparameters.dropout_masks == "packed"
+    assert (saved["model"]["dropout_masks"], saved["model"]["use_bias"]) == ("packed", False)
+    command = locked_with(
+        config.copy_and_resolve_references(), {"model.dropout_masks": "bernoulli", "model.use_bias": True}
+    )
+    resumed = compatibility.check_resume(parse(command), run).model.hyperparameters
+    assert (resumed.dropout_masks, resumed.use_bias) == ("packed", False)
+    evaluated = compatibility.for_evaluation(parse(saved), parse(command), []).model.hyperparameters
+    assert (evaluated.dropout_masks, evaluated.use_bias) == ("packed", False)
     del saved["model"]["dropout_masks"]
     (run / "config.json").write_text(json.dumps(saved))
     assert compatibility.check_resume(parse(config), run).model.hyperparameters.dropout_masks == "bernoulli"

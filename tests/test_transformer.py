@@ -214,10 +214,11 @@ def test_parameter_counts_match_the_paper(sizes, paper_millions):
     vocab, d = 37000, sizes["d_model"]
     counted = count_params(vocab_size=vocab, **sizes)
     paper = paper_parameter_count(vocab, d, sizes["d_ff"], layers=6)
-    # The model has what the paper counts plus biases on the query, value and output projections
-    # of each attention (3 d per attention, 3 attentions per encoder-decoder layer pair); it has
-    # no key bias (softmax ignores it).
-    assert counted - paper == 6 * 3 * (3 * d)
+    # As the paper: no attention biases. With `use_bias` the model adds biases on the query, value
+    # and output projections of each attention (3 d per attention, 3 attentions per encoder-decoder
+    # layer pair); never a key bias (softmax ignores it).
+    assert counted == paper
+    assert count_params(vocab_size=vocab, use_bias=True, **sizes) - paper == 6 * 3 * (3 * d)
     # The paper's figures are rounded to millions, and its vocabulary is "about 37000" BPE tokens:
     # the formula gives 63.1M for base (65M would need about 40,700 tokens) and 214.1M for big.
     assert abs(paper / (paper_millions * 1e6) - 1) < 0.035, paper

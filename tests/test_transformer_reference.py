@@ -28,7 +28,7 @@ def f64(variable):
     return np.asarray(variable[...], np.float64)
 
 
-def build(pre_layer_norm: bool, layers: int = 1):
+def build(pre_layer_norm: bool, layers: int = 1, use_bias: bool = False):
     return models.create_model(
         "transformer",
         rngs=nnx.Rngs(7),
@@ -40,6 +40,7 @@ def build(pre_layer_norm: bool, layers: int = 1):
         num_decoder_layers=layers,
         dropout_rate=0.0,
         pre_layer_norm=pre_layer_norm,
+        use_bias=use_bias,
     )
 
 
@@ -62,19 +63,21 @@ def multi_head(queries_from, keys_from, mask, attention):
     """Section 3.2.2: heads of softmax(Q K^T / sqrt(d_k)) V (eq. 1), concatenated, times W^O.
     `mask [B, Tq, Tk]`, True = may attend."""
 
-    def project(x, dense, bias=True):
-        y = x @ f64(dense.kernel) + (f64(dense.bias) if bias else 0.0)
+    def project(x, dense):
+        y = x @ f64(dense.kernel) + bias(dense)
         return y.reshape(*y.shape[:-1], HEADS, D // HEADS)  # [B, T, N, H]
 
-    q, k, v = (
-        project(queries_from, attention.query),
-        project(keys_from, attention.key, False),
-        project(keys_from, attention.value),
-    )
+    q = project(queries_from, attention.query)
+    k, v = project(keys_from, attention.key), project(keys_from, attention.value)
     scores = np.einsum("bqnh,bknh->bnqk", q, k) / math.sqrt(D // HEADS)
     weights = np_masked_softmax(scores, mask[:, None])
     heads = np.einsum("bnqk,bknh->bqnh", weights, v).reshape(*queries_from.shape[:-1], D)
-    return heads @ f64(attention.out.kernel) + f64(attention.out.bias)
+    return heads @ f64(attention.out.kernel) + bias(attention.out)
+
+
+def bias(dense):
+    """A projection's bias, 0 where it has none (the paper's attention projections, the key's always)."""
+    return 0.0 if dense.bias is None else f64(dense.bias)
 
 
 def feed_forward(x, ffn):
@@ -179,9 +182,14 @@ def test_one_encoder_layer_and_one_decoder_layer(pre_layer_norm):
     np.testing.assert_allclose(np.asarray(got)[real], expected[real], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("pre_layer_norm", [False, True], ids=["post-LN", "pre-LN"])
-def test_whole_forward_pass(pre_layer_norm):
-    model = build(pre_layer_norm, layers=2)
+@pytest.mark.parametrize(
+    "pre_layer_norm, use_bias",
+    [(False, False), (True, False), (False, True)],
+    ids=["post-LN", "pre-LN", "post-LN with attention biases"],
+)
+def test_whole_forward_pass(pre_layer_norm, use_bias):
+    model = build(pre_layer_norm, layers=2, use_bias=use_bias)
+    assert (model.encoder_layers[0].self_attention.query.bias is not None) == use_bias
     b = batch()
     got = np.asarray(model({k: jnp.asarray(v) for k, v in b.items()}))
     expected = forward(model, b["inputs"], b["targets"], pre_layer_norm)
