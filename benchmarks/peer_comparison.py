@@ -8,7 +8,11 @@ d_model 256), in this order: PyTorch eager float32, attend float32 (train.py's l
 its logged rows from step 20, `benchmarks/train_throughput.py --train_py`), PyTorch `torch.compile`
 float32, PyTorch eager bfloat16 autocast, attend `--config.model.dtype=bfloat16`, PyTorch compiled
 bfloat16 (`../shared/peers/torch_transformer_cpu.py`). Each row prints its own matmul rate, measured
-in the same process as its step.
+in the same process as its step, and the kernel's share: the system CPU seconds and minor page faults
+of the row's whole process (its set-up and matmul test included) over the steps it ran. Eager
+PyTorch's allocator hands its large tensors (the `[8192, 8000]` logits, 262 MB) back to the kernel
+and faults them in again every step, so its step follows what a page fault costs on the host, which
+varies on a virtual machine: on this one, from about 1 to 2.7 s of system time a step.
 
 Decoding (`--part=decode`): `benchmarks/decode_speed.py --cache=yes` (random weights, batch 8,
 output length = source length) against `../shared/peers/ct2_decode_cpu.py` (CTranslate2 float32) on
@@ -23,8 +27,10 @@ with one line saying so.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,10 +60,18 @@ DECODE_ROW = re.compile(r"^\| (\d+) \| (greedy|beam 4) \| yes \| [\d,.]+ \| ([\d
 
 def run(command: list[str]) -> str:
     """`command`'s standard output; a failure ends the benchmark with the command's own output."""
+    return run_with_kernel_time(command)[0]
+
+
+def run_with_kernel_time(command: list[str]) -> tuple[str, float, int]:
+    """`(standard output, system CPU seconds, minor page faults)` of `command` and the processes it
+    waited for; a failure ends the benchmark with the command's own output."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout
+    return done.stdout, after.ru_stime - before.ru_stime, after.ru_minflt - before.ru_minflt
 
 
 def peer_python(name: str, path: str) -> str | None:
@@ -68,21 +82,39 @@ def peer_python(name: str, path: str) -> str | None:
     return None
 
 
-def torch_step(python: str, *options: str) -> tuple[float, float]:
-    """`(median s/step, matmul GFLOP/s)` of the PyTorch peer with `options`."""
+# The PyTorch peer's untimed steps before its timed ones (its --warmup default)
+TORCH_WARMUP_STEPS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRun:
+    """A row: the median step, the matmul rate of its process, and that process's system CPU seconds
+    and minor page faults over the steps it ran."""
+
+    seconds: float
+    matmul_gflops: float
+    system_seconds_a_step: float
+    faults_a_step: float
+
+
+def torch_step(python: str, *options: str) -> StepRun:
+    """The PyTorch peer's step with `options`."""
     script = str(Path(FLAGS.peers) / "torch_transformer_cpu.py")
-    output = run([python, script, "--threads", "2", "--steps", str(FLAGS.torch_steps), *options])
+    command = [python, script, "--threads", "2", "--steps", str(FLAGS.torch_steps), *options]
+    output, system, faults = run_with_kernel_time(command)
+    steps = TORCH_WARMUP_STEPS + FLAGS.torch_steps
     step = float(re.search(r"step ([\d.]+) s median", output).group(1))
-    return step, float(re.search(r"matmul peak (\d+) GFLOP/s", output).group(1))
+    peak = float(re.search(r"matmul peak (\d+) GFLOP/s", output).group(1))
+    return StepRun(step, peak, system / steps, faults / steps)
 
 
-def attend_step(*overrides: str) -> tuple[float, float]:
-    """`(median s/step, matmul GFLOP/s of the step's dtype)` of train.py on kjv_web_transformer."""
+def attend_step(*overrides: str) -> StepRun:
+    """train.py's step on kjv_web_transformer (the matmul rate of the step's dtype)."""
     command = [sys.executable, "benchmarks/train_throughput.py", "--train_py", "--steps", str(FLAGS.train_steps)]
-    output = run([*command, *overrides])
+    output, system, faults = run_with_kernel_time([*command, *overrides])
     row = next(line for line in output.splitlines() if line.startswith("| train.py"))
-    step = float(row.split("|")[3])
-    return step, float(re.search(r"\): (\d+) GFLOP/s", output).group(1))
+    peak = float(re.search(r"\): (\d+) GFLOP/s", output).group(1))
+    return StepRun(float(row.split("|")[3]), peak, system / FLAGS.train_steps, faults / FLAGS.train_steps)
 
 
 def compare_training() -> None:
@@ -99,18 +131,24 @@ def compare_training() -> None:
     for name, who, options in plan:
         if who == "torch" and python is None:
             continue
-        step, peak = torch_step(python, *options) if who == "torch" else attend_step(*options)
-        rows.append((name, step, peak))
-        print(f"  {name}: {step:.2f} s/step (matmul {peak:.0f} GFLOP/s)", flush=True)
-    print("\n| run, in the order run | s/step | its matmul GFLOP/s | this step / attend float32's |")
-    print("|---|---:|---:|---:|")
-    attend32 = next(step for name, step, _ in rows if name.startswith("attend, float32"))
-    for name, step, peak in rows:
-        print(f"| {name} | {step:.2f} | {peak:.0f} | {step / attend32:.2f} |")
-    by_name = {name: step for name, step, _ in rows}
+        measured = torch_step(python, *options) if who == "torch" else attend_step(*options)
+        rows.append((name, measured))
+        print(f"  {name}: {measured.seconds:.2f} s/step (matmul {measured.matmul_gflops:.0f} GFLOP/s)", flush=True)
+    print(
+        "\n| run, in the order run | s/step | its matmul GFLOP/s | this step / attend float32's "
+        "| system CPU s a step | minor page faults a step |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    attend32 = next(measured.seconds for name, measured in rows if name.startswith("attend, float32"))
+    for name, measured in rows:
+        print(
+            f"| {name} | {measured.seconds:.2f} | {measured.matmul_gflops:.0f} | {measured.seconds / attend32:.2f} "
+            f"| {measured.system_seconds_a_step:.2f} | {measured.faults_a_step:,.0f} |"
+        )
+    by_name = {name: measured.seconds for name, measured in rows}
     if python is not None:
-        best_attend = min(step for name, step, _ in rows if name.startswith("attend"))
-        best_torch = min(step for name, step, _ in rows if name.startswith("PyTorch"))
+        best_attend = min(seconds for name, seconds in by_name.items() if name.startswith("attend"))
+        best_torch = min(seconds for name, seconds in by_name.items() if name.startswith("PyTorch"))
         eager = by_name["PyTorch eager, float32"]
         compiled = by_name["PyTorch torch.compile, float32"]
         print(f"\nattend float32 against PyTorch eager float32: {eager / attend32:.2f}x (target >= 2.0)")
