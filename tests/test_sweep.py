@@ -284,26 +284,26 @@ def test_lagging_trials_are_pruned(tmp_path):
 
 @pytest.mark.slow
 def test_random_and_tpe_sweeps_run_their_number_of_trials(tmp_path):
-    for method in ("random", "tpe"):
-        path = sweep_file(
-            tmp_path,
-            method=method,
-            num_trials=5,
-            objective="dev/score",
-            direction="maximize",
-            space={
-                "quality": ("uniform", 0.0, 1.0),
-                "learning_rate": ("log_uniform", 1e-4, 1e-2),
-                "num_train_steps": ("int", 4, 8),
-            },
-            pruning=False,
-        )
-        status, output = run_sweep(tmp_path, path, "--parallel=2", workdir=tmp_path / method)
-        assert status == 0, output
-        trials = load_study(tmp_path / method).trials
-        complete = [t for t in trials if t.state.name == "COMPLETE"]
-        assert len(complete) == 5 and all(t.user_attrs.get("surplus") for t in trials if t not in complete)
-        assert all(0.0 <= t.params["quality"] <= 1.0 and 4 <= t.params["num_train_steps"] <= 8 for t in complete)
+    """Each method's study draws with its own Optuna sampler; a sweep of 5 trials on two workers runs 5.
+    One sweep runs end to end (tpe: its first 10 trials are drawn as random's are, so a second sweep
+    of random would run the same code on other numbers)."""
+    space = {
+        "quality": ("uniform", 0.0, 1.0),
+        "learning_rate": ("log_uniform", 1e-4, 1e-2),
+        "num_train_steps": ("int", 4, 8),
+    }
+    fields = dict(num_trials=5, objective="dev/score", direction="maximize", space=space, pruning=False)
+    config = write(tmp_path / "fake_config.py", FAKE_CONFIG)
+    for method, sampler in (("random", optuna.samplers.RandomSampler), ("tpe", optuna.samplers.TPESampler)):
+        sweep = tuning.study.load_sweep(sweep_file(tmp_path, method=method, **fields), config)
+        storage = f"sqlite:///{tmp_path / f'{method}.db'}"
+        assert type(tuning.study.open_study(open_args(config, tmp_path / method, storage), sweep).sampler) is sampler
+    status, output = run_sweep(tmp_path, sweep_file(tmp_path, method="tpe", **fields), "--parallel=2")
+    assert status == 0, output
+    trials = load_study(tmp_path / "sweep").trials
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(complete) == 5 and all(t.user_attrs.get("surplus") for t in trials if t not in complete)
+    assert all(0.0 <= t.params["quality"] <= 1.0 and 4 <= t.params["num_train_steps"] <= 8 for t in complete)
 
 
 @pytest.mark.parametrize(
