@@ -80,7 +80,7 @@ from engine import (
     evaluation,  # noqa: E402
     training_loop,  # noqa: E402
 )
-from run_setup import command_line, preflight  # noqa: E402
+from run_setup import command_line, compatibility, preflight  # noqa: E402
 from run_setup.run import model_fields, prepare_run  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
 from scoring import score_registry, significance  # noqa: E402
@@ -398,7 +398,7 @@ def write_test_scores(config, workdir: Path, at_once: int = 1) -> None:
     import jax
 
     path = workdir / "test.json"
-    run = prepare_run(parse(config), workdir, training=False)
+    run = prepare_run(compatibility.as_the_run_began(parse(config), workdir), workdir, training=False)
     _, params = run.restore_params()
     run.checkpoints.close()
     evaluator = evaluation.Evaluator(run)
@@ -424,7 +424,7 @@ def write_test_scores(config, workdir: Path, at_once: int = 1) -> None:
 
 def parameter_count(config, workdir: Path) -> int:
     """The column's parameters, with the run's own vocabulary (preflight's count: abstract builds)."""
-    settings = parse(config)
+    settings = compatibility.as_the_run_began(parse(config), workdir)
     tokens = vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer)
     return preflight.parameter_count(settings.model.name, model_fields(settings, tokens))
 
@@ -432,7 +432,7 @@ def parameter_count(config, workdir: Path) -> int:
 def split_target_tokens(config, workdir: Path) -> int:
     """The training split's target tokens (eos included) in the run's own vocabulary: what one epoch
     trains on, a packed Transformer's and a bucketed RNN's alike."""
-    settings = parse(config)
+    settings = compatibility.as_the_run_began(parse(config), workdir)
     tokens = vocabularies.load_or_train(workdir / "tokenizer", settings.tokenizer)
     task = tasks.load_task(settings.task.name, settings.task.data_dir, **settings.task.params)
     return sum(len(tokens.target.encode(task.pair(record)[1])) + 1 for record in task.splits["train"])

@@ -44,7 +44,7 @@ from engine import (
     training_loop,  # noqa: E402
 )
 from report import pictures  # noqa: E402
-from run_setup import command_line  # noqa: E402
+from run_setup import command_line, compatibility  # noqa: E402
 from run_setup.settings import parse  # noqa: E402
 
 FAMILIES = ("rnnencdec", "rnnsearch", "lstmn", "transformer")
@@ -115,7 +115,7 @@ def train_and_score(config, workdir: Path) -> dict:
         whole_split = ml_collections.ConfigDict(config.to_dict())
         # training evaluated a subset; the table scores every example
         whole_split.eval_decode_examples = 0
-        evaluation.predict(parse(whole_split), workdir)
+        evaluation.predict(compatibility.as_the_run_began(parse(whole_split), workdir), workdir)
     return json.loads(finished.read_text())["test"]["by_source_length"]
 
 

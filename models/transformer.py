@@ -48,6 +48,8 @@ class TransformerConfig(ModelConfig):
 
     # `Transformer.decode`, the teacher-forced decoder stack (models/interface.py)
     has_decode = True
+    # a saved config without `use_bias` comes from a time its default was True (until 2026-11-28)
+    fields_before = {**ModelConfig.fields_before, "use_bias": True}
 
     # target vocabulary (and source, when shared)
     vocab_size: int

@@ -223,7 +223,10 @@ class Checkpoints:
 
     def restore_params(self, abstract_params: Any, *, step: int | None = None) -> tuple[int, Any]:
         """Restores only the parameters of `step` (or the newest readable checkpoint): no optimizer
-        state is read. Raises as `restore`."""
+        state is read. Raises as `restore`, and names the parameters the checkpoint holds that the
+        model has not (`partial_restore`, which leaves the optimizer state unread, would pass over
+        them too: a model built with other settings than the run's, say without the attention
+        biases it trained with, would be scored without a word)."""
         abstract = {"params": abstract_params}
 
         def arguments():
@@ -233,6 +236,14 @@ class Checkpoints:
             )
 
         restored_step, state = self._restore_readable(step, arguments)
+        saved = ocp.PyTreeCheckpointer().metadata(Path(self.manager.directory) / str(restored_step) / "state")
+        unread = sorted(key_paths(saved.item_metadata["params"]) - key_paths(state["params"]))
+        if unread:
+            raise CheckpointError(
+                f"the checkpoint at step {restored_step} in {self.manager.directory} holds {len(unread)} "
+                f"parameter(s) this model has not, e.g. {', '.join(unread[:3])}: the model is built with "
+                "other settings than the run's (its config.json)"
+            )
         return restored_step, state["params"]
 
     def _verified_restore(self, step: int, arguments: Callable[[], Any], verify: bool) -> Any:
@@ -311,3 +322,16 @@ class Checkpoints:
         finally:
             # a failed save raises again here: Orbax's threads are released all the same
             self.manager.close()
+
+
+def key_paths(tree: Any) -> set[str]:
+    """`{"decoder_layers/0/cross_attention/out/bias/value", ...}`: a tree's leaves by path, alike for
+    a restored `nnx.State` (whose `value` is an attribute) and Orbax's metadata (a dict key)."""
+
+    def name(key) -> str:
+        for attribute in ("key", "name", "idx"):
+            if hasattr(key, attribute):
+                return str(getattr(key, attribute))
+        return str(key)
+
+    return {"/".join(map(name, path)) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}

@@ -101,6 +101,13 @@ def with_run_kept_fields(settings: Settings, saved: Settings) -> Settings:
     return parse({**settings.as_dict(), "model": {**own, **kept}}) if kept else settings
 
 
+def as_the_run_began(settings: Settings, workdir: Path) -> Settings:
+    """`settings` with the `KEPT_ON_RESUME` fields of the run in `workdir`, where it holds one: for a
+    script that builds a run's model from its own config rather than the run's config.json."""
+    saved = read_run_settings(workdir)
+    return settings if saved is None else with_run_kept_fields(settings, saved)
+
+
 def for_evaluation(saved: Settings, requested: Settings, overridden: Sequence[str]) -> Settings:
     """The settings --mode=eval/predict run with: the run's own (`saved`), with the evaluation fields
     of `requested` (a config file or overrides). A model, task, vocabulary, data or seed field of

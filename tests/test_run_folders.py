@@ -54,6 +54,26 @@ def test_an_old_run_folder_evaluates_to_its_own_final_scores(old_run):
         assert results[name] == pytest.approx(before[name], rel=1e-6), name
 
 
+def test_a_model_without_the_runs_attention_biases_is_refused_its_checkpoint(old_run):
+    """The old run trained with attention biases (the default then). A model built without them (today's
+    default) would read every other parameter and pass over the biases; the restore names them instead,
+    and the run's own settings restore."""
+    from run_setup import run as run_module
+    from run_setup import settings
+    from utils.errors import CheckpointError
+
+    saved = settings.read_run_settings(old_run).as_dict()
+    saved["data_dir"] = DATA_DIR
+    assert saved["model"]["use_bias"] is True
+    step, _ = run_module.prepare_run(settings.parse(saved), old_run).restore_params()
+    assert step == 10
+    without = settings.parse({**saved, "model": {**saved["model"], "use_bias": False}})
+    # one encoder and one decoder layer: three attentions, each with biases on its query, value and output
+    biases = r"holds 9 parameter\(s\) this model has not, e\.g\. decoder_layers/0/cross_attention/out/bias/value"
+    with pytest.raises(CheckpointError, match=biases):
+        run_module.prepare_run(without, old_run).restore_params()
+
+
 def test_an_old_run_folder_loads_and_translates_as_it_predicted(old_run):
     translator = inference.load(old_run)
     lines = (old_run / "predictions" / "step_10_test.tsv").read_text().splitlines()

@@ -267,9 +267,15 @@ def test_a_resumed_run_keeps_its_dropout_masks_and_attention_biases_whatever_the
     assert (resumed.dropout_masks, resumed.use_bias) == ("packed", False)
     evaluated = compatibility.for_evaluation(parse(saved), parse(command), []).model.hyperparameters
     assert (evaluated.dropout_masks, evaluated.use_bias) == ("packed", False)
-    del saved["model"]["dropout_masks"]
+    # the benchmarks that build a run's model from their own config (kjv_comparison, length_experiment)
+    rebuilt = compatibility.as_the_run_began(parse(command), run).model.hyperparameters
+    assert (rebuilt.dropout_masks, rebuilt.use_bias) == ("packed", False)
+    assert compatibility.as_the_run_began(parse(command), tmp_path / "no_run").model.hyperparameters.use_bias
+    # a config.json without the fields: the values of the runs made before (`fields_before`)
+    del saved["model"]["dropout_masks"], saved["model"]["use_bias"]
     (run / "config.json").write_text(json.dumps(saved))
-    assert compatibility.check_resume(parse(config), run).model.hyperparameters.dropout_masks == "bernoulli"
+    resumed = compatibility.check_resume(parse(config), run).model.hyperparameters
+    assert (resumed.dropout_masks, resumed.use_bias) == ("bernoulli", True)
     changed = locked_with(config.copy_and_resolve_references(), {"model.dropout_rate": 0.3})
     with pytest.raises(ConfigError, match="holds a run with another config: model.dropout_rate"):
         compatibility.check_resume(parse(changed), run)
