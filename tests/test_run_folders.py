@@ -58,8 +58,10 @@ def test_a_model_without_the_runs_attention_biases_is_refused_its_checkpoint(old
     """The old run trained with attention biases (the default then). A model built without them (today's
     default) would read every other parameter and pass over the biases; the restore names them instead,
     and the run's own settings restore."""
+    import orbax.checkpoint as ocp
+
+    from run_setup import checkpoints, settings
     from run_setup import run as run_module
-    from run_setup import settings
     from utils.errors import CheckpointError
 
     saved = settings.read_run_settings(old_run).as_dict()
@@ -67,6 +69,10 @@ def test_a_model_without_the_runs_attention_biases_is_refused_its_checkpoint(old
     assert saved["model"]["use_bias"] is True
     step, _ = run_module.prepare_run(settings.parse(saved), old_run).restore_params()
     assert step == 10
+    # the parameters' names read from Orbax's file are those of its metadata API
+    state = old_run / "checkpoints" / "10" / "state"
+    api = checkpoints.key_paths(ocp.PyTreeCheckpointer().metadata(state).item_metadata["params"])
+    assert checkpoints.saved_parameter_paths(state) == api and len(api) == 40
     without = settings.parse({**saved, "model": {**saved["model"], "use_bias": False}})
     # one encoder and one decoder layer: three attentions, each with biases on its query, value and output
     biases = r"holds 9 parameter\(s\) this model has not, e\.g\. decoder_layers/0/cross_attention/out/bias/value"
