@@ -128,11 +128,7 @@ def prepared_step(config):
         train_step = training_loop.compile_train_step(run, tx, state)
         data, _ = input_pipeline.train_dataset(run.task, run.tokens, run.settings.data, run.settings.source)
         batches = iter(data)
-
-        def handed_out():
-            yield from batches
-
-        handed = handed_out()
+        handed = (batch for batch in batches)
         try:
             yield run, train_step, state, handed
         finally:

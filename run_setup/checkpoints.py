@@ -340,11 +340,5 @@ def saved_parameter_paths(state_folder: Path) -> set[str]:
 def key_paths(tree: Any) -> set[str]:
     """`{"decoder_layers/0/cross_attention/out/bias/value", ...}`: a tree's leaves by path, alike for
     a restored `nnx.State` (whose `value` is an attribute) and Orbax's metadata (a dict key)."""
-
-    def name(key) -> str:
-        for attribute in ("key", "name", "idx"):
-            if hasattr(key, attribute):
-                return str(getattr(key, attribute))
-        return str(key)
-
-    return {"/".join(map(name, path)) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in leaves}
