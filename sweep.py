@@ -64,7 +64,7 @@ from absl import flags
 from configs import base
 from run_setup import command_line
 from tuning.results import write_results
-from tuning.study import SweepError, load_sweep, open_study, trials_toward_the_count
+from tuning.study import SweepError, as_the_sweep_began, load_sweep, open_study, trials_toward_the_count
 from tuning.trial import run_worker, visible_gpus, worker_environment
 from utils import progress, stop_signals
 from utils.errors import ConfigError
@@ -171,6 +171,8 @@ def main(argv: list[str]) -> int:
         study = open_study(args, sweep)
         # the sweep's progress lines (absl's handler shows them on stderr)
         logging.getLogger().setLevel(logging.INFO)
+        # refused here, before any worker starts, where the code or config file changed what the trials run
+        sweep = as_the_sweep_began(study, args.config, sweep)
         status = launch_workers(argv, environments, study, sweep.num_trials)
         results = write_results(study, sweep, args)
     except ConfigError as error:

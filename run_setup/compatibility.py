@@ -91,11 +91,17 @@ def check_resume(settings: Settings, workdir: Path) -> Settings:
     return settings
 
 
+def kept_fields(settings: Settings, saved: Settings) -> dict[str, Any]:
+    """`{field: the run's value}` for each model field of `KEPT_ON_RESUME` where `settings` differ from
+    the run's (`saved`)."""
+    own, run = settings.fields["model"], saved.fields["model"]
+    return {field: run[field] for field in KEPT_ON_RESUME if field in own and field in run and own[field] != run[field]}
+
+
 def with_run_kept_fields(settings: Settings, saved: Settings) -> Settings:
     """`settings` with each of `KEPT_ON_RESUME` at the run's (`saved`) value, logged where the
     command's differs."""
-    own, run = settings.fields["model"], saved.fields["model"]
-    kept = {field: run[field] for field in KEPT_ON_RESUME if field in own and field in run and own[field] != run[field]}
+    kept, own = kept_fields(settings, saved), settings.fields["model"]
     for field, value in kept.items():
         logging.info("model.%s: %r, as the run began (the command's %r is for new runs)", field, value, own[field])
     return parse({**settings.as_dict(), "model": {**own, **kept}}) if kept else settings

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -81,6 +82,58 @@ def with_overrides(config_path: str | Path, overrides: dict[str, Any], where: st
         except ConfigError as error:
             raise SweepError(f"{where}: config field {name!r} cannot take {value!r} ({error})") from error
     return base.load(config_path, override_flags(overrides))
+
+
+def as_the_sweep_began(study: optuna.Study, config_path: str | Path, sweep: Sweep) -> Sweep:
+    """`sweep` with the fields its trials keep as its first trial ran them added to its budget: a sweep
+    resumed after today's code changed a default its trials ran with goes on as it began, so that
+    its trials stay comparable (as a resumed run keeps `compatibility.KEPT_ON_RESUME`, the
+    Transformer's attention biases say).
+
+    The first trial whose run folder is on this machine is compared with the config the same trial
+    would get today (the config file, the budget, its params). A model, task, vocabulary, data,
+    seed or optimization field that differs, other than the swept ones, stops the sweep; other
+    changes (intervals, decoding, logging) go on, logged. A config that is not attend's (another
+    `--train_script`), or a study without such a folder, is left as it is.
+
+    Raises:
+      SweepError: naming the fields that differ from the first trial's config.json.
+    """
+    if not base.has_field(base.load(config_path), "model.name"):
+        return sweep
+    # JAX, through run_setup.settings: only for attend's own configs, as `objective_direction`
+    from run_setup import compatibility, settings
+    from run_setup.settings import OptimizationSettings
+
+    for trial in sorted(study.get_trials(deepcopy=False), key=lambda trial: trial.number):
+        folder = trial.user_attrs.get("workdir")
+        began = settings.read_run_settings(folder) if folder else None
+        if began is not None:
+            break
+    else:
+        return sweep
+    where = f"trial {trial.number} as it would run today"
+    today = settings.parse(with_overrides(config_path, {**sweep.budget, **trial.params}, where))
+    kept = {f"model.{field}": value for field, value in compatibility.kept_fields(today, began).items()}
+    today = compatibility.with_run_kept_fields(today, began)
+    # what a trial's steps compute, not how the loop runs them or how often it logs
+    optimization = {field.name for field in dataclasses.fields(OptimizationSettings)} - {
+        "grad_accum_unroll",
+        "log_every_steps",
+    }
+    identity = (*compatibility.RUN_IDENTITY, *sorted(optimization))
+    swept = lambda change: change.split(":")[0] in sweep.space  # noqa: E731
+    changed = [change for change in compatibility.differences(began, today, identity) if not swept(change)]
+    if changed:
+        raise SweepError(
+            f"the sweep began with another config (trial {trial.number}'s {Path(folder) / 'config.json'}): "
+            f"{'; '.join(changed)}. Its trials differ only in the swept fields: undo the change, or use "
+            "another --workdir or --study_name"
+        )
+    others = [group for group in today.fields if group not in identity]
+    for change in compatibility.differences(began, today, others):
+        logging.info("the sweep goes on with a changed field, %s", change)
+    return dataclasses.replace(sweep, budget={**sweep.budget, **kept}) if kept else sweep
 
 
 def space_values(path: str | Path, name: str, space: Any) -> list:

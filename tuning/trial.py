@@ -27,6 +27,7 @@ from tuning.results import write_results
 from tuning.study import (
     Sweep,
     SweepError,
+    as_the_sweep_began,
     distributions,
     open_study,
     override_flags,
@@ -193,6 +194,7 @@ def run_worker(args, sweep: Sweep) -> None:
 
 def work_until_done(args, sweep: Sweep) -> None:
     study = open_study(args, sweep)
+    sweep = as_the_sweep_began(study, args.config, sweep)
     space = distributions(sweep)
     while not stop_signals.requested():
         recover_dead_trials(study)
