@@ -172,7 +172,7 @@ def main(argv: list[str]) -> int:
         # the sweep's progress lines (absl's handler shows them on stderr)
         logging.getLogger().setLevel(logging.INFO)
         # refused here, before any worker starts, where the code or config file changed what the trials run
-        sweep = as_the_sweep_began(study, args.config, sweep)
+        as_the_sweep_began(study, args, sweep)
         status = launch_workers(argv, environments, study, sweep.num_trials)
         results = write_results(study, sweep, args)
     except ConfigError as error:

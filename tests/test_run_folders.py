@@ -19,7 +19,9 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
+from optuna.storages.journal import JournalFileBackend
 
 import inference
 import train
@@ -135,11 +137,16 @@ def test_an_old_sweep_is_read_by_sweep_py_without_rerunning_its_trials(tmp_path)
     finished = subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "2 trials: 2 complete" in finished.stdout
-    # no trial ran again: the journal only gained the workers' "open the study" records (op code 0)
+    # no trial ran again: the journal only gained the workers' "open the study" records (op code 0) and
+    # the config the sweep began with, read from its first trial's config.json (a study user attribute, 2)
     journal = (workdir / "study.journal").read_text()
     assert journal.startswith(journal_before)
     added = [json.loads(line) for line in journal[len(journal_before) :].splitlines()]
-    assert {record["op_code"] for record in added} <= {0}
+    assert {record["op_code"] for record in added} <= {0, 2}
+    began = optuna.load_study(
+        study_name="sweep", storage=optuna.storages.JournalStorage(JournalFileBackend(str(workdir / "study.journal")))
+    ).user_attrs["config"]
+    assert began["model"]["name"] == "transformer" and began["model"]["use_bias"] is True
     assert not any((workdir / "trials" / name / "checkpoints").exists() for name in ("trial_0000", "trial_0001"))
     with open(workdir / "results.csv") as f:
         rows = list(csv.DictReader(f))

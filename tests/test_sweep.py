@@ -4,6 +4,7 @@ per worker) with tests/helpers/fake_train.py standing in."""
 
 import argparse
 import csv
+import json
 import logging
 import os
 import re
@@ -610,52 +611,51 @@ def test_an_objective_is_a_score_of_the_task_and_takes_its_direction(tmp_path):
             tuning.study.load_sweep(path, config)
 
 
-def test_a_sweep_resumed_after_a_default_changed_runs_its_new_trials_as_it_began(tmp_path, caplog, capsys):
-    # The first trial's config.json as today's code would not write it: a field of KEPT_ON_RESUME (the
-    # Transformer's attention biases, on by default until 2026-11-28) is kept for the sweep's new
-    # trials, a changed model field stops the sweep by name, a changed interval goes on.
-    from configs import base
-    from run_setup import settings
+RECORD_ARGS_TRAIN = """
+import json, sys
+from pathlib import Path
 
+workdir = Path(next(arg for arg in sys.argv if arg.startswith("--workdir=")).split("=", 1)[1])
+(workdir / "argv.json").write_text(json.dumps(sys.argv[1:]))
+(workdir / "metrics.jsonl").write_text(json.dumps({"step": 20, "split": "dev", "loss": 1.0}) + "\\n")
+"""
+
+
+def test_a_sweep_resumed_after_a_default_changed_runs_its_new_trials_as_it_began(tmp_path, caplog, capsys):
+    # What the sweep began with, as its study recorded it, against today's config: a field of
+    # KEPT_ON_RESUME (the Transformer's attention biases, on by default until 2026-11-28) is kept for
+    # its new trials, a changed model or optimization field stops it by name, a changed interval goes on.
     config = tiny_config_file(tmp_path, tmp_path / "data")
     space = {"learning_rate": ("categorical", [1e-3, 3e-3])}
     sweep = tuning.study.load_sweep(
         sweep_file(tmp_path, method="grid", space=space, objective="dev/loss", budget={"warmup_steps": 3}), config
     )
-    study = tuning.study.open_study(open_args(config, tmp_path / "sweep"), sweep)
-    # no trial has a run folder yet
-    assert tuning.study.as_the_sweep_began(study, config, sweep) == sweep
-    trial = study.ask(tuning.study.distributions(sweep))
-    folder = tmp_path / "sweep" / "trials" / "trial_0000"
-    folder.mkdir(parents=True)
-    trial.set_user_attr("workdir", str(folder))
-    study.tell(trial, 1.0)
-    today = base.load(config, tuning.study.override_flags({**sweep.budget, **trial.params})).to_dict()
+    args = open_args(config, tmp_path / "sweep")
+    study = tuning.study.open_study(args, sweep)
+    today = study.user_attrs["config"]
     assert today["model"]["use_bias"] is False and today["warmup_steps"] == 3
+    assert tuning.study.as_the_sweep_began(study, args, sweep) == {}
 
-    def began_with(**changes) -> tuning.study.Sweep:
-        fields = {**today, "model": {**today["model"]}}
+    def began_with(**changes) -> dict:
+        recorded = {**today, "model": {**today["model"]}}
         for name, value in changes.items():
             group, _, field = name.rpartition("__")
-            (fields[group] if group else fields)[field] = value
-        settings.write_run_config(settings.parse(fields), folder)
-        return tuning.study.as_the_sweep_began(study, config, sweep)
+            (recorded[group] if group else recorded)[field] = value
+        study.set_user_attr("config", recorded)
+        return tuning.study.as_the_sweep_began(study, args, sweep)
 
-    kept = began_with(model__use_bias=True)
-    assert kept.budget == {"warmup_steps": 3, "model.use_bias": True}
-    assert base.load(config, tuning.study.override_flags(kept.budget)).model.use_bias is True
-    # the swept field is the trial's own
-    assert began_with(learning_rate=0.25) == sweep
-    with pytest.raises(tuning.study.SweepError, match=r"trial 0's .*config.json\): model.d_ff: 64 -> 32"):
-        began_with(model__d_ff=64)
-    with pytest.raises(tuning.study.SweepError, match=r"warmup_steps: 5 -> 3"):
-        began_with(warmup_steps=5)
     with caplog.at_level("INFO"):
-        assert began_with(log_every_steps=7) == sweep
+        assert began_with(model__use_bias=True) == {"model.use_bias": True}
+        # the swept field is each trial's own
+        assert began_with(learning_rate=0.25) == {}
+        assert began_with(log_every_steps=7) == {}
+    assert "model.use_bias: True, as the sweep began (today's False is for new sweeps)" in caplog.text
     assert "the sweep goes on with a changed field, log_every_steps: 7 -> 5" in caplog.text
-    # sweep.py stops there, before its workers start, with the error's one line
-    with pytest.raises(tuning.study.SweepError):
+    with pytest.raises(tuning.study.SweepError, match=r"the study's record\): warmup_steps: 5 -> 3\."):
+        began_with(warmup_steps=5)
+    with pytest.raises(tuning.study.SweepError, match=r"model.d_ff: 64 -> 32\. .* another --workdir"):
         began_with(model__d_ff=64)
+    # sweep.py stops there, before its workers start, with the error's one line
     import sweep as sweep_command
 
     argv = [f"--config={config}", f"--sweep={tmp_path / 'sweep_file.py'}", f"--workdir={tmp_path / 'sweep'}"]
@@ -665,5 +665,36 @@ def test_a_sweep_resumed_after_a_default_changed_runs_its_new_trials_as_it_began
     finally:
         # (main sets the root logger's level for its progress lines)
         logging.getLogger().setLevel(level)
-    assert "sweep.py: error: the sweep began with another config" in capsys.readouterr().err
-    assert len(load_study(tmp_path / "sweep").trials) == 2
+    assert "sweep.py: error: the sweep began with another config (the study's record)" in capsys.readouterr().err
+    assert [t.state.name for t in load_study(tmp_path / "sweep").trials] == ["WAITING", "WAITING"]
+
+    # A study made before it recorded its config: its first readable trial folder here stands for it
+    # (a corrupt config.json passed over), and is recorded then for the machines without one.
+    study.set_user_attr("config", None)
+    first, second = (study.ask(tuning.study.distributions(sweep)) for _ in range(2))
+    for trial, text in (
+        (first, "{not json"),
+        (second, json.dumps({**today, "model": {**today["model"], "use_bias": True}})),
+    ):
+        folder = tmp_path / "sweep" / "trials" / f"trial_{trial.number:04d}"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(text)
+        trial.set_user_attr("workdir", str(folder))
+        study.tell(trial, 1.0)
+    with caplog.at_level("WARNING"):
+        assert tuning.study.as_the_sweep_began(study, args, sweep) == {"model.use_bias": True}
+    assert f"trial {first.number}'s run folder passed over" in caplog.text
+    assert study.user_attrs["config"]["model"]["use_bias"] is True
+
+    # A worker's trial gets the kept field on its command, where its model has the field
+    args.train_script = write(tmp_path / "record_args_train.py", RECORD_ARGS_TRAIN)
+    trial = study.ask(tuning.study.distributions(sweep))
+    kept = {"model.use_bias": True, "model.a_field_of_another_family": 1}
+    tuning.trial.run_trial(study, trial, args, sweep, kept)
+    argv = json.loads((tmp_path / "sweep" / "trials" / f"trial_{trial.number:04d}" / "argv.json").read_text())
+    assert argv[2:] == [
+        "--config.warmup_steps=3",
+        "--config.model.use_bias=True",
+        f"--config.learning_rate={trial.params['learning_rate']!r}",
+    ]
+    assert study.trials[trial.number].state.name == "COMPLETE"

@@ -18,7 +18,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from configs import base
 from utils import files
-from utils.errors import ConfigError
+from utils.errors import ConfigError, UserError
 
 METHODS = ("grid", "random", "tpe")
 SPACE_KINDS = ("categorical", "uniform", "log_uniform", "int")
@@ -84,56 +84,95 @@ def with_overrides(config_path: str | Path, overrides: dict[str, Any], where: st
     return base.load(config_path, override_flags(overrides))
 
 
-def as_the_sweep_began(study: optuna.Study, config_path: str | Path, sweep: Sweep) -> Sweep:
-    """`sweep` with the fields its trials keep as its first trial ran them added to its budget: a sweep
-    resumed after today's code changed a default its trials ran with goes on as it began, so that
-    its trials stay comparable (as a resumed run keeps `compatibility.KEPT_ON_RESUME`, the
-    Transformer's attention biases say).
+def trials_start_from(config_path: str | Path, sweep: Sweep):
+    """The settings every trial of `sweep` starts from today (the config file and the budget, before
+    its params), or None for a config that is not attend's (another `--train_script`)."""
+    config = with_overrides(config_path, sweep.budget, "the sweep's budget")
+    if not base.has_field(config, "task.name"):
+        return None
+    # JAX, through run_setup.settings: only for attend's own configs, as `objective_direction`
+    from run_setup import settings
 
-    The first trial whose run folder is on this machine is compared with the config the same trial
-    would get today (the config file, the budget, its params). A model, task, vocabulary, data,
-    seed or optimization field that differs, other than the swept ones, stops the sweep; other
-    changes (intervals, decoding, logging) go on, logged. A config that is not attend's (another
-    `--train_script`), or a study without such a folder, is left as it is.
+    return settings.parse(config)
+
+
+def as_the_sweep_began(study: optuna.Study, args, sweep: Sweep) -> dict[str, Any]:
+    """The overrides that make a resumed sweep's new trials run as its first ones did, where today's
+    code changed a default that a resumed run keeps (`compatibility.KEPT_ON_RESUME`: the
+    Transformer's attention biases, say): `{"model.use_bias": True}`, or `{}`.
+
+    What the sweep began with is the config its study recorded when it was made (`open_study`);
+    for a study made before it recorded one, the config.json of its first trial with a readable run
+    folder on this machine, recorded then for the machines without one. It is compared with the
+    config every trial starts from today: a model, task, vocabulary, data, seed or optimization
+    field that differs, but the swept ones and those kept, stops the sweep; other changes
+    (intervals, decoding, logging) go on, logged. A config that is not attend's, or an old study
+    without such a folder here, gives `{}`.
 
     Raises:
-      SweepError: naming the fields that differ from the first trial's config.json.
+      SweepError: naming the fields that differ from what the sweep began with.
     """
-    if not base.has_field(base.load(config_path), "model.name"):
-        return sweep
-    # JAX, through run_setup.settings: only for attend's own configs, as `objective_direction`
+    today = trials_start_from(args.config, sweep)
+    if today is None:
+        return {}
+    import ml_collections
+
     from run_setup import compatibility, settings
     from run_setup.settings import OptimizationSettings
 
-    for trial in sorted(study.get_trials(deepcopy=False), key=lambda trial: trial.number):
-        folder = trial.user_attrs.get("workdir")
-        began = settings.read_run_settings(folder) if folder else None
-        if began is not None:
-            break
+    recorded, source = study.user_attrs.get("config"), "the study's record"
+    if recorded is not None:
+        began = settings.parse(base.with_defaults(ml_collections.ConfigDict(settings.copy_tree(recorded))))
     else:
-        return sweep
-    where = f"trial {trial.number} as it would run today"
-    today = settings.parse(with_overrides(config_path, {**sweep.budget, **trial.params}, where))
-    kept = {f"model.{field}": value for field, value in compatibility.kept_fields(today, began).items()}
-    today = compatibility.with_run_kept_fields(today, began)
+        began, source = first_trial_settings(study, Path(args.workdir))
+        if began is None:
+            return {}
+        study.set_user_attr("config", as_json(began.as_dict()))
+    kept = compatibility.kept_fields(today, began)
+    for field, value in kept.items():
+        today_value = today.fields["model"][field]
+        logging.info("model.%s: %r, as the sweep began (today's %r is for new sweeps)", field, value, today_value)
     # what a trial's steps compute, not how the loop runs them or how often it logs
     optimization = {field.name for field in dataclasses.fields(OptimizationSettings)} - {
         "grad_accum_unroll",
         "log_every_steps",
     }
     identity = (*compatibility.RUN_IDENTITY, *sorted(optimization))
-    swept = lambda change: change.split(":")[0] in sweep.space  # noqa: E731
-    changed = [change for change in compatibility.differences(began, today, identity) if not swept(change)]
-    if changed:
+    left_alone = {*sweep.space, *(f"model.{field}" for field in kept)}
+    changes = lambda groups: [  # noqa: E731
+        change for change in compatibility.differences(began, today, groups) if change.split(":")[0] not in left_alone
+    ]
+    if changed := changes(identity):
         raise SweepError(
-            f"the sweep began with another config (trial {trial.number}'s {Path(folder) / 'config.json'}): "
-            f"{'; '.join(changed)}. Its trials differ only in the swept fields: undo the change, or use "
-            "another --workdir or --study_name"
+            f"the sweep began with another config ({source}): {'; '.join(changed)}. Its trials differ only in "
+            "the swept fields: undo the change, or start the sweep afresh in another --workdir"
         )
-    others = [group for group in today.fields if group not in identity]
-    for change in compatibility.differences(began, today, others):
+    for change in changes([group for group in today.fields if group not in identity]):
         logging.info("the sweep goes on with a changed field, %s", change)
-    return dataclasses.replace(sweep, budget={**sweep.budget, **kept}) if kept else sweep
+    return {f"model.{field}": value for field, value in kept.items()}
+
+
+def first_trial_settings(study: optuna.Study, workdir: Path):
+    """`(settings, where)` of the study's first trial whose run folder here holds a readable
+    config.json, or `(None, "")`; an unreadable one is passed over with a warning."""
+    from run_setup import settings
+    from tuning.results import trial_folder
+
+    for trial in sorted(study.get_trials(deepcopy=False), key=lambda trial: trial.number):
+        folder = trial_folder(trial.user_attrs.get("workdir", ""), workdir)
+        try:
+            began = settings.read_run_settings(folder) if folder else None
+        except UserError as error:
+            logging.warning("sweep: trial %d's run folder passed over: %s", trial.number, error)
+            continue
+        if began is not None:
+            return began, f"trial {trial.number}'s {Path(folder) / 'config.json'}"
+    return None, ""
+
+
+def as_json(tree: Any) -> Any:
+    """`tree` as JSON reads it back (tuples as lists): what a study's user attribute holds."""
+    return json.loads(json.dumps(tree, default=list))
 
 
 def space_values(path: str | Path, name: str, space: Any) -> list:
@@ -293,6 +332,10 @@ def open_study(args, sweep: Sweep) -> optuna.Study:
                 # skipping the points queued before a kill
                 for point in grid_points(sweep):
                     study.enqueue_trial(point, user_attrs={"queued": True}, skip_if_exists=True)
+            # what the trials start from, against which a resumed sweep checks today's (`as_the_sweep_began`)
+            start = trials_start_from(args.config, sweep)
+            if start is not None:
+                study.set_user_attr("config", as_json(start.as_dict()))
             study.set_user_attr("description", description)
         elif recorded != description:
             raise SweepError(

@@ -23,6 +23,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from configs import base
 from tuning.results import write_results
 from tuning.study import (
     Sweep,
@@ -93,13 +94,16 @@ def last_lines(path: Path, count: int = 3) -> str:
     return " | ".join((errors or lines)[-count:])[-1000:] or "no output"
 
 
-def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep) -> None:
-    """Runs train.py for the trial, reports the objective, prunes, and tells the study the outcome.
-    A stop request (SIGTERM/SIGINT) stops the trial, which saves its checkpoint."""
+def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, kept: dict[str, Any]) -> None:
+    """Runs train.py for the trial, with the fields the sweep keeps as it began (`kept`, see
+    `as_the_sweep_began`) where its model has them, reports the objective, prunes, and tells the
+    study the outcome. A stop request (SIGTERM/SIGINT) stops the trial, which saves its checkpoint."""
     workdir = Path(trial.user_attrs.get("workdir") or Path(args.workdir) / "trials" / f"trial_{trial.number:04d}")
     workdir.mkdir(parents=True, exist_ok=True)
-    overrides = {**sweep.budget, **trial.params}
-    num_train_steps = with_overrides(args.config, overrides, f"trial {trial.number}").num_train_steps
+    config = with_overrides(args.config, {**sweep.budget, **trial.params}, f"trial {trial.number}")
+    # (a swept model family may lack a kept field)
+    overrides = {**sweep.budget, **{k: v for k, v in kept.items() if base.has_field(config, k)}, **trial.params}
+    num_train_steps = config.num_train_steps
     command = trial_command(args, workdir, overrides)
     trial.set_user_attr("workdir", str(workdir))
     trial.set_user_attr("command", shlex.join(command))
@@ -194,7 +198,7 @@ def run_worker(args, sweep: Sweep) -> None:
 
 def work_until_done(args, sweep: Sweep) -> None:
     study = open_study(args, sweep)
-    sweep = as_the_sweep_began(study, args.config, sweep)
+    kept = as_the_sweep_began(study, args, sweep)
     space = distributions(sweep)
     while not stop_signals.requested():
         recover_dead_trials(study)
@@ -209,7 +213,7 @@ def work_until_done(args, sweep: Sweep) -> None:
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.FAIL)
             continue
-        run_trial(study, trial, args, sweep)
+        run_trial(study, trial, args, sweep, kept)
         # the sweep's page and tables as of this trial; the picture at the end
         write_results(study, sweep, args, picture=False)
 
