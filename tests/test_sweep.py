@@ -653,6 +653,8 @@ def test_a_sweep_resumed_after_a_default_changed_runs_its_new_trials_as_it_began
     assert "the sweep goes on with a changed field, log_every_steps: 7 -> 5" in caplog.text
     with pytest.raises(tuning.study.SweepError, match=r"the study's record\): warmup_steps: 5 -> 3\."):
         began_with(warmup_steps=5)
+    with pytest.raises(tuning.study.SweepError, match=r"the study's record\) no longer reads: .*d_ff"):
+        began_with(model__d_ff=-1)
     with pytest.raises(tuning.study.SweepError, match=r"model.d_ff: 64 -> 32\. .* another --workdir"):
         began_with(model__d_ff=64)
     # sweep.py stops there, before its workers start, with the error's one line

@@ -122,7 +122,11 @@ def as_the_sweep_began(study: optuna.Study, args, sweep: Sweep) -> dict[str, Any
 
     recorded, source = study.user_attrs.get("config"), "the study's record"
     if recorded is not None:
-        began = settings.parse(base.with_defaults(ml_collections.ConfigDict(settings.copy_tree(recorded))))
+        try:
+            began = settings.parse(base.with_defaults(ml_collections.ConfigDict(settings.copy_tree(recorded))))
+        except ConfigError as error:
+            reason = f"the config the sweep began with (the study's record) no longer reads: {error}"
+            raise SweepError(reason) from error
     else:
         began, source = first_trial_settings(study, Path(args.workdir))
         if began is None:
