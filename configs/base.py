@@ -32,8 +32,9 @@ import contextlib
 import importlib.util
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import ml_collections
 from absl import flags
@@ -275,13 +276,22 @@ def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict | None:
     if not path.is_file():
         return None
     try:
-        saved = json.loads(
-            path.read_text(),
-            object_hook=lambda fields: {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()},
-        )
+        saved = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise DataError(f"{path} is not a readable config ({error}); restore it or use a fresh workdir") from error
-    return with_defaults(ml_collections.ConfigDict(saved))
+    return from_saved(saved)
+
+
+def from_saved(fields: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A resolved config as JSON held it (a run's config.json, a sweep study's record): its lists back
+    as tuples, completed by `with_defaults`."""
+
+    def with_tuples(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {name: with_tuples(field) for name, field in value.items()}
+        return tuple(value) if isinstance(value, list) else value
+
+    return with_defaults(ml_collections.ConfigDict(with_tuples(fields)))
 
 
 def has_field(config: ml_collections.ConfigDict, dotted_name: str) -> bool:

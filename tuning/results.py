@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from report import pages
-from tuning.study import Sweep, trials_toward_the_count
+from tuning.study import Sweep, trial_folder, trials_toward_the_count
 
 # and per-module metrics (names with "/")
 NOT_SHOWN = ("step", "decoded_examples")
@@ -41,17 +41,6 @@ def result_rows(study: optuna.Study, sweep: Sweep) -> list[dict]:
         row.update(error=trial.user_attrs.get("error", ""), workdir=trial.user_attrs.get("workdir", ""))
         rows.append(row)
     return rows
-
-
-def trial_folder(recorded: str, workdir: Path) -> str:
-    """Where a trial's folder is: the folder of its name in this sweep's `trials/` where it is there
-    (the study records absolute paths, which a sweep folder moved or copied since no longer has;
-    trial folders are named by the study's trial numbers, so one of that name is that trial's),
-    else the path the study recorded (a trial another machine ran)."""
-    if not recorded:
-        return recorded
-    here = workdir / "trials" / Path(recorded).name
-    return str(here.absolute()) if here.is_dir() else recorded
 
 
 def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = True) -> Path:

@@ -115,15 +115,13 @@ def as_the_sweep_began(study: optuna.Study, args, sweep: Sweep) -> dict[str, Any
     today = trials_start_from(args.config, sweep)
     if today is None:
         return {}
-    import ml_collections
-
     from run_setup import compatibility, settings
     from run_setup.settings import OptimizationSettings
 
     recorded, source = study.user_attrs.get("config"), "the study's record"
     if recorded is not None:
         try:
-            began = settings.parse(base.with_defaults(ml_collections.ConfigDict(settings.copy_tree(recorded))))
+            began = settings.parse(base.from_saved(recorded))
         except ConfigError as error:
             reason = f"the config the sweep began with (the study's record) no longer reads: {error}"
             raise SweepError(reason) from error
@@ -160,7 +158,6 @@ def first_trial_settings(study: optuna.Study, workdir: Path):
     """`(settings, where)` of the study's first trial whose run folder here holds a readable
     config.json, or `(None, "")`; an unreadable one is passed over with a warning."""
     from run_setup import settings
-    from tuning.results import trial_folder
 
     for trial in sorted(study.get_trials(deepcopy=False), key=lambda trial: trial.number):
         folder = trial_folder(trial.user_attrs.get("workdir", ""), workdir)
@@ -172,6 +169,17 @@ def first_trial_settings(study: optuna.Study, workdir: Path):
         if began is not None:
             return began, f"trial {trial.number}'s {Path(folder) / 'config.json'}"
     return None, ""
+
+
+def trial_folder(recorded: str, workdir: Path) -> str:
+    """Where a trial's folder is: the folder of its name in this sweep's `trials/` where it is there
+    (the study records absolute paths, which a sweep folder moved or copied since no longer has;
+    trial folders are named by the study's trial numbers, so one of that name is that trial's),
+    else the path the study recorded (a trial another machine ran)."""
+    if not recorded:
+        return recorded
+    here = workdir / "trials" / Path(recorded).name
+    return str(here.absolute()) if here.is_dir() else recorded
 
 
 def as_json(tree: Any) -> Any:
