@@ -279,19 +279,23 @@ def read_run_config(workdir: str | Path) -> ml_collections.ConfigDict | None:
         saved = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise DataError(f"{path} is not a readable config ({error}); restore it or use a fresh workdir") from error
-    return from_saved(saved)
+    try:
+        return from_saved(saved)
+    except UserError:
+        raise
+    except (TypeError, ValueError) as error:
+        raise DataError(f"{path} does not fit today's config fields ({error}); use a fresh workdir") from error
 
 
 def from_saved(fields: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    """A resolved config as JSON held it (a run's config.json, a sweep study's record): its lists back
-    as tuples, completed by `with_defaults`."""
+    """A resolved config as JSON held it (a run's config.json, a sweep study's record): each list
+    that is a field's value back as a tuple, completed by `with_defaults`.
 
-    def with_tuples(value: Any) -> Any:
-        if isinstance(value, Mapping):
-            return {name: with_tuples(field) for name, field in value.items()}
-        return tuple(value) if isinstance(value, list) else value
-
-    return with_defaults(ml_collections.ConfigDict(with_tuples(fields)))
+    Raises:
+      TypeError, ValueError: a field's value does not fit the field's type today.
+    """
+    as_tuples = lambda group: {k: tuple(v) if isinstance(v, list) else v for k, v in group.items()}  # noqa: E731
+    return with_defaults(ml_collections.ConfigDict(json.loads(json.dumps(fields), object_hook=as_tuples)))
 
 
 def has_field(config: ml_collections.ConfigDict, dotted_name: str) -> bool:

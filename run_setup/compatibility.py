@@ -55,9 +55,13 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
 
 def differences(saved: Settings, new: Settings, groups: Sequence[str]) -> list[str]:
     """`"name: saved -> new"` for each field of `groups` (a group, or a field by its dotted name) that differs."""
+    return field_differences(saved.fields, new.fields, groups)
 
-    def flat(settings: Settings) -> dict[str, Any]:
-        fields = settings.fields
+
+def field_differences(saved: Mapping, new: Mapping, groups: Sequence[str]) -> list[str]:
+    """`differences` of two configs as nested dicts."""
+
+    def flat(fields: Mapping) -> dict[str, Any]:
         return {
             name: value for name, value in flatten(fields).items() if name.split(".")[0] in groups or name in groups
         }
@@ -91,17 +95,17 @@ def check_resume(settings: Settings, workdir: Path) -> Settings:
     return settings
 
 
-def kept_fields(settings: Settings, saved: Settings) -> dict[str, Any]:
-    """`{field: the run's value}` for each model field of `KEPT_ON_RESUME` where `settings` differ from
-    the run's (`saved`)."""
-    own, run = settings.fields["model"], saved.fields["model"]
+def kept_fields(fields: Mapping, saved: Mapping) -> dict[str, Any]:
+    """`{field: the run's value}` for each model field of `KEPT_ON_RESUME` where the config `fields`
+    differs from the run's (`saved`; both nested dicts)."""
+    own, run = fields["model"], saved["model"]
     return {field: run[field] for field in KEPT_ON_RESUME if field in own and field in run and own[field] != run[field]}
 
 
 def with_run_kept_fields(settings: Settings, saved: Settings) -> Settings:
     """`settings` with each of `KEPT_ON_RESUME` at the run's (`saved`) value, logged where the
     command's differs."""
-    kept, own = kept_fields(settings, saved), settings.fields["model"]
+    kept, own = kept_fields(settings.fields, saved.fields), settings.fields["model"]
     for field, value in kept.items():
         logging.info("model.%s: %r, as the run began (the command's %r is for new runs)", field, value, own[field])
     return parse({**settings.as_dict(), "model": {**own, **kept}}) if kept else settings

@@ -645,7 +645,7 @@ def test_a_sweep_resumed_after_a_default_changed_runs_its_new_trials_as_it_began
         return tuning.study.as_the_sweep_began(study, args, sweep)
 
     with caplog.at_level("INFO"):
-        assert began_with(model__use_bias=True) == {"model.use_bias": True}
+        assert began_with(model__use_bias=True) == {"model.name": "transformer", "model.use_bias": True}
         # the swept field is each trial's own
         assert began_with(learning_rate=0.25) == {}
         assert began_with(log_every_steps=7) == {}
@@ -653,8 +653,8 @@ def test_a_sweep_resumed_after_a_default_changed_runs_its_new_trials_as_it_began
     assert "the sweep goes on with a changed field, log_every_steps: 7 -> 5" in caplog.text
     with pytest.raises(tuning.study.SweepError, match=r"the study's record\): warmup_steps: 5 -> 3\."):
         began_with(warmup_steps=5)
-    with pytest.raises(tuning.study.SweepError, match=r"the study's record\) no longer reads: .*d_ff"):
-        began_with(model__d_ff=-1)
+    with pytest.raises(tuning.study.SweepError, match=r"the study's record\) no longer reads: .*warmup_steps"):
+        began_with(warmup_steps=1.5)
     with pytest.raises(tuning.study.SweepError, match=r"model.d_ff: 64 -> 32\. .* another --workdir"):
         began_with(model__d_ff=64)
     # sweep.py stops there, before its workers start, with the error's one line
@@ -684,19 +684,33 @@ def test_a_sweep_resumed_after_a_default_changed_runs_its_new_trials_as_it_began
         trial.set_user_attr("workdir", str(folder))
         study.tell(trial, 1.0)
     with caplog.at_level("WARNING"):
-        assert tuning.study.as_the_sweep_began(study, args, sweep) == {"model.use_bias": True}
+        assert tuning.study.as_the_sweep_began(study, args, sweep) == {
+            "model.name": "transformer",
+            "model.use_bias": True,
+        }
     assert f"trial {first.number}'s run folder passed over" in caplog.text
     assert study.user_attrs["config"]["model"]["use_bias"] is True
 
-    # A worker's trial gets the kept field on its command, where its model has the field
+    # A worker's trial gets the kept fields on its command where its model is the config file's family
     args.train_script = write(tmp_path / "record_args_train.py", RECORD_ARGS_TRAIN)
-    trial = study.ask(tuning.study.distributions(sweep))
-    kept = {"model.use_bias": True, "model.a_field_of_another_family": 1}
-    tuning.trial.run_trial(study, trial, args, sweep, kept)
-    argv = json.loads((tmp_path / "sweep" / "trials" / f"trial_{trial.number:04d}" / "argv.json").read_text())
-    assert argv[2:] == [
-        "--config.warmup_steps=3",
-        "--config.model.use_bias=True",
-        f"--config.learning_rate={trial.params['learning_rate']!r}",
-    ]
-    assert study.trials[trial.number].state.name == "COMPLETE"
+    for family, expected in (("transformer", ["--config.model.use_bias=True"]), ("rnnsearch", [])):
+        trial = study.ask(tuning.study.distributions(sweep))
+        tuning.trial.run_trial(study, trial, args, sweep, {"model.name": family, "model.use_bias": True})
+        argv = json.loads((tmp_path / "sweep" / "trials" / f"trial_{trial.number:04d}" / "argv.json").read_text())
+        learning_rate = f"--config.learning_rate={trial.params['learning_rate']!r}"
+        assert argv[2:] == ["--config.warmup_steps=3", *expected, learning_rate], family
+        assert study.trials[trial.number].state.name == "COMPLETE"
+
+    # a budget that fits only beside the trials' params (num_hypotheses <= each swept beam size)
+    beams = tuning.study.load_sweep(
+        sweep_file(
+            tmp_path,
+            method="grid",
+            space={"decode.beam_size": ("categorical", [4, 8])},
+            objective="dev/loss",
+            budget={"decode.num_hypotheses": 4},
+        ),
+        config,
+    )
+    beams_args = open_args(config, tmp_path / "beams")
+    assert tuning.study.as_the_sweep_began(tuning.study.open_study(beams_args, beams), beams_args, beams) == {}

@@ -84,55 +84,49 @@ def with_overrides(config_path: str | Path, overrides: dict[str, Any], where: st
     return base.load(config_path, override_flags(overrides))
 
 
-def trials_start_from(config_path: str | Path, sweep: Sweep):
-    """The settings every trial of `sweep` starts from today (the config file and the budget, before
-    its params), or None for a config that is not attend's (another `--train_script`)."""
+def trials_start_from(config_path: str | Path, sweep: Sweep) -> dict[str, Any] | None:
+    """The config every trial of `sweep` starts from today (the config file and the budget, before
+    its params) as JSON holds it, or None for a config that is not attend's (another
+    `--train_script`). Not checked as a whole: some fields fit together only with a trial's params
+    (a budget's `decode.num_hypotheses` beside a swept `decode.beam_size`)."""
     config = with_overrides(config_path, sweep.budget, "the sweep's budget")
-    if not base.has_field(config, "task.name"):
-        return None
-    # JAX, through run_setup.settings: only for attend's own configs, as `objective_direction`
-    from run_setup import settings
-
-    return settings.parse(config)
+    return as_json(config.to_dict()) if base.has_field(config, "task.name") else None
 
 
 def as_the_sweep_began(study: optuna.Study, args, sweep: Sweep) -> dict[str, Any]:
     """The overrides that make a resumed sweep's new trials run as its first ones did, where today's
     code changed a default that a resumed run keeps (`compatibility.KEPT_ON_RESUME`: the
-    Transformer's attention biases, say): `{"model.use_bias": True}`, or `{}`.
+    Transformer's attention biases, say): `{"model.name": its family, "model.use_bias": True}`, or
+    `{}`. They are the config file's model family's (`run_trial` gives them to its trials only).
 
     What the sweep began with is the config its study recorded when it was made (`open_study`);
-    for a study made before it recorded one, the config.json of its first trial with a readable run
-    folder on this machine, recorded then for the machines without one. It is compared with the
-    config every trial starts from today: a model, task, vocabulary, data, seed or optimization
-    field that differs, but the swept ones and those kept, stops the sweep; other changes
-    (intervals, decoding, logging) go on, logged. A config that is not attend's, or an old study
-    without such a folder here, gives `{}`.
+    for a study made before it recorded one, the config.json of its first trial of the config
+    file's model and task with a readable run folder on this machine, recorded then for the
+    machines without one. It is compared with the config every trial starts from today: a model,
+    task, vocabulary, data, seed or optimization field that differs, but the swept ones and those
+    kept, stops the sweep; other changes (intervals, decoding, logging) go on, logged. A config
+    that is not attend's, or an old study without such a folder here, gives `{}`.
 
     Raises:
       SweepError: naming the fields that differ from what the sweep began with.
     """
-    today = trials_start_from(args.config, sweep)
-    if today is None:
+    start = trials_start_from(args.config, sweep)
+    if start is None:
         return {}
-    from run_setup import compatibility, settings
+    from run_setup import compatibility
     from run_setup.settings import OptimizationSettings
 
+    today = saved_config(start, "today's config")
     recorded, source = study.user_attrs.get("config"), "the study's record"
-    if recorded is not None:
-        try:
-            began = settings.parse(base.from_saved(recorded))
-        except ConfigError as error:
-            reason = f"the config the sweep began with (the study's record) no longer reads: {error}"
-            raise SweepError(reason) from error
-    else:
-        began, source = first_trial_settings(study, Path(args.workdir))
-        if began is None:
+    if recorded is None:
+        recorded, source = first_trial_config(study, Path(args.workdir), today)
+        if recorded is None:
             return {}
-        study.set_user_attr("config", as_json(began.as_dict()))
+        study.set_user_attr("config", recorded)
+    began = saved_config(recorded, f"the config the sweep began with ({source})")
     kept = compatibility.kept_fields(today, began)
     for field, value in kept.items():
-        today_value = today.fields["model"][field]
+        today_value = today["model"][field]
         logging.info("model.%s: %r, as the sweep began (today's %r is for new sweeps)", field, value, today_value)
     # what a trial's steps compute, not how the loop runs them or how often it logs
     optimization = {field.name for field in dataclasses.fields(OptimizationSettings)} - {
@@ -142,32 +136,49 @@ def as_the_sweep_began(study: optuna.Study, args, sweep: Sweep) -> dict[str, Any
     identity = (*compatibility.RUN_IDENTITY, *sorted(optimization))
     left_alone = {*sweep.space, *(f"model.{field}" for field in kept)}
     changes = lambda groups: [  # noqa: E731
-        change for change in compatibility.differences(began, today, groups) if change.split(":")[0] not in left_alone
+        change
+        for change in compatibility.field_differences(began, today, groups)
+        if change.split(":")[0] not in left_alone
     ]
     if changed := changes(identity):
         raise SweepError(
             f"the sweep began with another config ({source}): {'; '.join(changed)}. Its trials differ only in "
-            "the swept fields: undo the change, or start the sweep afresh in another --workdir"
+            "the swept fields: undo the change, or start the sweep afresh in another --workdir (with --storage, "
+            "under a --study_name not used before)"
         )
-    for change in changes([group for group in today.fields if group not in identity]):
+    for change in changes([group for group in today if group not in identity]):
         logging.info("the sweep goes on with a changed field, %s", change)
-    return {f"model.{field}": value for field, value in kept.items()}
+    if not kept:
+        return {}
+    return {"model.name": today["model"]["name"], **{f"model.{field}": value for field, value in kept.items()}}
 
 
-def first_trial_settings(study: optuna.Study, workdir: Path):
-    """`(settings, where)` of the study's first trial whose run folder here holds a readable
-    config.json, or `(None, "")`; an unreadable one is passed over with a warning."""
-    from run_setup import settings
+def saved_config(fields: dict[str, Any], what: str) -> dict[str, Any]:
+    """A config as JSON held it, read back as a run's config.json is (`base.from_saved`: a field it
+    lacks at its default, an old value under its new name), as a nested dict.
 
+    Raises:
+      SweepError: it does not fit today's fields, naming `what`.
+    """
+    try:
+        return base.from_saved(fields).to_dict()
+    except (ConfigError, TypeError, ValueError) as error:
+        raise SweepError(f"{what} no longer reads: {error}") from error
+
+
+def first_trial_config(study: optuna.Study, workdir: Path, today: dict[str, Any]) -> tuple[dict | None, str]:
+    """`(config, where)` of the study's first trial of `today`'s model and task whose run folder here
+    holds a readable config.json, as JSON holds it; `(None, "")` without one. An unreadable one is
+    passed over with a warning."""
     for trial in sorted(study.get_trials(deepcopy=False), key=lambda trial: trial.number):
         folder = trial_folder(trial.user_attrs.get("workdir", ""), workdir)
         try:
-            began = settings.read_run_settings(folder) if folder else None
+            config = base.read_run_config(folder) if folder else None
         except UserError as error:
             logging.warning("sweep: trial %d's run folder passed over: %s", trial.number, error)
             continue
-        if began is not None:
-            return began, f"trial {trial.number}'s {Path(folder) / 'config.json'}"
+        if config is not None and all(config[group].name == today[group]["name"] for group in ("model", "task")):
+            return as_json(config.to_dict()), f"trial {trial.number}'s {Path(folder) / 'config.json'}"
     return None, ""
 
 
@@ -347,7 +358,7 @@ def open_study(args, sweep: Sweep) -> optuna.Study:
             # what the trials start from, against which a resumed sweep checks today's (`as_the_sweep_began`)
             start = trials_start_from(args.config, sweep)
             if start is not None:
-                study.set_user_attr("config", as_json(start.as_dict()))
+                study.set_user_attr("config", start)
             study.set_user_attr("description", description)
         elif recorded != description:
             raise SweepError(

@@ -23,7 +23,6 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from configs import base
 from tuning.results import write_results
 from tuning.study import (
     Sweep,
@@ -96,13 +95,16 @@ def last_lines(path: Path, count: int = 3) -> str:
 
 def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, kept: dict[str, Any]) -> None:
     """Runs train.py for the trial, with the fields the sweep keeps as it began (`kept`, see
-    `as_the_sweep_began`) where its model has them, reports the objective, prunes, and tells the
+    `as_the_sweep_began`) where its model is theirs, reports the objective, prunes, and tells the
     study the outcome. A stop request (SIGTERM/SIGINT) stops the trial, which saves its checkpoint."""
     workdir = Path(trial.user_attrs.get("workdir") or Path(args.workdir) / "trials" / f"trial_{trial.number:04d}")
     workdir.mkdir(parents=True, exist_ok=True)
     config = with_overrides(args.config, {**sweep.budget, **trial.params}, f"trial {trial.number}")
-    # (a swept model family may lack a kept field)
-    overrides = {**sweep.budget, **{k: v for k, v in kept.items() if base.has_field(config, k)}, **trial.params}
+    # the kept fields are the config file's model family's (a swept family may not have them)
+    if kept and config.model.name == kept["model.name"]:
+        overrides = {**sweep.budget, **{k: v for k, v in kept.items() if k != "model.name"}, **trial.params}
+    else:
+        overrides = {**sweep.budget, **trial.params}
     num_train_steps = config.num_train_steps
     command = trial_command(args, workdir, overrides)
     trial.set_user_attr("workdir", str(workdir))
