@@ -126,8 +126,15 @@ def run_mode(run_settings: settings.Settings, workdir: Path):
     return evaluation.predict(run_settings, workdir)
 
 
-def set_up_process() -> None:
-    """What every training process sets before JAX's backend starts (the benchmarks too)."""
+def set_up_process(quiet: bool = True) -> None:
+    """What every training process sets before JAX's backend starts (the benchmarks too); `quiet`: the
+    libraries' INFO lines (Orbax and TFDS log through absl's logger) and their warnings that a run
+    cannot act on kept off the console (train.py shows them with --verbosity=1)."""
+    if quiet:
+        for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
+            logging.getLogger(library).setLevel(logging.WARNING)
+        # (a record's msg may be any object, an unhashable one too)
+        logging.getLogger("absl").addFilter(lambda record: str(record.msg) not in UNACTIONABLE_LIBRARY_WARNINGS)
     # shown in the start-up summary (a bad flag's error stays the only line on stderr)
     allocator.set_up()
     # the next run loads its programs instead of compiling them
@@ -147,14 +154,7 @@ def set_up_process() -> None:
 def main(argv) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    set_up_process()
-    # the libraries' INFO lines (Orbax and TFDS log through absl's logger), and their warnings that a run
-    # cannot act on, with --verbosity=1
-    if FLAGS.verbosity < 1:
-        for library in ("absl", "jax", "orbax", "grain", "tensorflow_datasets"):
-            logging.getLogger(library).setLevel(logging.WARNING)
-        # (a record's msg may be any object, an unhashable one too)
-        logging.getLogger("absl").addFilter(lambda record: str(record.msg) not in UNACTIONABLE_LIBRARY_WARNINGS)
+    set_up_process(quiet=FLAGS.verbosity < 1)
     workdir = Path(FLAGS.workdir) if FLAGS.workdir else default_workdir()
     try:
         # SIGTERM/SIGINT stop every phase within seconds (utils/stop_signals.py)
