@@ -172,9 +172,9 @@ def main(argv: list[str]) -> int:
         # the sweep's progress lines (absl's handler shows them on stderr)
         logging.getLogger().setLevel(logging.INFO)
         # refused here, before any worker starts, where the code or config file changed what the trials run
-        as_the_sweep_began(study, args, sweep)
+        kept = as_the_sweep_began(study, args, sweep)
         status = launch_workers(argv, environments, study, sweep.num_trials)
-        results = write_results(study, sweep, args)
+        results = write_results(study, sweep, args, kept=kept)
     except ConfigError as error:
         print(f"sweep.py: error: {error}", file=sys.stderr)
         return 2

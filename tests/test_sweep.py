@@ -21,6 +21,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+import tuning.results
 import tuning.study
 import tuning.trial
 from helpers.tiny import xla_flags
@@ -714,3 +715,23 @@ def test_a_sweep_resumed_after_a_default_changed_runs_its_new_trials_as_it_began
     )
     beams_args = open_args(config, tmp_path / "beams")
     assert tuning.study.as_the_sweep_began(tuning.study.open_study(beams_args, beams), beams_args, beams) == {}
+
+
+def test_the_best_command_of_a_trial_run_before_a_default_changed_reproduces_it(tmp_path):
+    # results.md's command for a best trial that ran before the code changed a kept default: with the flag
+    config = tiny_config_file(tmp_path, tmp_path / "data")
+    path = sweep_file(tmp_path, method="grid", space={"learning_rate": ("categorical", [1e-3])}, objective="dev/loss")
+    sweep = tuning.study.load_sweep(path, config)
+    args = open_args(config, tmp_path / "sweep")
+    args.sweep = str(path)
+    study = tuning.study.open_study(args, sweep)
+    trial = study.ask(tuning.study.distributions(sweep))
+    ran = ["python", "train.py", f"--config={config}", "--workdir=trial_0000", "--config.learning_rate=0.001"]
+    trial.set_user_attr("command", " ".join(ran))
+    study.tell(trial, 0.5)
+    kept = {"model.name": "transformer", "model.use_bias": True}
+    markdown = tuning.results.write_results(study, sweep, args, picture=False, kept=kept).read_text()
+    assert "--config.learning_rate=0.001 --config.model.use_bias=True\n" in markdown, markdown
+    # a command that sets the field keeps its own; a trial of another family gets nothing
+    assert tuning.results.as_it_ran(ran, {"model.name": "rnnsearch"}, kept) == ran
+    assert tuning.results.as_it_ran(["--config.model.use_bias=False"], {}, kept) == ["--config.model.use_bias=False"]

@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from report import pages
-from tuning.study import Sweep, trial_folder, trials_toward_the_count
+from tuning.study import Sweep, override_flags, trial_folder, trials_toward_the_count
 
 # and per-module metrics (names with "/")
 NOT_SHOWN = ("step", "decoded_examples")
@@ -43,9 +43,12 @@ def result_rows(study: optuna.Study, sweep: Sweep) -> list[dict]:
     return rows
 
 
-def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = True) -> Path:
+def write_results(
+    study: optuna.Study, sweep: Sweep, args, *, picture: bool = True, kept: dict[str, Any] | None = None
+) -> Path:
     """results.csv, results.md and report.html, and with `picture` objective_by_field.png; returns
-    results.md's path."""
+    results.md's path. `kept`: the fields the sweep keeps as it began (`as_the_sweep_began`), which
+    the command that reproduces the best gets where it does not set them."""
     workdir = Path(args.workdir)
     rows = result_rows(study, sweep)
     for row in rows:
@@ -64,7 +67,7 @@ def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = Tr
     ]
     if any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
         best = study.best_trial
-        command = shlex.split(best.user_attrs["command"])
+        command = as_it_ran(shlex.split(best.user_attrs["command"]), best.params, kept or {})
         command = [f"--workdir={workdir / 'best'}" if part.startswith("--workdir=") else part for part in command]
         command[:2] = ["python", os.path.relpath(command[1])]
         lines += [
@@ -86,6 +89,17 @@ def write_results(study: optuna.Study, sweep: Sweep, args, *, picture: bool = Tr
         plot_objective(rows, sweep, workdir / "objective_by_field.png")
     pages.write_sweep(workdir, rows, sweep.objective, sweep.space)
     return workdir / "results.md"
+
+
+def as_it_ran(command: list[str], params: dict[str, Any], kept: dict[str, Any]) -> list[str]:
+    """A trial's `command` with the fields the sweep keeps (`kept`) that it does not set: a trial that
+    ran before today's code changed their defaults ran them at the values kept, without a flag.
+    Only for a trial of the kept fields' model family."""
+    if not kept or params.get("model.name", kept["model.name"]) != kept["model.name"]:
+        return command
+    given = {part.split("=")[0] for part in command}
+    flags = override_flags({name: value for name, value in kept.items() if name != "model.name"})
+    return command + [flag for flag in flags if flag.split("=")[0] not in given]
 
 
 def format_cell(value: Any) -> str:

@@ -217,7 +217,7 @@ def work_until_done(args, sweep: Sweep) -> None:
             continue
         run_trial(study, trial, args, sweep, kept)
         # the sweep's page and tables as of this trial; the picture at the end
-        write_results(study, sweep, args, picture=False)
+        write_results(study, sweep, args, picture=False, kept=kept)
 
 
 def recover_dead_trials(study: optuna.Study) -> None:
