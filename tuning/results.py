@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from report import pages
-from tuning.study import Sweep, override_flags, trial_folder, trials_toward_the_count
+from tuning.study import Sweep, kept_for, override_flags, trial_folder, trials_toward_the_count
 
 # and per-module metrics (names with "/")
 NOT_SHOWN = ("step", "decoded_examples")
@@ -95,10 +95,9 @@ def as_it_ran(command: list[str], params: dict[str, Any], kept: dict[str, Any]) 
     """A trial's `command` with the fields the sweep keeps (`kept`) that it does not set: a trial that
     ran before today's code changed their defaults ran them at the values kept, without a flag.
     Only for a trial of the kept fields' model family."""
-    if not kept or params.get("model.name", kept["model.name"]) != kept["model.name"]:
-        return command
+    # the config file's family unless the sweep chose the trial's
+    flags = override_flags(kept_for(kept, params.get("model.name", kept.get("model.name"))))
     given = {part.split("=")[0] for part in command}
-    flags = override_flags({name: value for name, value in kept.items() if name != "model.name"})
     return command + [flag for flag in flags if flag.split("=")[0] not in given]
 
 

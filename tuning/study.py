@@ -153,6 +153,14 @@ def as_the_sweep_began(study: optuna.Study, args, sweep: Sweep) -> dict[str, Any
     return {"model.name": today["model"]["name"], **{f"model.{field}": value for field, value in kept.items()}}
 
 
+def kept_for(kept: dict[str, Any], family: str | None) -> dict[str, Any]:
+    """The overrides of `kept` (`as_the_sweep_began`) for a trial of the model `family`: none for a
+    family other than the config file's, whose fields they are not."""
+    if not kept or family != kept["model.name"]:
+        return {}
+    return {name: value for name, value in kept.items() if name != "model.name"}
+
+
 def saved_config(fields: dict[str, Any], what: str) -> dict[str, Any]:
     """A config as JSON held it, read back as a run's config.json is (`base.from_saved`: a field it
     lacks at its default, an old value under its new name), as a nested dict.

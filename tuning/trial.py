@@ -29,6 +29,7 @@ from tuning.study import (
     SweepError,
     as_the_sweep_began,
     distributions,
+    kept_for,
     open_study,
     override_flags,
     requeue,
@@ -100,11 +101,9 @@ def run_trial(study: optuna.Study, trial: optuna.Trial, args, sweep: Sweep, kept
     workdir = Path(trial.user_attrs.get("workdir") or Path(args.workdir) / "trials" / f"trial_{trial.number:04d}")
     workdir.mkdir(parents=True, exist_ok=True)
     config = with_overrides(args.config, {**sweep.budget, **trial.params}, f"trial {trial.number}")
-    # the kept fields are the config file's model family's (a swept family may not have them)
-    if kept and config.model.name == kept["model.name"]:
-        overrides = {**sweep.budget, **{k: v for k, v in kept.items() if k != "model.name"}, **trial.params}
-    else:
-        overrides = {**sweep.budget, **trial.params}
+    # (a config that is not attend's has no model, and keeps nothing)
+    family = config.model.name if kept else None
+    overrides = {**sweep.budget, **kept_for(kept, family), **trial.params}
     num_train_steps = config.num_train_steps
     command = trial_command(args, workdir, overrides)
     trial.set_user_attr("workdir", str(workdir))
