@@ -3,10 +3,14 @@
     python benchmarks/step_products.py [--torch_python=PEERS/torch/bin/python] [--repeats 50]
     XLA_FLAGS="..." python benchmarks/step_products.py       # an XLA:CPU back end's products
 
-Each product of a microbatch (16 rows x 128 tokens, d_model 256, 4 heads of 64, d_ff 1024, 8000
-pieces) as the step runs it, jitted alone, median of `--repeats`: attention's batched products
+Each product of a microbatch (`--batch` rows x 128 tokens, d_model 256, 4 heads of 64, d_ff 1024,
+8000 pieces) as the step runs it, jitted alone, median of `--repeats`: attention's batched products
 (the scores, the weighted values and the gradient into the keys, which contracts the query
-positions) and a `Linear`'s three (forward, into its input, into its weight) at each width. Each
+positions) and a `Linear`'s three (forward, into its input, into its weight) at each width. The
+two products that contract the rows (a weight's gradient `x^T dy`, the keys' `dS^T Q`) come
+twice: as autodiff writes them, and with their operands swapped (`dy^T x`, `Q^T dS`: the same
+numbers, transposed), because XLA:CPU's Eigen path packs the operands of such a product at
+different costs by their order (docs/performance.md, "Against the strongest peers"). Each
 call writes a new output (the 65 MB logits' page faults slow both libraries' `256->8000` forward
 here, which the train step's kept memory does not see: utils/allocator.py). With
 `--torch_python`, the same products in PyTorch (oneDNN/MKL, 2 threads) in that interpreter
@@ -34,23 +38,32 @@ from run_setup import command_line  # noqa: E402
 FLAGS = flags.FlagValues()
 flags.DEFINE_string("torch_python", os.environ.get("ATTEND_TORCH_PYTHON", ""), "PyTorch's python", flag_values=FLAGS)
 flags.DEFINE_integer("repeats", 50, "timed calls of each product", flag_values=FLAGS)
+flags.DEFINE_integer(
+    "batch", 8, "rows of a microbatch (configs/kjv_web_transformer.py: 64 in 8 microbatches)", flag_values=FLAGS
+)
 
-# (name, einsum, lhs shape, rhs shape): one microbatch's product as the step runs it
-# attention's in models/attention.py's heads-major layout, [B, N, T, H]
-BATCH, HEADS, LENGTH, HEAD_DIM = 16, 4, 128, 64
-ROWS = BATCH * LENGTH
-QUERIES, WEIGHTS = (BATCH, HEADS, LENGTH, HEAD_DIM), (BATCH, HEADS, LENGTH, LENGTH)
-PRODUCTS = [
-    ("attention scores QK^T", "bnth,bnsh->bnts", QUERIES, QUERIES),
-    ("attention weighted values PV", "bnts,bnsh->bnth", WEIGHTS, QUERIES),
-    ("attention gradient into K or V, P^T dO", "bnts,bnth->bnsh", WEIGHTS, QUERIES),
-]
-for width_in, width_out in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
-    PRODUCTS += [
-        (f"Linear {width_in}->{width_out} forward", "mk,kn->mn", (ROWS, width_in), (width_in, width_out)),
-        (f"Linear {width_in}->{width_out} into its input", "mn,kn->mk", (ROWS, width_out), (width_in, width_out)),
-        (f"Linear {width_in}->{width_out} into its weight", "mk,mn->kn", (ROWS, width_in), (ROWS, width_out)),
+HEADS, LENGTH, HEAD_DIM = 4, 128, 64
+
+
+def products(batch: int) -> list[tuple[str, str, tuple, tuple]]:
+    """`(name, einsum, lhs shape, rhs shape)`: one microbatch's products as the step runs them,
+    attention's in models/attention.py's heads-major layout, `[B, N, T, H]`."""
+    rows = batch * LENGTH
+    queries, weights = (batch, HEADS, LENGTH, HEAD_DIM), (batch, HEADS, LENGTH, LENGTH)
+    found = [
+        ("attention scores QK^T", "bnth,bnsh->bnts", queries, queries),
+        ("attention weighted values PV", "bnts,bnsh->bnth", weights, queries),
+        ("attention gradient into K or V, P^T dO", "bnts,bnth->bnsh", weights, queries),
+        ("the same, operands swapped, (dO^T P)^T", "bnth,bnts->bnhs", queries, weights),
     ]
+    for width_in, width_out in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
+        found += [
+            (f"Linear {width_in}->{width_out} forward", "mk,kn->mn", (rows, width_in), (width_in, width_out)),
+            (f"Linear {width_in}->{width_out} into its input", "mn,kn->mk", (rows, width_out), (width_in, width_out)),
+            (f"Linear {width_in}->{width_out} into its weight", "mk,mn->kn", (rows, width_in), (rows, width_out)),
+            ("the same, operands swapped, (dy^T x)^T", "mn,mk->nk", (rows, width_out), (rows, width_in)),
+        ]
+    return found
 
 
 def flop(equation: str, lhs: tuple, rhs: tuple) -> int:
@@ -61,12 +74,12 @@ def flop(equation: str, lhs: tuple, rhs: tuple) -> int:
     return 2 * math.prod(sizes.values())
 
 
-def xla_rates(repeats: int) -> list[float]:
+def xla_rates(found: list, repeats: int) -> list[float]:
     import jax
     import jax.numpy as jnp
 
     rates = []
-    for _, equation, lhs, rhs in PRODUCTS:
+    for _, equation, lhs, rhs in found:
         a, b = (jax.random.normal(jax.random.key(i), shape, jnp.float32) for i, shape in enumerate((lhs, rhs)))
         product = jax.jit(lambda a, b, equation=equation: jnp.einsum(equation, a, b))
         # three untimed calls: oneDNN's kernels (XLA_FLAGS=--xla_cpu_use_onednn...) are made on the first
@@ -94,21 +107,22 @@ print(json.dumps(rates))
 """
 
 
-def torch_rates(python: str, repeats: int) -> list[float]:
-    products = json.dumps([[eq, lhs, rhs, flop(eq, lhs, rhs)] for _, eq, lhs, rhs in PRODUCTS])
-    command = [python, "-c", TORCH_RATES, products, str(repeats)]
+def torch_rates(found: list, python: str, repeats: int) -> list[float]:
+    shapes = json.dumps([[eq, lhs, rhs, flop(eq, lhs, rhs)] for _, eq, lhs, rhs in found])
+    command = [python, "-c", TORCH_RATES, shapes, str(repeats)]
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
 
 def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
-    xla = xla_rates(FLAGS.repeats)
+    found = products(FLAGS.batch)
+    xla = xla_rates(found, FLAGS.repeats)
     python = peer_python("torch", FLAGS.torch_python)
-    torch = torch_rates(python, FLAGS.repeats) if python else None
+    torch = torch_rates(found, python, FLAGS.repeats) if python else None
     print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}\n")
     print("| product (one microbatch) | shapes | GFLOP | XLA GFLOP/s | PyTorch GFLOP/s |")
     print("|---|---|---:|---:|---:|")
-    for i, (name, equation, lhs, rhs) in enumerate(PRODUCTS):
+    for i, (name, equation, lhs, rhs) in enumerate(found):
         theirs = f"{torch[i] / 1e9:.0f}" if torch else ""
         shapes = f"{equation}: {list(lhs)} x {list(rhs)}"
         print(f"| {name} | {shapes} | {flop(equation, lhs, rhs) / 1e9:.2f} | {xla[i] / 1e9:.0f} | {theirs} |")
