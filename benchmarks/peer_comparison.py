@@ -154,13 +154,13 @@ def compare_training() -> None:
         "| system CPU s a step | minor page faults a step |"
     )
     print("|---|---:|---:|---:|---:|---:|")
-    attend32 = next(measured.seconds for name, measured in rows if name == "attend, float32 (train.py)")
+    by_name = {name: measured.seconds for name, measured in rows}
+    attend32 = by_name["attend, float32 (train.py)"]
     for name, measured in rows:
         print(
             f"| {name} | {measured.seconds:.2f} | {measured.matmul_gflops:.0f} | {measured.seconds / attend32:.2f} "
             f"| {measured.system_seconds_a_step:.2f} | {measured.faults_a_step:,.0f} |"
         )
-    by_name = {name: measured.seconds for name, measured in rows}
     if python is not None:
         best_attend = min(seconds for name, seconds in by_name.items() if name.startswith("attend"))
         best_torch = min(seconds for name, seconds in by_name.items() if name.startswith("PyTorch"))

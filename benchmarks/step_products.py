@@ -11,7 +11,7 @@ two products that contract the rows (a weight's gradient `x^T dy`, the keys' `dS
 twice: as autodiff writes them, and with their operands swapped (`dy^T x`, `Q^T dS`: the same
 numbers, transposed), because XLA:CPU's Eigen path packs the operands of such a product at
 different costs by their order (docs/performance.md, "Against the strongest peers"). Each
-call writes a new output (the 65 MB logits' page faults slow both libraries' `256->8000` forward
+call writes a new output (the logits' page faults slow both libraries' `256->8000` forward
 here, which the train step's kept memory does not see: utils/allocator.py). With
 `--torch_python`, the same products in PyTorch (oneDNN/MKL, 2 threads) in that interpreter
 (`TORCH_RATES`). Prints one table of GFLOP/s. The figures measured with it: docs/performance.md
