@@ -86,7 +86,7 @@ class EncoderDecoder(Protocol):
     (target ids, right-padded; transformer batches may also carry packing's segment ids and
     positions). `memory` and `state` are pytrees of the family's own making, with a leading batch
     axis on every leaf that beam search may reorder; a node with a `reorder_hypotheses(origins)`
-    method reorders itself (`models.layers.PerSource`, which stays; the Transformer's caches).
+    method reorders itself (`models.layers.Unreordered`, which stays; the Transformer's caches).
     Beam search decodes K hypotheses of each source in K consecutive rows, and repeats the memory
     per row, unless the family reads one memory row per source (`memory_per_source = True`).
     Every attention module carries an `AttentionRole` (`config.roles` lists them), so that

@@ -67,14 +67,14 @@ def as_rows(x: Array) -> Array:
     return x.reshape(-1, x.shape[-1])
 
 
-class PerSource(NamedTuple):
-    """Decode-state arrays of a source that no hypothesis changes (the Transformer's
-    cross-attention keys and values): beam search leaves them in place instead of
-    reordering them with the hypotheses at every step (`decoding.reorder_hypotheses`)."""
+class Unreordered(NamedTuple):
+    """Decode-state arrays that no hypothesis changes (the Transformer's cross-attention keys and
+    values, one row per source, and its output table made once): beam search leaves them in place
+    instead of reordering them with the hypotheses at every step (`decoding.reorder_hypotheses`)."""
 
     arrays: Any
 
-    def reorder_hypotheses(self, origins: Array) -> PerSource:
+    def reorder_hypotheses(self, origins: Array) -> Unreordered:
         del origins
         return self
 
@@ -104,9 +104,26 @@ class Embed(nnx.Module):
         """`[B, T] int -> [B, T, D]`."""
         return self.embedding(tokens) * self.multiplier
 
-    def attend(self, x: Array) -> Array:
-        """Logits against every embedding row: `[B, T, D] -> [B, T, V]` (one 2-D matmul, see `Linear`)."""
-        return self.embedding.attend(as_rows(x)).reshape(*x.shape[:-1], self.embedding.num_embeddings)
+    def attend(self, x: Array, table: Array | None = None) -> Array:
+        """Logits against every embedding row: `[B, T, D] -> [B, T, V]` (one 2-D matmul, see `Linear`).
+
+        `table`: `output_table()`, made once for many calls (a decoding's steps), else made here.
+        """
+        if table is None:
+            table = self.output_table()
+        rows, table = self.embedding.promote_dtype((as_rows(x), table), dtype=self.embedding.dtype)
+        return jnp.dot(rows, table).reshape(*x.shape[:-1], self.embedding.num_embeddings)
+
+    def output_table(self) -> Array:
+        """The embedding as the output projection's `[D, V]` kernel, in the compute dtype.
+
+        Why a decoding makes it once (`Transformer.init_decode_state`): XLA:CPU's product with a
+        `[V, D]` operand contracted on its last axis transposes that operand at every call, which
+        doubled a decoding step's output projection (8 rows: 196 -> 93 us; docs/performance.md,
+        "Decoding"). Inside one compiled product, as in training, XLA folds the transpose away.
+        """
+        (table,) = self.embedding.promote_dtype((self.embedding.embedding[...],), dtype=self.embedding.dtype)
+        return table.T
 
 
 def sinusoidal_encoding(positions: Array, features: int, max_timescale: float = 10_000.0) -> Array:

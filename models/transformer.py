@@ -29,7 +29,7 @@ from models.layers import (
     FeedForward,
     LearnedPositions,
     Linear,
-    PerSource,
+    Unreordered,
     check_dropout,
     layer_norm,
     shift_right,
@@ -140,11 +140,14 @@ class Memory(NamedTuple):
 
 class DecodeState(NamedTuple):
     """Per decoder layer: the self-attention cache and the source's keys/values (computed once, one
-    row per source, heads-major `[G, N, S, H]`; `PerSource`, so beam search does not reorder them)."""
+    row per source, heads-major `[G, N, S, H]`); the tied output table `[D, V]` (made once; None for
+    an output layer of its own). `Unreordered`: beam search leaves the last two in place."""
 
     caches: tuple[KVCache, ...]
     # each decoder layer's (keys, values) of the source: tuple[tuple[Array, Array], ...]
-    cross_keys_values: PerSource
+    cross_keys_values: Unreordered
+    # Embed.output_table() or None
+    output_table: Unreordered
 
 
 class Residual(nnx.Module):
@@ -288,11 +291,11 @@ class Transformer(nnx.Module):
         x = (embed(tokens) + position_codes).astype(self.config.compute_dtype)
         return self.embed_dropout(x, deterministic=deterministic)
 
-    def _logits(self, x: Array) -> Array:
-        """`[B, T, D] -> float32 [B, T, V]`."""
+    def _logits(self, x: Array, table: Array | None = None) -> Array:
+        """`[B, T, D] -> float32 [B, T, V]`; `table`: the tied output table, made once (`init_decode_state`)."""
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        logits = self.target_embed.attend(x) if self.output is None else self.output(x)
+        logits = self.target_embed.attend(x, table) if self.output is None else self.output(x)
         return logits.astype(jnp.float32)
 
     # -- the model interface ---------------------------------------------------
@@ -375,7 +378,8 @@ class Transformer(nnx.Module):
             for layer in self.decoder_layers
         )
         cross = tuple(layer.cross_attention.project_source(memory.encoded) for layer in self.decoder_layers)
-        return DecodeState(caches, PerSource(cross))
+        table = self.target_embed.output_table() if self.output is None else None
+        return DecodeState(caches, Unreordered(cross), Unreordered(table))
 
     def decode_step(self, memory: Memory, token: Array, state: DecodeState) -> tuple[Array, DecodeState]:
         """Next-token logits: `token [G*K]` (the previous output of K hypotheses of each of `memory`'s
@@ -389,4 +393,5 @@ class Transformer(nnx.Module):
         ):
             x, cache = layer.decode(x, cache, cross_key, cross_value, cross_mask)
             caches.append(cache)
-        return self._logits(x)[:, 0], DecodeState(tuple(caches), state.cross_keys_values)
+        logits = self._logits(x, state.output_table.arrays)[:, 0]
+        return logits, DecodeState(tuple(caches), state.cross_keys_values, state.output_table)

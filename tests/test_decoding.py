@@ -305,6 +305,21 @@ def test_top_k_by_chunks_breaks_a_tie_between_chunks_by_index_not_by_chunk_rank(
     np.testing.assert_array_equal(indices, [[4, 1, 0]])
 
 
+def test_first_max_index_is_numpy_s_argmax_ties_infinities_and_nans_included():
+    """Rows of many ties (a few integers), of -inf only, with +inf, and with NaNs (argmax names the
+    first NaN, as NumPy's does): the same index as `np.argmax`, under jit as the searches run it."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(-3, 3, size=(8, 8000)).astype(np.float32)
+    x[rng.random(x.shape) < 0.3] = -np.inf
+    x[1] = -np.inf
+    x[2, [5, 70]] = np.inf
+    x[3, [9, 4000]] = np.nan
+    x[4, 7999] = 5.0  # the last column
+    expected = np.argmax(x, axis=-1)
+    np.testing.assert_array_equal(jax.jit(decoding.first_max_index)(jnp.asarray(x)), expected)
+    assert list(expected[1:5]) == [0, 5, 9, 7999]
+
+
 def test_length_penalty_formula():
     assert float(decoding.length_penalty(1.0, 0.6)) == pytest.approx(1.0)
     assert float(decoding.length_penalty(7.0, 1.0)) == pytest.approx(2.0)
