@@ -1,6 +1,7 @@
 """Decoding speed: greedy and beam 4, with and without the key/value cache, at source lengths 16, 64, 256.
 
     python benchmarks/decode_speed.py [--lengths 16,64,256] [--batch 8] [--repeats 3] [--cache=yes|no|both]
+    python benchmarks/decode_speed.py --cache=yes --profile 12   # where a decoding step's time goes
     python benchmarks/decode_speed.py --workdir=RUN [--split data/kjv_web/test.tsv] [--beams 1,4]
 
 With `--workdir`, a trained run's latest checkpoint decodes every source of a
@@ -17,7 +18,9 @@ d_ff 1024, 8000-token vocabulary), with random parameters and a fixed output
 length equal to the source length (eos is never chosen, so every configuration
 generates the same number of tokens). "Without the cache" reruns the
 teacher-forced decoder over the whole prefix at every step, as a model without
-incremental decoding must. Times are medians of repeated compiled runs.
+incremental decoding must. Times are medians of repeated compiled runs. `--profile N` then
+traces three more runs of each row (`jax.profiler`) and lists its N instructions of most time, in
+microseconds a decoding step, as `benchmarks/step_profile.py` matches events to instructions.
 
 The figures measured with `--workdir`, with the commands that train the runs: docs/performance.md.
 """
@@ -113,6 +116,26 @@ flags.DEFINE_string("beams", "1,4", "", flag_values=FLAGS)
 flags.DEFINE_enum(
     "cache", "both", ["yes", "no", "both"], "the rows with the key/value cache, without it, or both", flag_values=FLAGS
 )
+flags.DEFINE_integer("profile", 0, "list each row's N instructions of most time (0: none)", flag_values=FLAGS)
+
+
+def print_profile(search, args: tuple, steps: int, top: int) -> None:
+    """The `top` instructions of a jitted `search` by traced time, in microseconds a decoding step
+    (`steps` a call) over three calls."""
+    from benchmarks.step_profile import parse_program, recorded_trace, traced_microseconds
+
+    instructions = parse_program(search.lower(*args).compile().as_text())
+    calls = 3
+    trace = recorded_trace(lambda: [jax.block_until_ready(search(*args)) for _ in range(calls)])
+    total, count = traced_microseconds(trace, instructions)
+    per_step = calls * steps
+    print(f"    traced {sum(total.values()) / per_step:,.0f} us a step; the instructions of most time:")
+    for name, microseconds in total.most_common(top):
+        instruction = instructions[name]
+        print(
+            f"    {microseconds / per_step:8.1f} us {count[name] / per_step:5.2f} a step  "
+            f"{instruction.shape.split('{')[0]:24s} {instruction.op_name or instruction.opcode}"
+        )
 
 
 def main() -> None:
@@ -149,12 +172,15 @@ def main() -> None:
                         return decoding.greedy_search(m, inputs, limits, length)[0]
                     return decoding.beam_search(m, inputs, limits, length, beam_size=beam, alpha=0.6)[0]
 
-                seconds = median_seconds(jax.jit(run), (params, inputs), args.repeats)
+                compiled_search = jax.jit(run)
+                seconds = median_seconds(compiled_search, (params, inputs), args.repeats)
                 print(
                     f"| {length} | {search} | {'yes' if cached else 'no'} | {args.batch / seconds:,.2f} | "
                     f"{args.batch * length / seconds:,.0f} |",
                     flush=True,
                 )
+                if args.profile:
+                    print_profile(compiled_search, (params, inputs), length, args.profile)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -145,14 +146,26 @@ def profile(config_name: str, steps: int, overrides: list[str]) -> tuple[float, 
             jax.block_until_ready(step_metrics)
             if step >= 3:
                 seconds.append(time.perf_counter() - start)
-        with tempfile.TemporaryDirectory() as folder:
-            with jax.profiler.trace(folder, create_perfetto_trace=True):
-                for _ in range(steps):
-                    state, step_metrics = train_step(state, run.global_batch(next(batches)))
-                    jax.block_until_ready(step_metrics)
-            (path,) = glob.glob(f"{folder}/**/*perfetto_trace.json.gz", recursive=True)
-            trace = json.load(gzip.open(path))
+
+        def traced_steps():
+            nonlocal state
+            for _ in range(steps):
+                state, step_metrics = train_step(state, run.global_batch(next(batches)))
+                jax.block_until_ready(step_metrics)
+
+        trace = recorded_trace(traced_steps)
     return statistics.median(seconds), trace, program
+
+
+def recorded_trace(run: Callable[[], None]) -> dict:
+    """The trace `jax.profiler` records while `run()` runs (its perfetto JSON)."""
+    import jax
+
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            run()
+        (path,) = glob.glob(f"{folder}/**/*perfetto_trace.json.gz", recursive=True)
+        return json.load(gzip.open(path))
 
 
 def main() -> None:
