@@ -142,6 +142,8 @@ def main() -> None:
     command_line.parse(FLAGS, sys.argv, __doc__)
     args = FLAGS
     if args.workdir:
+        if args.profile:
+            raise SystemExit("--profile lists the random-parameter rows' instructions; not with --workdir")
         return decode_run(args.workdir, args.split, [int(b) for b in args.beams.split(",")])
     model = models.create_model(
         "transformer",

@@ -368,7 +368,8 @@ class Transformer(nnx.Module):
 
     def init_decode_state(self, memory: Memory, batch_size: int, max_len: int) -> DecodeState:
         """Empty self-attention caches and each layer's keys/values of the source, for `batch_size`
-        rows: the hypotheses of `memory`'s sources, as many of each (`memory_per_source`)."""
+        rows: the hypotheses of `memory`'s sources, as many of each (`memory_per_source`); the tied
+        output table `[D, V]` (None for an output layer of its own)."""
         sources = memory.encoded.shape[0]
         if batch_size % sources:
             raise ValueError(f"{batch_size} decoding rows are not a number of hypotheses for each of {sources} sources")

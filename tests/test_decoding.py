@@ -359,6 +359,22 @@ def run(search, model, inputs, **kwargs):
     return jax.jit(lambda x: search(model, x, limits, 12, **kwargs))(inputs)
 
 
+def test_beam_search_leaves_the_output_table_in_place_where_its_rows_match_the_hypotheses(transformer):
+    """8 sources x 4 beams = 32 rows = d_model: a `[D, V]` table outside `Unreordered` would have its
+    rows reordered with the hypotheses; it stays the embedding transposed."""
+    memory = transformer.encode(jnp.ones((8, 5), jnp.int32))
+    state = transformer.init_decode_state(memory, 32, 6)
+    origins = jnp.tile(jnp.array([3, 3, 0, 1]), (8, 1))
+    reordered = decoding.reorder_hypotheses(state, origins)
+    table = np.asarray(transformer.target_embed.embedding.embedding[...]).T
+    assert reordered.output_table.arrays.shape[0] == 32
+    np.testing.assert_array_equal(reordered.output_table.arrays, table)
+    # the slot tables do follow the beams
+    np.testing.assert_array_equal(
+        reordered.caches[0].origins[:, :, 0], np.asarray(state.caches[0].origins)[:, [3, 3, 0, 1], 0]
+    )
+
+
 @pytest.mark.parametrize(
     "search,kwargs", [(decoding.greedy_search, {}), (decoding.beam_search, {"beam_size": 3, "alpha": 0.6})]
 )
