@@ -173,6 +173,29 @@ def test_arrays_compare_bit_for_bit_or_to_a_tolerance_of_the_largest_entry():
     assert compare_runs.arrays_equal(np.array([True, False]), np.array([True, False]), rtol=1e-5)
 
 
+def test_curve_gaps_are_the_largest_relative_gap_at_the_steps_both_runs_logged(tmp_path):
+    """Hand-worked: loss gaps 0, 0.1 / 4 = 2.5% (step 20), 0.02 / 2 = 1% (step 30); accuracy 0.01 (at
+    0: the absolute gap), 0, 0.05 / 0.5 = 10%; step 40 logged by one run only; the dev row and the
+    timing column not compared."""
+    rows = {
+        "a": [(10, 5.0, 0.0), (20, 4.0, 0.5), (30, 2.0, 0.5), (40, 1.0, 0.6)],
+        "b": [(10, 5.0, 0.01), (20, 4.1, 0.5), (30, 2.02, 0.55)],
+    }
+    for run, logged in rows.items():
+        (tmp_path / run).mkdir()
+        lines = [{"step": 0, "split": "data", "train_examples": 9}]
+        lines += [
+            {"step": step, "split": "train", "loss": loss, "token_accuracy": accuracy, "steps_per_second": step}
+            for step, loss, accuracy in logged
+        ]
+        lines.append({"step": 30, "split": "dev", "loss": 7.0 if run == "a" else 9.0})
+        (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    gaps = compare_runs.curve_gaps(tmp_path / "a", tmp_path / "b")
+    assert set(gaps) == {"loss", "token_accuracy"}
+    assert gaps["loss"][1:] == (20, 3) and gaps["loss"][0] == pytest.approx(0.025)
+    assert gaps["token_accuracy"][1:] == (30, 3) and gaps["token_accuracy"][0] == pytest.approx(0.1)
+
+
 def test_a_checkpoint_array_that_differs_is_named_and_read_on_any_devices(tmp_path):
     """`compare_runs.differences` reads the latest checkpoint of each run as NumPy arrays: one saved
     across this process's 8 devices is read by a process of one device (on its saved shardings it

@@ -3,6 +3,7 @@ files, predictions and every array of the latest checkpoint, bit for bit (the ar
 tolerance with `--rtol`).
 
     python tools/compare_runs.py runs/A runs/B [--rtol=1e-5]
+    python tools/compare_runs.py runs/A runs/B --curves     # how far apart their training curves are
 
 Bit for bit holds on one machine. XLA:CPU compiles for the CPU it runs on (its vector features and
 cache sizes pick the kernels and their summation order), so the same run on another machine can end
@@ -10,6 +11,9 @@ with checkpoint arrays a few units in the last place apart: `--rtol` compares th
 within `rtol` of each array's largest magnitude.
 
 Prints what differs, one line each, and exits with 1 if anything does; with 0 and a summary if not.
+With `--curves`, for two runs that are not meant to be the same (float32 against bfloat16, two
+versions of a model) it prints instead, for each metric of the train rows that both log at the
+same steps, the largest relative gap `|B - A| / |A|` over those steps and the step where it lies.
 It reads the folders only (no config, no model code, no devices: the checkpoint's arrays land in
 host memory whatever devices or processes saved them), so runs written by different versions of
 attend, or on different devices (8 against 1, a cluster's), compare alike.
@@ -17,6 +21,7 @@ attend, or on different devices (8 against 1, a cluster's), compare alike.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -104,13 +109,40 @@ def differences(first: Path, second: Path, rtol: float = 0.0) -> tuple[list[str]
     return differ, same
 
 
+def curve_gaps(first: Path, second: Path, split: str = "train") -> dict[str, tuple[float, int, int]]:
+    """Each numeric metric of the `split` rows that both runs log at a step:
+    `(largest |second - first| / |first| over those steps (the absolute gap where first is 0), its
+    step, the steps compared)`."""
+    rows = [{row["step"]: row for row in metric_rows(run) if row.get("split") == split} for run in (first, second)]
+    steps = sorted(rows[0].keys() & rows[1].keys())
+    gaps = {}
+    for name in sorted({name for step in steps for name in rows[0][step]} - {"step", "split"}):
+        pairs = [
+            (rows[0][step][name], rows[1][step][name], step)
+            for step in steps
+            if isinstance(rows[0][step].get(name), (int, float)) and isinstance(rows[1][step].get(name), (int, float))
+        ]
+        if pairs:
+            gap, step = max((abs(b - a) / abs(a) if a else abs(b - a), step) for a, b, step in pairs)
+            gaps[name] = (gap, step, len(pairs))
+    return gaps
+
+
 def main(argv: list[str]) -> int:
-    rtol = [float(arg.removeprefix("--rtol=")) for arg in argv[1:] if arg.startswith("--rtol=")]
-    folders = [arg for arg in argv[1:] if not arg.startswith("--rtol=")]
-    if len(folders) != 2 or len(rtol) > 1:
-        print(__doc__.strip().splitlines()[4].strip(), file=sys.stderr)
-        return 2
-    differ, same = differences(Path(folders[0]), Path(folders[1]), rtol=rtol[0] if rtol else 0.0)
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("first", type=Path)
+    parser.add_argument("second", type=Path)
+    parser.add_argument("--rtol", type=float, default=0.0, help="checkpoint arrays equal to this tolerance")
+    parser.add_argument("--curves", action="store_true", help="the train metrics' largest relative gaps instead")
+    args = parser.parse_args(argv[1:])
+    if args.curves and args.rtol:
+        parser.error("--rtol is for runs meant to be the same; --curves compares runs that are not")
+    if args.curves:
+        print("| train metric | largest relative gap | at step | steps compared |\n|---|---:|---:|---:|")
+        for name, (gap, step, count) in curve_gaps(args.first, args.second).items():
+            print(f"| {name} | {gap:.4%} | {step} | {count} |")
+        return 0
+    differ, same = differences(args.first, args.second, rtol=args.rtol)
     for line in differ:
         print(f"differs: {line}")
     print(f"equal: {len(same)} items ({'; '.join(same[:1] + same[-1:])})" if not differ else f"{len(differ)} differ")
