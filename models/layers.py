@@ -120,7 +120,7 @@ class Embed(nnx.Module):
         Why a decoding makes it once (`Transformer.init_decode_state`): XLA:CPU's product with a
         `[V, D]` operand contracted on its last axis transposes that operand at every call, which
         doubled a decoding step's output projection (8 rows: 196 -> 93 us; docs/performance.md,
-        "Decoding"). Inside one compiled product, as in training, XLA folds the transpose away.
+        "Against the strongest peers"). Inside one compiled product, as in training, XLA folds the transpose away.
         The price: a second copy of the table while a search runs (V x D in the compute dtype).
         """
         (table,) = self.embedding.promote_dtype((self.embedding.embedding[...],), dtype=self.embedding.dtype)

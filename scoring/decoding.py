@@ -115,7 +115,7 @@ def greedy_search(model: Any, inputs: Array, max_lengths: Array, length: int) ->
 def first_max_index(x: Array) -> Array:
     """`jnp.argmax(x, axis=-1)` of `x [R, V]` (the first maximum of a row, or its first NaN) from two
     plain reductions: `[R] int32`. XLA:CPU runs argmax's variadic reduce apart and 4-5x slower: 143
-    against 31 us a greedy step at 8 x 8000 (docs/performance.md, "Decoding").
+    against 31 us a greedy step at 8 x 8000 (docs/performance.md, "Against the strongest peers").
     """
     if x.shape[-1] > 2**24:
         # float32 counts exactly up to 2^24

@@ -11,6 +11,7 @@ them)."""
 
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -194,6 +195,8 @@ def test_curve_gaps_are_the_largest_relative_gap_at_the_steps_both_runs_logged(t
     assert set(gaps) == {"loss", "token_accuracy"}
     assert gaps["loss"][1:] == (20, 3) and gaps["loss"][0] == pytest.approx(0.025)
     assert gaps["token_accuracy"][1:] == (30, 3) and gaps["token_accuracy"][0] == pytest.approx(0.1)
+    # a NaN in either run is the largest gap, not one that `max` drops
+    assert compare_runs.relative_gap(2.0, float("nan")) == compare_runs.relative_gap(float("nan"), 2.0) == math.inf
 
 
 def test_a_checkpoint_array_that_differs_is_named_and_read_on_any_devices(tmp_path):

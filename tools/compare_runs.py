@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -111,8 +112,8 @@ def differences(first: Path, second: Path, rtol: float = 0.0) -> tuple[list[str]
 
 def curve_gaps(first: Path, second: Path, split: str = "train") -> dict[str, tuple[float, int, int]]:
     """Each numeric metric of the `split` rows that both runs log at a step:
-    `(largest |second - first| / |first| over those steps (the absolute gap where first is 0), its
-    step, the steps compared)`."""
+    `(largest |second - first| / |first| over those steps (the absolute gap where first is 0; inf
+    where one is NaN), its step, the steps compared)`."""
     rows = [{row["step"]: row for row in metric_rows(run) if row.get("split") == split} for run in (first, second)]
     steps = sorted(rows[0].keys() & rows[1].keys())
     gaps = {}
@@ -123,9 +124,16 @@ def curve_gaps(first: Path, second: Path, split: str = "train") -> dict[str, tup
             if isinstance(rows[0][step].get(name), (int, float)) and isinstance(rows[1][step].get(name), (int, float))
         ]
         if pairs:
-            gap, step = max((abs(b - a) / abs(a) if a else abs(b - a), step) for a, b, step in pairs)
+            gap, step = max((relative_gap(a, b), step) for a, b, step in pairs)
             gaps[name] = (gap, step, len(pairs))
     return gaps
+
+
+def relative_gap(first: float, second: float) -> float:
+    """`|second - first| / |first|`, the absolute gap where `first` is 0, inf where either is NaN (a
+    NaN would drop out of `max`)."""
+    gap = abs(second - first) / abs(first) if first else abs(second - first)
+    return math.inf if math.isnan(gap) else gap
 
 
 def main(argv: list[str]) -> int:
