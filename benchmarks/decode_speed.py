@@ -174,15 +174,15 @@ def main() -> None:
                         return decoding.greedy_search(m, inputs, limits, length)[0]
                     return decoding.beam_search(m, inputs, limits, length, beam_size=beam, alpha=0.6)[0]
 
-                compiled_search = jax.jit(run)
-                seconds = median_seconds(compiled_search, (params, inputs), args.repeats)
+                jitted_search = jax.jit(run)
+                seconds = median_seconds(jitted_search, (params, inputs), args.repeats)
                 print(
                     f"| {length} | {search} | {'yes' if cached else 'no'} | {args.batch / seconds:,.2f} | "
                     f"{args.batch * length / seconds:,.0f} |",
                     flush=True,
                 )
                 if args.profile:
-                    print_profile(compiled_search, (params, inputs), length, args.profile)
+                    print_profile(jitted_search, (params, inputs), length, args.profile)
 
 
 if __name__ == "__main__":
